@@ -1,0 +1,52 @@
+"""Run a converter end to end: raw logs → records → validated workload → trace file."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentspec_sim.trace.convert import CONVERTERS, ConvertError, ConvertOptions
+from agentspec_sim.trace.io import parse_records, write_records, write_trace
+from agentspec_sim.trace.tokenizer import UnknownTokenizerError, load_tokenizer
+
+
+def convert_records(fmt: str, inputs: Sequence[Path], tokenizer: str = "qwen3",
+                    max_queries: int | None = None) -> list[dict]:
+    """The trace records a converter makes of `inputs` (meta first), optionally the first N queries."""
+    try:
+        tok = load_tokenizer(tokenizer)
+    except UnknownTokenizerError as exc:
+        raise ConvertError(tokenizer, str(exc)) from None
+    opts = ConvertOptions(tokenizer=tokenizer, eot_text=tok.eot_text or "")
+    records = list(CONVERTERS[fmt].convert([Path(p) for p in inputs], opts))
+    if not records or records[0].get("type") != "meta":
+        raise ConvertError(inputs[0] if inputs else fmt, "the converter produced no trace")
+    if len(records) == 1:
+        raise ConvertError(inputs[0], f"no LLM calls found for format {fmt!r}")
+    if max_queries is not None:
+        keep: set[tuple] = set()
+        out = [records[0]]
+        for r in records[1:]:
+            key = (r["agent_id"], r["query_id"])
+            if key not in keep and len(keep) >= max_queries:
+                continue
+            keep.add(key)
+            out.append(r)
+        records = out
+    return records
+
+
+def convert_to_trace(fmt: str, inputs: Sequence[Path], output: Path, tokens: bool = False,
+                     tokenizer: str = "qwen3", max_queries: int | None = None) -> dict:
+    """Convert and write; the records are loaded first, so a written trace always loads."""
+    records = convert_records(fmt, inputs, tokenizer, max_queries)
+    workload = parse_records(enumerate(records, start=1), source=f"<{fmt} converter>")
+    if tokens:
+        write_trace(workload, output)
+    else:
+        write_records(records, output)
+    return {
+        "queries": len(workload.queries), "calls": workload.num_calls,
+        "prompt_tokens": workload.prompt_tokens, "output_tokens": workload.output_tokens,
+        "bytes": Path(output).stat().st_size,
+    }

@@ -1,0 +1,35 @@
+"""The `agentspec-sim` command line: one Typer app, one small module per command.
+
+Commands parse arguments, call the library and render with rich; no simulation logic lives here.
+Bad input (a TraceError, ConvertError, UsageError…) becomes one line on stderr and exit code 2;
+`--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from agentspec_sim.cli.errors import run_guarded
+
+app = typer.Typer(
+    name="agentspec-sim",
+    help="Trace-driven simulator of speculative decoding for batched LLM-agent serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    # Each command module adds itself to `app`; imported here so `--help` lists them all.
+    from agentspec_sim.cli import convert, inspect  # noqa: F401
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(run_guarded(app))

@@ -1,0 +1,1 @@
+"""Bundled real agent traces (data only; see README.md for provenance)."""
