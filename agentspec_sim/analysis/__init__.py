@@ -1,0 +1,1 @@
+"""Offline analyses of a trace (no simulation): the repetition profile of paper Figure 5."""
