@@ -4,4 +4,19 @@ from agentspec_sim.trace import Call, Query, TraceError, Workload, load_trace, w
 
 __version__ = "0.1.0"
 
-__all__ = ["Call", "Query", "TraceError", "Workload", "__version__", "load_trace", "write_trace"]
+__all__ = [
+    "Call", "EngineConfig", "Query", "TraceError", "Workload", "__version__", "load_trace", "simulate", "write_trace",
+]
+
+
+def __getattr__(name: str):
+    # The engine (polars, the cost model) loads only when `simulate` or `EngineConfig` is asked for.
+    if name == "simulate":
+        from agentspec_sim.engine.run import simulate
+
+        return simulate
+    if name == "EngineConfig":
+        from agentspec_sim.engine.config import EngineConfig
+
+        return EngineConfig
+    raise AttributeError(f"module 'agentspec_sim' has no attribute {name!r}")

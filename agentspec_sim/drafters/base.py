@@ -1,0 +1,332 @@
+"""The drafter interface, the drafter registry, and vLLM's `--speculative-config` parsing.
+
+A drafter decides *what* is proposed; the engine decides how many tokens each call may draft (the
+budget policy, `agentspec_sim.budget`) and verifies the proposal against the recorded output.
+Adding a drafter is one new module in this package that defines a class decorated with
+`@register_drafter("name")`: the registry imports every module of the package on first lookup, so
+the CLI, sweeps and configs find it by name and nothing else changes.
+
+Speculative configs are the JSON `vllm serve --speculative-config` takes (vLLM 0.33,
+`vllm/config/speculative.py`): `method`, `num_speculative_tokens`, `num_speculative_tokens_per_batch_size`,
+plus the keys the method itself declares (ngram: `prompt_lookup_min`/`prompt_lookup_max`). A
+handful of vLLM keys that only pick weights or kernels are accepted and have no effect here
+(`NO_EFFECT_KEYS`). Any other key is an error, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from agentspec_sim.cost.base import StepCostModel
+    from agentspec_sim.engine.request import CallState
+
+
+class SpecConfigError(ValueError):
+    """A speculative config (JSON or `--drafter` name) that vLLM would reject, with the reason."""
+
+
+# Keys every method accepts (vLLM SpeculativeConfig fields the simulator models).
+COMMON_KEYS = frozenset({"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"})
+# vLLM fields that select weights, kernels or parallelism of a draft model: accepted, no effect here.
+NO_EFFECT_KEYS = frozenset({"model", "draft_tensor_parallel_size", "quantization", "revision", "code_revision"})
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """One speculative-decoding configuration, resolved (defaults filled, vLLM's rules applied).
+
+    `num_speculative_tokens` is k, the most tokens a call drafts per step (0 for `normal`).
+    `num_speculative_tokens_per_batch_size` holds `(start, end, k)` inclusive ranges of the number
+    of requests scheduled in a step. `options` holds the method's own keys (sorted (key, value) pairs),
+    `label` the name shown in tables (default: the method).
+    """
+
+    method: str
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+    label: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.method
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | str, label: str | None = None) -> SpeculativeConfig:
+        """Parse a `--speculative-config` JSON object (a dict or its JSON text) as vLLM does."""
+        if isinstance(data, str):
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as exc:
+                raise SpecConfigError(f"speculative config is not valid JSON: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise SpecConfigError(f"speculative config must be a JSON object, got {type(data).__name__}")
+        method = data.get("method")
+        if not isinstance(method, str) or not method:
+            raise SpecConfigError('speculative config needs "method" (e.g. {"method": "ngram", '
+                                  '"num_speculative_tokens": 5})')
+        drafter_cls = drafter_class(method)
+        allowed = COMMON_KEYS | NO_EFFECT_KEYS | frozenset(drafter_cls.config_keys)
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise SpecConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in speculative config for "
+                                  f"method {method!r} (accepted: {', '.join(sorted(allowed))})")
+        k = data.get("num_speculative_tokens")
+        if k is not None and (not _is_int(k) or k < 0):
+            raise SpecConfigError(f"num_speculative_tokens must be an integer ≥ 0, got {k!r}")
+        schedule = data.get("num_speculative_tokens_per_batch_size")
+        spec = cls(
+            method=method,
+            num_speculative_tokens=int(k) if k is not None else -1,  # -1: not given (the method decides)
+            prompt_lookup_min=data.get("prompt_lookup_min"),
+            prompt_lookup_max=data.get("prompt_lookup_max"),
+            num_speculative_tokens_per_batch_size=None if schedule is None else _parse_schedule(schedule),
+            options=tuple(sorted((key, data[key]) for key in data
+                                 if key in drafter_cls.config_keys and not key.startswith("prompt_lookup_"))),
+            label=label,
+            raw=dict(data),
+        )
+        spec = drafter_cls.configure(spec)
+        if spec.num_speculative_tokens < 0:
+            raise SpecConfigError(f"method {method!r} needs num_speculative_tokens")
+        if spec.num_speculative_tokens_per_batch_size is not None and not drafter_cls.supports_batch_size_schedule:
+            raise SpecConfigError(f"num_speculative_tokens_per_batch_size is not supported for method {method!r} "
+                                  "(vLLM 0.33 supports it for ngram, eagle, eagle3, mtp)")
+        return spec
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved config as `--speculative-config` JSON (defaults made explicit)."""
+        out: dict[str, Any] = {"method": self.method}
+        if self.method != "normal":
+            out["num_speculative_tokens"] = self.num_speculative_tokens
+        if self.prompt_lookup_min is not None:
+            out["prompt_lookup_min"] = self.prompt_lookup_min
+            out["prompt_lookup_max"] = self.prompt_lookup_max
+        if self.num_speculative_tokens_per_batch_size is not None:
+            out["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.num_speculative_tokens_per_batch_size]
+        out.update(dict(self.options))
+        return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_schedule(value: object) -> tuple[tuple[int, int, int], ...]:
+    """Validate `[[start, end, k], ...]`: inclusive ranges of scheduled requests, the first from 1."""
+    what = "num_speculative_tokens_per_batch_size"
+    if not isinstance(value, list | tuple) or not value:
+        raise SpecConfigError(f"{what} must be a non-empty list of [start, end, k]")
+    ranges: list[tuple[int, int, int]] = []
+    for item in value:
+        if not isinstance(item, list | tuple) or len(item) != 3 or not all(_is_int(x) for x in item):
+            raise SpecConfigError(f"{what}: each entry must be [start, end, k] integers, got {item!r}")
+        start, end, k = item
+        if start < 1 or end < start or k < 0:
+            raise SpecConfigError(f"{what}: need 1 ≤ start ≤ end and k ≥ 0, got {list(item)}")
+        if ranges and start <= ranges[-1][1]:
+            raise SpecConfigError(f"{what}: ranges must be ascending and not overlap, got {list(item)} "
+                                  f"after {list(ranges[-1])}")
+        ranges.append((start, end, k))
+    if ranges[0][0] != 1:
+        raise SpecConfigError(f"{what}: the first range must start at 1, got {list(ranges[0])}")
+    return tuple(ranges)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes draft tokens for running calls. One instance per run and tenant (replicate copy).
+
+    The engine drives it in this order for each call: `start_call` once, when the call's prompt is
+    fully prefilled and its first output token has been sampled; then, after every engine step in
+    which the call emitted tokens, `observe` with exactly those tokens, and (if the call goes on)
+    `propose` for the next step; `finish_call` once, after the call's last `observe`. A preempted
+    call keeps its state and is not started again.
+
+    What a drafter may read of a `CallState`: `call` (the trace `Call`: agent_id, query_id, role,
+    structure, workspace — never `output_tokens`), `tokens` (prompt + tokens emitted so far; the
+    buffer behind it is larger, and reading past `num_tokens` is reading the answer), `num_tokens`,
+    `prompt_len`, `num_emitted`, and `drafter_state`, a slot the drafter owns. It must not assume
+    where the recorded output ends.
+    """
+
+    name: ClassVar[str]
+
+    def start_call(self, state: CallState) -> None:
+        """Pre: `state.num_emitted == 1`. Post: the drafter may keep per-call state in `state.drafter_state`."""
+
+    def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
+        """Draft for the next step, one call per row.
+
+        Pre:  every row is started, not finished, and sampled a token in the step just ended;
+              `max_lens[i] ≥ 1` (rows whose budget is 0 are not passed).
+        Post: returns `len(rows)` int32 arrays, the i-th of length ≤ `max_lens[i]` (empty: no
+              draft); proposals depend only on what the drafter has been shown (determinism).
+        """
+        ...
+
+    def observe(self, state: CallState, emitted: np.ndarray) -> None:
+        """Pre: `emitted` (≥ 1 token) is already appended to `state.tokens`. Post: state updated."""
+
+    def finish_call(self, state: CallState) -> None:
+        """The call emitted its last token; release per-call state (shared history may keep it)."""
+
+    def draft_time(self, cost: StepCostModel, rows: Sequence[CallState], max_lens: np.ndarray) -> float:
+        """Seconds of drafting for one `propose` over `rows` (before the step that verifies them); ≥ 0."""
+        ...
+
+
+class BaseDrafter:
+    """Default no-op hooks and model-free drafting cost; drafters subclass it and override `propose`.
+
+    Class attributes a drafter sets: `name` (registry key), `config_keys` (its own speculative-config
+    keys), `supports_batch_size_schedule` (vLLM allows `num_speculative_tokens_per_batch_size`).
+    `configure` applies the method's defaults and vLLM's validation to a parsed config.
+    """
+
+    name: ClassVar[str] = ""
+    config_keys: ClassVar[frozenset[str]] = frozenset()
+    supports_batch_size_schedule: ClassVar[bool] = False
+
+    def __init__(self, spec: SpeculativeConfig) -> None:
+        self.spec = spec
+
+    @classmethod
+    def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
+        return spec
+
+    def start_call(self, state: CallState) -> None:
+        return None
+
+    def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def observe(self, state: CallState, emitted: np.ndarray) -> None:
+        return None
+
+    def finish_call(self, state: CallState) -> None:
+        return None
+
+    def draft_time(self, cost: StepCostModel, rows: Sequence[CallState], max_lens: np.ndarray) -> float:
+        # Model-free proposers (n-gram lookup, suffix trees) run on the CPU between steps.
+        return float(cost.model_free_draft_time(len(rows))) if len(rows) else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+
+DRAFTERS: dict[str, type[BaseDrafter]] = {}
+_loaded = False
+_broken: dict[str, str] = {}  # drafter modules that failed to import → the error (named when a lookup fails)
+
+
+def register_drafter(name: str) -> Callable[[type[BaseDrafter]], type[BaseDrafter]]:
+    """Class decorator: register a drafter class under `name` (the speculative-config `method`)."""
+
+    def decorate(cls: type[BaseDrafter]) -> type[BaseDrafter]:
+        if name in DRAFTERS and DRAFTERS[name] is not cls:
+            raise ValueError(f"drafter {name!r} is already registered by {DRAFTERS[name].__module__}")
+        cls.name = name
+        DRAFTERS[name] = cls
+        return cls
+
+    return decorate
+
+
+def _load_builtin() -> None:
+    # Import every module of this package once so that each drafter file registers itself.
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import agentspec_sim.drafters as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        try:
+            importlib.import_module(f"{package.__name__}.{info.name}")
+        except Exception as exc:  # one broken drafter file must not take the others down
+            _broken[info.name] = f"{type(exc).__name__}: {exc}"
+
+
+def drafter_class(method: str) -> type[BaseDrafter]:
+    _load_builtin()
+    if method not in DRAFTERS:
+        broken = "".join(f"; drafters/{name}.py failed to import ({err})" for name, err in sorted(_broken.items()))
+        raise SpecConfigError(f"unknown drafter {method!r} (known: {', '.join(sorted(DRAFTERS))}){broken}")
+    return DRAFTERS[method]
+
+
+def make_drafter(spec: SpeculativeConfig) -> BaseDrafter:
+    """A fresh drafter instance (no state shared with any other instance)."""
+    return drafter_class(spec.method)(spec)
+
+
+# `--drafter a,b,c` shorthand: the paper's settings (AgentSpec appendix A.1) for methods it names.
+# ngram: k=5, prompt_lookup_max=4; vLLM's rule "if one is given the other copies it" makes min=4 too.
+SHORTHAND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "normal": {"method": "normal"},
+    "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
+}
+
+
+def parse_drafter(value: str | Mapping[str, Any] | SpeculativeConfig) -> SpeculativeConfig:
+    """A drafter given by shorthand name, speculative-config JSON (text or dict), or a config."""
+    if isinstance(value, SpeculativeConfig):
+        return value
+    if isinstance(value, Mapping):
+        return SpeculativeConfig.from_json(value)
+    text = value.strip()
+    if text.startswith("{"):
+        return SpeculativeConfig.from_json(text)
+    if text in SHORTHAND_DEFAULTS:
+        return SpeculativeConfig.from_json(SHORTHAND_DEFAULTS[text], label=text)
+    return SpeculativeConfig.from_json({"method": text}, label=text)
+
+
+def parse_drafter_list(text: str) -> list[SpeculativeConfig]:
+    """`normal,ngram` → configs (empty items ignored)."""
+    return [parse_drafter(item) for item in text.split(",") if item.strip()]
+
+
+def with_label(spec: SpeculativeConfig, label: str) -> SpeculativeConfig:
+    return replace(spec, label=label)
+
+
+def describe(spec: SpeculativeConfig) -> str:
+    """A short label for tables: the method, then the settings that differ from nothing (k, n range, schedule)."""
+    if spec.label:
+        return spec.label
+    parts = [spec.method]
+    if spec.method != "normal":
+        parts.append(f"k={spec.num_speculative_tokens}")
+    if spec.prompt_lookup_min is not None:
+        parts.append(f"n={spec.prompt_lookup_min}..{spec.prompt_lookup_max}")
+    if spec.num_speculative_tokens_per_batch_size:
+        parts.append("k(b)=" + ",".join(f"{a}-{b}:{k}" for a, b, k in spec.num_speculative_tokens_per_batch_size))
+    parts.extend(f"{k}={v}" for k, v in spec.options)
+    return " ".join(parts)
+
+
+def unique_labels(specs: Sequence[SpeculativeConfig]) -> list[SpeculativeConfig]:
+    """Label every config (see `describe`), numbering repeats, so each row of a comparison is distinct."""
+    seen: dict[str, int] = {}
+    out = []
+    for spec in specs:
+        label = describe(spec)
+        seen[label] = seen.get(label, 0) + 1
+        out.append(replace(spec, label=label if seen[label] == 1 else f"{label} #{seen[label]}"))
+    return out

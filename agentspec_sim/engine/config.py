@@ -1,0 +1,161 @@
+"""Engine configuration: the `vllm serve` knobs the simulator models, plus workload-shaping options.
+
+Unset values (None) take vLLM 0.33's defaults when a run resolves them (`resolve`): the batch
+limits by GPU tier (docs/ENGINE-FACTS.md §1, `EngineArgs.get_batch_defaults` for `vllm serve`),
+`max_model_len` from the model profile, the KV block count from the GPU memory left after weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from agentspec_sim.engine.kv import cdiv
+
+ArrivalMode = Literal["recorded", "zero", "poisson"]
+
+
+class EngineConfigError(ValueError):
+    """An engine setting vLLM would reject (or that cannot be resolved), with the reason."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine deployment and workload shaping. Frozen: derive variants with `dataclasses.replace`.
+
+    Batch and memory (vLLM names): max_num_seqs, max_num_batched_tokens (the per-step token budget),
+    block_size, gpu_memory_utilization, enable_prefix_caching, max_model_len (None: the model's
+    context), num_kv_blocks (vLLM's num_gpu_blocks_override, null block included).
+    Cost: hardware, model, tensor_parallel_size, calibration (a fitted cost-profile file).
+    Workload: arrival ("recorded": the trace's arrival_s, else 0; "zero": every query at t=0;
+    "poisson": queries arrive at `rate` per second), think_time (overrides every call's think_s),
+    replicate (copies of each query as independent tenants), replicate_stagger_s (copy k ≥ 1 of a
+    query starts a seeded uniform [0, stagger) later, so copies do not run in lockstep).
+    seed: all randomness; check_invariants: run the engine's runtime checks every step.
+    """
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.92
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    num_kv_blocks: int | None = None
+    hardware: str = "a100-80g"
+    model: str = "qwen3-8b"
+    tensor_parallel_size: int = 1
+    calibration: str | None = None
+    seed: int = 0
+    think_time: float | None = None
+    arrival: ArrivalMode = "recorded"
+    rate: float | None = None
+    replicate: int = 1
+    replicate_stagger_s: float = 1.0
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        positive = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "block_size",
+                    "tensor_parallel_size", "replicate")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise EngineConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.arrival not in ("recorded", "zero", "poisson"):
+            raise EngineConfigError(f"arrival must be recorded, zero or poisson, got {self.arrival!r}")
+        if self.arrival == "poisson" and (self.rate is None or self.rate <= 0):
+            raise EngineConfigError("arrival 'poisson' needs rate > 0 (queries per second)")
+        if self.think_time is not None and self.think_time < 0:
+            raise EngineConfigError(f"think_time must be ≥ 0, got {self.think_time}")
+        if self.replicate_stagger_s < 0:
+            raise EngineConfigError(f"replicate_stagger_s must be ≥ 0, got {self.replicate_stagger_s}")
+
+
+# vLLM 0.33 `vllm serve` (UsageContext.OPENAI_API_SERVER) batch defaults by GPU tier:
+# (max_num_batched_tokens, max_num_seqs). H200 (~140 GiB) is below the 160 GiB tier.
+_TIER_B200 = (16384, 1024)
+_TIER_H100 = (8192, 1024)
+_TIER_SMALL = (2048, 256)
+_KNOWN_GPUS = {"a100-80g": _TIER_SMALL, "a100-40g": _TIER_SMALL, "a100": _TIER_SMALL, "h100": _TIER_H100,
+               "h100-80g": _TIER_H100, "h200": _TIER_H100, "h200-141g": _TIER_H100, "b200": _TIER_B200}
+
+
+def vllm_defaults(hardware: str, memory_gib: float | None = None) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that `vllm serve` picks on this GPU.
+
+    Tiers (arg_utils.get_batch_defaults): ≥ 160 GiB → 16384/1024; ≥ 70 GiB and not an A100 → 8192/1024;
+    otherwise (A100-80GB included, or memory unknown) → 2048/256.
+    """
+    key = hardware.lower()
+    if key in _KNOWN_GPUS:
+        return _KNOWN_GPUS[key]
+    if memory_gib is None:
+        return _TIER_SMALL
+    if memory_gib >= 160:
+        return _TIER_B200
+    if memory_gib >= 70 and "a100" not in key:
+        return _TIER_H100
+    return _TIER_SMALL
+
+
+@dataclass(frozen=True)
+class ResolvedLimits:
+    """What a run actually uses after defaults: every field set."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    num_kv_blocks: int  # including vLLM's null block
+    seqs_from_default: bool
+    tokens_from_default: bool
+
+
+def resolve(config: EngineConfig) -> ResolvedLimits:
+    """Fill unset limits as vLLM 0.33 does (`_set_default_max_num_seqs_and_batched_tokens_args`).
+
+    Needs `agentspec_sim.cost` for the model's context and the KV capacity unless both
+    `max_model_len` and `num_kv_blocks` are given.
+    """
+    max_model_len = config.max_model_len
+    model = hw = None
+    if max_model_len is None or config.num_kv_blocks is None:
+        from agentspec_sim.cost import load_hardware, load_model
+
+        model = load_model(config.model)
+        hw = load_hardware(config.hardware)
+    if max_model_len is None:
+        max_model_len = int(getattr(model, "max_model_len", 0) or model.default_max_model_len)
+    memory = hw.hbm_bytes / 2**30 if hw is not None else None
+    default_tokens, default_seqs = vllm_defaults(config.hardware, memory)
+    seqs = config.max_num_seqs if config.max_num_seqs is not None else default_seqs
+    tokens = config.max_num_batched_tokens
+    if tokens is None:
+        # Chunked prefill is on, so only the seqs × context cap applies.
+        tokens = min(seqs * max_model_len, default_tokens)
+    if config.max_num_seqs is None:
+        seqs = min(seqs, tokens)
+    if tokens < seqs:
+        raise EngineConfigError(f"max_num_batched_tokens ({tokens}) must be ≥ max_num_seqs ({seqs}), as vLLM requires")
+    blocks = config.num_kv_blocks
+    if blocks is None:
+        from agentspec_sim.cost import kv_capacity_tokens
+
+        capacity = int(kv_capacity_tokens(hw, model, config.gpu_memory_utilization, config.tensor_parallel_size,
+                                          max_num_batched_tokens=tokens, max_num_seqs=seqs))
+        blocks = capacity // config.block_size
+        if blocks < 2:
+            raise EngineConfigError(f"no KV cache memory left: {config.model} on {config.tensor_parallel_size}× "
+                                    f"{config.hardware} at gpu_memory_utilization {config.gpu_memory_utilization} "
+                                    f"leaves {capacity} tokens")
+    return ResolvedLimits(seqs, tokens, max_model_len, blocks, config.max_num_seqs is None,
+                          config.max_num_batched_tokens is None)
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return cdiv(tokens, block_size)
+
+
+def with_overrides(config: EngineConfig, **changes: object) -> EngineConfig:
+    """`replace` that ignores None values (CLI options left unset)."""
+    return replace(config, **{k: v for k, v in changes.items() if v is not None})

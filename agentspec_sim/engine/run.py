@@ -1,0 +1,64 @@
+"""`simulate`: one run of a workload through the engine with one drafter configuration; `compare`: several."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentspec_sim.cost.base import StepCostModel
+from agentspec_sim.drafters.base import SpeculativeConfig, parse_drafter, unique_labels
+from agentspec_sim.engine.config import EngineConfig, resolve
+from agentspec_sim.engine.result import RunResult
+from agentspec_sim.engine.simulator import Simulator
+from agentspec_sim.trace.schema import Workload
+
+if TYPE_CHECKING:
+    from agentspec_sim.metrics import RunSummary
+
+
+def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str, Any] = "ngram",
+             config: EngineConfig | None = None, cost_model: StepCostModel | None = None,
+             progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Replay `workload` on the engine `config` describes, drafting with `drafter`.
+
+    `drafter`: a shorthand name (`"normal"`, `"ngram"`), a `--speculative-config` dict or JSON
+    text, or a `SpeculativeConfig`. `cost_model`: prices steps (default: `build_cost_model` for
+    the config's hardware, model, tensor parallelism and calibration). `progress(done, total)` is
+    called as calls complete. Deterministic: the same inputs and seed give identical results.
+    """
+    config = config or EngineConfig()
+    spec = parse_drafter(drafter)
+    limits = resolve(config)
+    if cost_model is None:
+        from agentspec_sim.cost import build_cost_model
+
+        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
+                                      tensor_parallel_size=config.tensor_parallel_size,
+                                      calibration=config.calibration)
+    return Simulator(workload, spec, config, limits, cost_model, progress).run()
+
+
+def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Mapping[str, Any]],
+            config: EngineConfig | None = None, cost_model: StepCostModel | None = None,
+            progress: Callable[[str, int, int], None] | None = None) -> list[tuple[RunResult, RunSummary]]:
+    """Run `normal` first, then each drafter configuration (duplicates of normal dropped), on the same
+    workload and engine; each summary's speedup is against that `normal` run."""
+    from agentspec_sim.metrics import summarize
+
+    config = config or EngineConfig()
+    specs = [parse_drafter("normal")] + [s for s in map(parse_drafter, drafters) if s.method != "normal"]
+    specs = unique_labels(specs)
+    if cost_model is None:
+        from agentspec_sim.cost import build_cost_model
+
+        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
+                                      tensor_parallel_size=config.tensor_parallel_size,
+                                      calibration=config.calibration)
+    out: list[tuple[RunResult, RunSummary]] = []
+    baseline: RunResult | None = None
+    for spec in specs:
+        report = None if progress is None else (lambda done, total, name=spec.name: progress(name, done, total))
+        result = simulate(workload, spec, config, cost_model, report)
+        baseline = baseline or result
+        out.append((result, summarize(result, baseline)))
+    return out

@@ -1,0 +1,152 @@
+"""`agentspec-sim replay [TRACE]`: simulate the trace with `normal` and each drafter configuration, compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agentspec_sim.cli.app import app
+from agentspec_sim.cli.common import load_workload, trace_argument
+from agentspec_sim.cli.errors import UsageError
+
+
+@app.command()
+def replay(
+    trace: Path | None = trace_argument(),
+    drafter: str = typer.Option("normal,ngram", "--drafter", help="Comma-separated drafters by name (ngram: k=5, "
+                                "prompt_lookup_min=max=4, the paper's A.1 settings). `normal` always runs."),
+    speculative_config: list[str] = typer.Option([], "--speculative-config", help="A drafter as vLLM's "
+                                                 "--speculative-config JSON (repeatable)."),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="Most running calls (default: vLLM's for "
+                                            "the GPU: 256 on A100, 1024 on H100/H200)."),
+    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="Token budget per step "
+                                                      "(default: vLLM's: 2048 on A100, 8192 on H100/H200)."),
+    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="Share of GPU memory vLLM "
+                                                 "may use (weights + KV cache)."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context limit (default: the model's)."),
+    num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks", help="KV blocks (vLLM's "
+                                             "num_gpu_blocks_override); default: from GPU memory."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica."),
+    hardware: str = typer.Option("a100-80g", "--hardware", help="Hardware profile."),
+    model: str = typer.Option("qwen3-8b", "--model", help="Model profile (or a config.json path)."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="Fitted cost-profile file."),
+    rate: float | None = typer.Option(None, "--rate", help="Queries arrive as a Poisson process of this many per "
+                                      "second (default: the trace's arrival times, else all at 0)."),
+    replicate: int = typer.Option(1, "--replicate", help="Run N independent copies of every query."),
+    think_time: float | None = typer.Option(None, "--think-time", help="Seconds between a call's finish and the "
+                                            "next call of its query (default: the trace's think_s)."),
+    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache."),
+    seed: int = typer.Option(0, "--seed", help="Seed for arrivals and staggering."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of the table."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Also write the JSON document to this file."),
+    steps: Path | None = typer.Option(None, "--steps", help="Write every run's per-call-step log (parquet)."),
+    check: bool = typer.Option(False, "--check-invariants", help="Run the engine's invariant checks every step."),
+    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines (and count them)."),
+) -> None:
+    """Replay a trace through the simulated engine with each drafter; compare goodput and acceptance."""
+    from agentspec_sim.drafters.base import SpecConfigError, parse_drafter, parse_drafter_list
+    from agentspec_sim.engine import EngineConfig, EngineConfigError, SimulationError
+
+    try:
+        specs = parse_drafter_list(drafter) + [parse_drafter(text) for text in speculative_config]
+        config = EngineConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
+            tensor_parallel_size=tensor_parallel_size, hardware=hardware, model=model,
+            calibration=str(calibration) if calibration else None, rate=rate,
+            arrival="poisson" if rate is not None else "recorded", replicate=replicate, think_time=think_time,
+            enable_prefix_caching=not no_prefix_caching, seed=seed, check_invariants=check,
+        )
+    except (SpecConfigError, EngineConfigError) as exc:
+        raise UsageError(str(exc)) from None
+    path, workload = load_workload(trace, skip_bad_lines)
+    try:
+        runs = _run(workload, specs, config, show_progress=not as_json)
+    except (SpecConfigError, EngineConfigError, SimulationError) as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # a bad hardware/model profile name or file
+        if type(exc).__name__ != "ProfileError":
+            raise
+        raise UsageError(str(exc)) from None
+
+    document = {"trace": str(path), "config": _config_dict(config), "runs": [s.to_dict() for _, s in runs]}
+    if steps is not None:
+        _write_steps(steps, [r for r, _ in runs])
+    if output is not None:
+        from agentspec_sim.atomic import atomic_text
+
+        with atomic_text(output) as out:
+            out.write(json.dumps(document, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    _render(path, runs)
+
+
+def _run(workload, specs, config, show_progress: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentspec_sim.engine.run import compare
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=not (show_progress and console.is_terminal)) as bar:
+        tasks: dict[str, int] = {}
+
+        def report(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(f"{name} calls", total=total)
+            bar.update(tasks[name], completed=done)
+
+        return compare(workload, specs, config, progress=report)
+
+
+def _config_dict(config) -> dict:
+    from dataclasses import asdict
+
+    return asdict(config)
+
+
+def _write_steps(path: Path, results) -> None:
+    import polars as pl
+
+    from agentspec_sim.atomic import atomic_binary
+
+    frame = pl.concat([r.steps for r in results], how="vertical")
+    with atomic_binary(path, compress=False) as out:
+        frame.write_parquet(out)
+
+
+def _fmt(value: float | None, spec: str = ".2f", scale: float = 1.0, suffix: str = "") -> str:
+    return "—" if value is None else f"{value * scale:{spec}}{suffix}"
+
+
+def _render(path: Path, runs) -> None:
+    console = Console()
+    first = runs[0][1]
+    limits = first.limits
+    table = Table(title=f"replay {path.name}", caption=(
+        f"max_num_seqs {limits['max_num_seqs']} · max_num_batched_tokens {limits['max_num_batched_tokens']} · "
+        f"max_model_len {limits['max_model_len']:,} · KV blocks {limits['num_kv_blocks']:,}×{limits['block_size']}"))
+    table.add_column("configuration", no_wrap=True)
+    for name in ("goodput tok/s", "speedup", "rejection", "mean acc. len", "TTFT p50", "TPOT p50", "query p50",
+                 "query p99", "steps", "refused"):
+        table.add_column(name, justify="right")
+    for _, s in runs:
+        table.add_row(
+            s.drafter, f"{s.goodput_tok_s:,.1f}", _fmt(s.speedup, ".3f", suffix="×"),
+            _fmt(s.rejection_rate, ".1f", 100, "%"), _fmt(s.mean_acceptance_length, ".2f"),
+            _fmt(s.ttft.p50, ".1f", 1000, " ms"), _fmt(s.tpot.p50, ".1f", 1000, " ms"),
+            _fmt(s.query_latency.p50, ".1f", suffix=" s"), _fmt(s.query_latency.p99, ".1f", suffix=" s"),
+            f"{s.steps:,}", f"{s.refused_calls}" + (f" (+{s.skipped_calls} skipped)" if s.skipped_calls else ""),
+        )
+    console.print(table)
+    bound = {"none": "no call ever waited for capacity", "max_num_seqs": "calls waited mostly on max_num_seqs",
+             "kv_cache": "calls waited mostly on KV-cache capacity",
+             "token_budget": "calls waited mostly on the per-step token budget"}[first.bound_by]
+    console.print(f"batch (normal): mean {first.batch_size_mean:.1f}, max {first.batch_size_max}; {bound}; "
+                  f"preemptions {first.preemptions}")
