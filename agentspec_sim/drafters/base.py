@@ -280,6 +280,8 @@ def make_drafter(spec: SpeculativeConfig) -> BaseDrafter:
 SHORTHAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "normal": {"method": "normal"},
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
+    # suffix: the paper's k=32; vLLM's defaults for the tree (depth 24, factor 1.0, min prob 0.1).
+    "suffix": {"method": "suffix", "num_speculative_tokens": 32},
 }
 
 

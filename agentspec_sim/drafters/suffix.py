@@ -1,0 +1,353 @@
+"""`suffix`: vLLM 0.33's suffix decoding (`method: "suffix"`, `vllm/v1/spec_decode/suffix_decoding.py`),
+which drives ArcticInference 0.3.0's `SuffixDecodingCache`; re-implemented draft for draft.
+
+Rule. Each running call has a *prompt tree* (its prompt, then its own output) and all calls share a
+*global tree* of responses (every cached call's output, its own in-flight output included). After
+each step, for every call that sampled tokens, in batch-row order: (1) if the call is not active —
+its first decode step, or it was absent from some step's batch since (vLLM stops such calls) —
+start it: drop its cached response if any, build its prompt tree from the prompt alone, and give
+it a new response slot in the global tree (FIFO eviction beyond `max_cached_requests`); (2) append
+the sampled tokens to both trees; (3) draft from the last ≤ depth tokens of prompt + output with
+budget min(k, max_model_len − len − 1): each tree proposes its best greedy path (see
+`suffix_tree._speculate_tree`), the prompt tree wins ties. Rows are handled one at a time, so a row
+sees the tokens every earlier row appended in the same step, and none of a later row's.
+
+How the engine's calls map onto that order: `observe` only queues the tokens; `propose(rows)`
+applies the queue up to each row's own tokens, then drafts that row, then applies the rest (rows
+that finished or have no budget). `finish_call` ends the call (its response stays cached). A call
+that was active but not observed between two `propose` calls was absent from a step's batch: it is
+stopped, and restarted on its next `observe` (exact when `propose` runs once per engine step, also
+with no rows).
+
+State: one `SuffixForest` arena holding the global tree and the prompt trees. A finished call's
+prompt tree is kept (LRU, bounded) and, when it holds exactly a prefix of a later call's prompt —
+the agent case, where call i+1's prompt is call i's prompt + output + more — that call's prompt tree
+extends it instead of being rebuilt: a tree depends only on the token sequence appended, so the
+drafts are the same (tests/test_suffix.py checks it against the real library).
+
+Config (vLLM `SpeculativeConfig`): `suffix_decoding_max_tree_depth` 24 (≥ 1),
+`suffix_decoding_max_cached_requests` 10000 (≥ 0; 0 disables the global tree),
+`suffix_decoding_max_spec_factor` 1.0 (≥ 0), `suffix_decoding_min_token_prob` 0.1 (in [0, 1]);
+`num_speculative_tokens` defaults to the depth and is a maximum. The offset is 0 (no vLLM knob).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
+from agentspec_sim.drafters.suffix_tree import (
+    OP_APPEND,
+    OP_FIELDS,
+    OP_FREE,
+    OP_REMOVE,
+    OP_STEP,
+    SOFF,
+    SuffixForest,
+    is_prefix,
+)
+
+if TYPE_CHECKING:
+    from agentspec_sim.engine.request import CallState
+
+DEFAULTS: dict[str, Any] = {
+    "suffix_decoding_max_tree_depth": 24,
+    "suffix_decoding_max_cached_requests": 10000,
+    "suffix_decoding_max_spec_factor": 1.0,
+    "suffix_decoding_min_token_prob": 0.1,
+}
+# Finished calls' prompt trees kept for reuse: at most this many, holding at most this many tokens in
+# all — or twice what the running calls' trees hold, if more (one kept tree per running query).
+REUSE_MAX_TREES = 256
+REUSE_MAX_TOKENS = 2_000_000
+
+_START, _ADD, _FINISH = 0, 1, 2
+_EMPTY_OUT = np.zeros((0, 0), dtype=np.int32)
+
+
+class _Slot:
+    """The drafter's view of one call: its prompt tree, its response in the global tree, its queue marks."""
+
+    __slots__ = ("active", "global_seq", "local_root", "local_seq", "qidx", "qround", "seen", "state")
+
+    def __init__(self, state: CallState) -> None:
+        self.state = state
+        self.local_root = -1
+        self.local_seq = -1
+        self.global_seq = -1  # its response's sequence in the global tree; -1: not cached
+        self.active = False  # vLLM's `active_requests`: started and not stopped since
+        self.seen = -1  # the round (propose to propose) it last emitted in
+        self.qidx = -1  # queue index of its latest ADD, valid in round `qround`
+        self.qround = -1
+
+
+@register_drafter("suffix")
+class SuffixDrafter(BaseDrafter):
+    """Suffix decoding as vLLM 0.33 runs it (module docstring); one instance per run and tenant."""
+
+    config_keys: ClassVar[frozenset[str]] = frozenset(DEFAULTS)
+    supports_batch_size_schedule: ClassVar[bool] = False
+
+    def __init__(self, spec: SpeculativeConfig) -> None:
+        super().__init__(spec)
+        opts = {**DEFAULTS, **dict(spec.options)}
+        self.depth = int(opts["suffix_decoding_max_tree_depth"])
+        self.max_cached = int(opts["suffix_decoding_max_cached_requests"])
+        self.factor = float(opts["suffix_decoding_max_spec_factor"])
+        self.min_prob = float(opts["suffix_decoding_min_token_prob"])
+        self.offset = 0.0
+        self.k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else self.depth
+        self.forest = SuffixForest(self.depth)
+        self.global_root = self.forest.new_tree()
+        self.cached: dict[int, _Slot] = {}  # global seq → call, in FIFO order
+        self.active: dict[_Slot, None] = {}  # vLLM's active requests (a dict: deterministic order)
+        # Kept prompt trees, least recently kept first: root → (seq, its length, its last token).
+        self.reuse: dict[int, tuple[int, int, int]] = {}
+        self.reuse_tokens = 0
+        self.queue: list[tuple[int, _Slot, int, int]] = []  # (kind, call, end of its tokens, how many)
+        self.round = 0
+
+    @classmethod
+    def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
+        """vLLM's defaults and `_validate_suffix_decoding`: fill every key, k defaults to the depth."""
+        opts = {**DEFAULTS, **dict(spec.options)}
+        depth = opts["suffix_decoding_max_tree_depth"]
+        cached = opts["suffix_decoding_max_cached_requests"]
+        factor = opts["suffix_decoding_max_spec_factor"]
+        prob = opts["suffix_decoding_min_token_prob"]
+        if not _is_int(depth) or depth < 1:
+            raise SpecConfigError(f"suffix_decoding_max_tree_depth={depth!r} must be an integer ≥ 1")
+        if not _is_int(cached) or cached < 0:
+            raise SpecConfigError(f"suffix_decoding_max_cached_requests={cached!r} must be an integer ≥ 0")
+        if not _is_number(factor) or factor < 0:
+            raise SpecConfigError(f"suffix_decoding_max_spec_factor={factor!r} must be a number ≥ 0")
+        if not _is_number(prob) or not 0 <= prob <= 1:
+            raise SpecConfigError(f"suffix_decoding_min_token_prob={prob!r} must be a number in [0, 1]")
+        k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else depth
+        return replace(spec, num_speculative_tokens=k, options=tuple(sorted(opts.items())))
+
+    # -- the engine's hooks ------------------------------------------------------------------------
+    def start_call(self, state: CallState) -> None:
+        """Attach the call; its prompt tree is built when its first tokens are applied (vLLM: first decode step)."""
+        state.drafter_state = _Slot(state)
+
+    def observe(self, state: CallState, emitted: np.ndarray) -> None:
+        """Queue the call's new tokens (applied in row order by the next `propose`); restart it if it was stopped."""
+        slot = state.drafter_state
+        if slot is None:  # not started through start_call: start it now
+            slot = state.drafter_state = _Slot(state)
+        if not slot.active:
+            slot.active = True
+            self.active[slot] = None
+            self.queue.append((_START, slot, 0, 0))
+        slot.seen = self.round
+        slot.qround = self.round
+        slot.qidx = len(self.queue)
+        self.queue.append((_ADD, slot, state.prompt_len + state.num_emitted, int(emitted.shape[0])))
+
+    def finish_call(self, state: CallState) -> None:
+        """The call is done: its prompt tree is released (kept for reuse), its response stays cached."""
+        slot = state.drafter_state
+        if slot is not None:
+            self.queue.append((_FINISH, slot, 0, 0))
+
+    def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
+        """Apply the queued tokens in row order, drafting each row right after its own tokens."""
+        max_lens = np.asarray(max_lens)
+        batch = _Batch(self, len(rows), max_lens)
+        pos = 0
+        queue = self.queue
+        for i, row in enumerate(rows):
+            slot = row.drafter_state
+            if slot.qround == self.round:
+                while pos <= slot.qidx:
+                    batch.apply(queue[pos])
+                    pos += 1
+            batch.speculate(slot, i, int(max_lens[i]))
+        while pos < len(queue):
+            batch.apply(queue[pos])
+            pos += 1
+        self.queue = []
+        out, out_n = batch.run()
+        # Calls active but absent from this step's batch are stopped (vLLM: `stop_request`); their
+        # prompt tree (prompt + part of the output) is dropped, as vLLM drops it.
+        dropped = batch.dropped
+        for slot in [s for s in self.active if s.seen != self.round]:
+            slot.active = False
+            del self.active[slot]
+            if slot.local_root >= 0:
+                dropped.append((slot.local_root, slot.local_seq))
+            slot.local_root = slot.local_seq = -1
+        for root, seq in batch.kept:
+            self._keep_tree(root, seq)
+        if len(self.reuse) > REUSE_MAX_TREES or self.reuse_tokens > REUSE_MAX_TOKENS:
+            self._trim_reuse(dropped)
+        if dropped:
+            self._free_trees(dropped)
+        self.round += 1
+        return [out[i, :out_n[i]] for i in range(len(rows))]
+
+    # -- prompt trees ------------------------------------------------------------------------------
+    def _trim_reuse(self, dropped: list[tuple[int, int]]) -> None:
+        """Drop the least recently kept prompt trees beyond the bound (at least what the running calls hold)."""
+        running = sum(self.forest.seq_len[s.local_seq] for s in self.active if s.local_seq >= 0)
+        max_trees = max(REUSE_MAX_TREES, 2 * len(self.active))
+        max_tokens = max(REUSE_MAX_TOKENS, 2 * running)
+        while self.reuse and (len(self.reuse) > max_trees or self.reuse_tokens > max_tokens):
+            root = next(iter(self.reuse))
+            seq, n, _ = self.reuse.pop(root)
+            self.reuse_tokens -= n
+            dropped.append((root, seq))
+
+    def _keep_tree(self, root: int, seq: int) -> None:
+        """Keep a prompt tree no call uses any more (its ops all applied) for reuse."""
+        if root < 0:
+            return
+        n = self.forest.seq_len[seq]
+        last = int(self.forest.seq_tokens(seq)[n - 1]) if n else -1
+        self.reuse[root] = (seq, n, last)
+        self.reuse_tokens += n
+
+    def _take_tree(self, prompt: np.ndarray) -> tuple[int, int]:
+        """A kept prompt tree whose tokens are the longest prefix of `prompt`, or (-1, -1)."""
+        forest = self.forest
+        best, best_n = -1, 0
+        n_prompt = prompt.shape[0]
+        for root, (seq, n, last) in self.reuse.items():
+            if (best_n < n <= n_prompt and prompt[n - 1] == last
+                    and is_prefix(forest.pool, int(forest.sq[seq, SOFF]), n, prompt)):
+                best, best_n = root, n
+        if best < 0:
+            return -1, -1
+        seq = self.reuse.pop(best)[0]
+        self.reuse_tokens -= best_n
+        return best, seq
+
+    def _free_trees(self, trees: list[tuple[int, int]]) -> None:
+        ops = np.asarray([[OP_FREE, root, seq, 0, 0, 0, 0, 0, 0, -1] for root, seq in trees], dtype=np.int64)
+        self.forest.run(self.global_root, ops, np.zeros(0, dtype=np.int32), self.factor, self.offset, self.min_prob,
+                        _EMPTY_OUT, np.zeros(0, dtype=np.int32))
+        for _, seq in trees:
+            self.forest.release_seq(seq)
+
+
+class _Batch:
+    """The operations of one `propose`, built in queue order and run in one compiled call."""
+
+    def __init__(self, drafter: SuffixDrafter, num_rows: int, max_lens: np.ndarray) -> None:
+        self.d = drafter
+        self.ops: list[list[int]] = []
+        self.pieces: list[np.ndarray] = []
+        self.top = 0
+        self.kept: list[tuple[int, int]] = []  # finished calls' prompt trees, kept for reuse after the run
+        self.dropped: list[tuple[int, int]] = []  # prompt trees to free after the run
+        self.last_step: dict[int, int] = {}  # id(slot) → index of its latest STEP op in this batch
+        width = min(int(max_lens.max()), drafter.k) if num_rows else 0
+        self.out = np.empty((num_rows, max(width, 0)), dtype=np.int32)  # row i is read to out_n[i] only
+        self.out_n = np.zeros(num_rows, dtype=np.int32)
+
+    def _tokens(self, tokens: np.ndarray) -> int:
+        off = self.top
+        self.pieces.append(tokens)
+        self.top += tokens.shape[0]
+        return off
+
+    def apply(self, entry: tuple[int, _Slot, int, int]) -> None:
+        kind, slot, end, n = entry
+        if kind == _ADD:
+            # The tokens history[end − n:end], with the ≤ depth tokens before `end` as the context.
+            d = self.d
+            forest = d.forest
+            first = max(0, end - max(n, d.depth))
+            off = self._tokens(slot.state.history[first:end])
+            forest.reserve(slot.local_seq, n)
+            if slot.global_seq >= 0:
+                forest.reserve(slot.global_seq, n)
+            ctx_len = min(d.depth, end)
+            self.last_step[id(slot)] = len(self.ops)
+            self.ops.append([OP_STEP, slot.local_root, slot.local_seq, slot.global_seq, off + (end - first) - n, n,
+                             off + (end - first) - ctx_len, ctx_len, 0, -1])
+        elif kind == _START:
+            self._start(slot)
+        else:  # _FINISH
+            if slot.active:
+                slot.active = False
+                del self.d.active[slot]
+            if slot.local_root >= 0:
+                self.kept.append((slot.local_root, slot.local_seq))
+            slot.local_root = slot.local_seq = -1
+            slot.state = None  # the response may stay cached long after; the call's buffers need not
+
+    def _start(self, slot: _Slot) -> None:
+        """vLLM: evict the call's cached response, `start_request(prompt)` (FIFO eviction beyond the limit)."""
+        d = self.d
+        forest = d.forest
+        if slot.global_seq >= 0:
+            self._evict(slot)
+        if slot.local_root >= 0:  # (a stopped call's tree was dropped at the stop)
+            self.dropped.append((slot.local_root, slot.local_seq))
+            slot.local_root = slot.local_seq = -1
+        state = slot.state
+        prompt = state.history[:state.prompt_len]
+        root, seq = d._take_tree(prompt)
+        if root < 0:
+            root, seq = forest.new_tree(), forest.new_seq()
+        have = forest.seq_len[seq]
+        n = state.prompt_len - have
+        if n:
+            off = self._tokens(prompt[have:])
+            forest.reserve(seq, n)
+            self.ops.append([OP_APPEND, root, seq, -1, off, n, 0, 0, 0, -1])
+        slot.local_root, slot.local_seq = root, seq
+        if d.max_cached != 0:
+            gseq = forest.new_seq()
+            slot.global_seq = gseq
+            d.cached[gseq] = slot
+            while len(d.cached) > d.max_cached:
+                oldest = next(s for s in d.cached if s != gseq)
+                self._evict(d.cached[oldest])
+
+    def _evict(self, slot: _Slot) -> None:
+        d = self.d
+        gseq = slot.global_seq
+        del d.cached[gseq]
+        slot.global_seq = -1
+        # The removed response's tokens stay in the pool (nodes of the global tree may still read them):
+        # its sequence is never released.
+        self.ops.append([OP_REMOVE, d.global_root, gseq, -1, 0, 0, 0, 0, 0, -1])
+
+    def speculate(self, slot: _Slot, row: int, max_len: int) -> None:
+        i = self.last_step.get(id(slot), -1)
+        if i >= 0 and i == len(self.ops) - 1:
+            op = self.ops[i]
+        elif slot.local_root >= 0:  # no tokens of its own in this batch (outside the contract): draft as it stands
+            state = slot.state
+            end = state.prompt_len + state.num_emitted
+            ctx_len = min(self.d.depth, end)
+            off = self._tokens(state.history[end - ctx_len:end])
+            op = [OP_STEP, slot.local_root, slot.local_seq, -1, off, 0, off, ctx_len, 0, -1]
+            self.ops.append(op)
+        else:  # never observed, or stopped: vLLM would not draft for it
+            return
+        op[8] = min(max_len, self.d.k)
+        op[9] = row
+
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.ops:
+            d = self.d
+            tb = np.concatenate(self.pieces) if self.pieces else np.zeros(0, dtype=np.int32)
+            ops = np.asarray(self.ops, dtype=np.int64).reshape(-1, OP_FIELDS)
+            d.forest.run(d.global_root, ops, tb, d.factor, d.offset, d.min_prob, self.out, self.out_n)
+        return self.out, self.out_n
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,0 +1,294 @@
+"""The `suffix` drafter (vLLM 0.33 `method: "suffix"` = ArcticInference 0.3.0 `SuffixDecodingCache`).
+
+Hand-computed cases pin the rule (docs/suffix-decoding.md works them out); each is also run
+through the real library when it is installed. The differential tests drive our code and the real
+library through the same operations — a randomized tree-level test with removals and tiny
+vocabularies, and a replay of default-trace trajectories driven as vLLM drives it — and require
+identical drafts at every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from suffix_reference import VllmSuffixProposer, replay
+
+from agentspec_sim.drafters.base import SpecConfigError, parse_drafter
+from agentspec_sim.drafters.suffix_tree import SuffixForest
+from agentspec_sim.engine.request import CallState
+from agentspec_sim.trace.bundled import default_trace_path
+from agentspec_sim.trace.io import load_trace
+from agentspec_sim.trace.schema import Call
+
+
+def _has_arctic() -> bool:
+    try:
+        import arctic_inference.suffix_decoding  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+ARCTIC = _has_arctic()
+
+# --------------------------------------------------------------------------------------------
+# A tiny scripted driver: steps of (call, tokens emitted) rows, in row order.
+
+Script = list[list[tuple[str, int]]]
+
+
+def _spec(**options):
+    return parse_drafter({"method": "suffix", **options})
+
+
+def run_ours(calls: dict[str, tuple[Sequence[int], Sequence[int]]], steps: Script, spec) -> dict:
+    """Drive our drafter as the engine does; drafts by (step, call) for rows that go on."""
+    from agentspec_sim.drafters.base import make_drafter
+
+    drafter = make_drafter(spec)
+    states: dict[str, CallState] = {}
+    for i, (name, (prompt, output)) in enumerate(calls.items()):
+        c = Call(id=name, agent_id="a", query_id=name, seq=0, prompt_tokens=np.asarray(prompt, dtype=np.int32),
+                 output_tokens=np.asarray(output, dtype=np.int32))
+        states[name] = CallState(i, c, name, 0, i, len(output))
+    drafts = {}
+    for t, rows in enumerate(steps):
+        go_on = []
+        for name, e in rows:
+            s = states[name]
+            end = s.num_tokens
+            s.history[end:end + e] = s.call.output_tokens[s.num_emitted:s.num_emitted + e]
+            s.num_emitted += e
+        for name, e in rows:
+            s = states[name]
+            if s.drafter_state is None:
+                drafter.start_call(s)
+            drafter.observe(s, s.history[s.num_tokens - e:s.num_tokens])
+            if s.num_emitted == s.target_len:
+                drafter.finish_call(s)
+            else:
+                go_on.append(name)
+        out = drafter.propose([states[n] for n in go_on], np.full(len(go_on), spec.num_speculative_tokens))
+        for name, d in zip(go_on, out, strict=True):
+            drafts[(t, name)] = d.tolist()
+    return drafts
+
+
+def run_reference(calls: dict[str, tuple[Sequence[int], Sequence[int]]], steps: Script, spec) -> dict:
+    from suffix_reference import reference_from_spec
+
+    ref = reference_from_spec(spec)
+    emitted = dict.fromkeys(calls, 0)
+    drafts = {}
+    for t, rows in enumerate(steps):
+        ids, prompts, toks, sampled = [], [], [], []
+        for name, e in rows:
+            prompt, output = calls[name]
+            n = emitted[name]
+            emitted[name] = n + e
+            ids.append(name)
+            prompts.append(np.asarray(prompt, dtype=np.int32))
+            toks.append(np.asarray(list(prompt) + list(output[:n + e]), dtype=np.int32))
+            sampled.append(list(output[n:n + e]))
+        out = ref.propose(ids, prompts, toks, sampled)
+        for (name, _), d in zip(rows, out, strict=True):
+            if emitted[name] < len(calls[name][1]):
+                drafts[(t, name)] = d
+    return drafts
+
+
+def check(calls, steps, spec, expected: dict) -> None:
+    ours = run_ours(calls, steps, spec)
+    assert {key: ours[key] for key in expected} == expected
+    if ARCTIC:
+        theirs = run_reference(calls, steps, spec)
+        assert theirs == ours
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+
+
+def test_config_defaults_and_validation():
+    spec = _spec()
+    assert spec.num_speculative_tokens == 24  # vLLM: defaults to the tree depth
+    assert dict(spec.options) == {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
+                                  "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1}
+    assert _spec(suffix_decoding_max_tree_depth=16).num_speculative_tokens == 16
+    assert _spec(num_speculative_tokens=32).num_speculative_tokens == 32
+    assert parse_drafter(_spec(num_speculative_tokens=32).to_json()) == _spec(num_speculative_tokens=32)
+    for bad in ({"suffix_decoding_max_tree_depth": 0}, {"suffix_decoding_max_cached_requests": -1},
+                {"suffix_decoding_max_spec_factor": -0.5}, {"suffix_decoding_min_token_prob": 1.5},
+                {"num_speculative_tokens_per_batch_size": [[1, 8, 4]]}, {"prompt_lookup_max": 3}):
+        with pytest.raises(SpecConfigError):
+            _spec(**bad)
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-computed cases (one call unless said; P = prompt, the first output token comes with the start)
+
+
+def test_context_seen_once_drafts_with_probability_half():
+    # P+out = 5 6 7 8 5 6 | 7. "7" occurs twice (the second is the context's own end), so its child
+    # "8 5 6 7" has count 1 of 2: p = 1/2 for every token. m=3 ("5 6 7") drafts 3 tokens, score 1.5.
+    forest = SuffixForest(24)
+    root, seq = forest.new_tree(), forest.new_seq()
+    forest.append(root, seq, np.array([5, 6, 7, 8, 5, 6, 7]))
+    tokens, score = forest.speculate(root, np.array([5, 6, 7, 8, 5, 6, 7]), 24)
+    assert tokens.tolist() == [8, 5, 6] and score == 1.5
+    assert forest.speculate(root, np.array([5, 6, 7, 8, 5, 6, 7]), 24, min_prob=0.5)[0].tolist() == [8, 5, 6]
+    assert forest.speculate(root, np.array([5, 6, 7, 8, 5, 6, 7]), 24, min_prob=0.51)[0].tolist() == []
+    calls = {"a": ([5, 6, 7, 8, 5, 6], [7, 8, 5, 6])}
+    check(calls, [[("a", 1)]], _spec(), {(0, "a"): [8, 5, 6]})
+    check(calls, [[("a", 1)]], _spec(suffix_decoding_min_token_prob=0.51), {(0, "a"): []})
+
+
+def test_budget_is_applied_inside_the_search():
+    # P+out = 1 2 3 1 2 3 1 2 3 4 2 5 6 7 4 | 2. m=1 "2": children "3" (3) and "5…" (1) of 5 → [3] at 0.6.
+    # m=2 "4 2": child "5 6 7 4 2" count 1 of 2 → [5, 6] at 0.5 each, score 1.0 (wins with k ≥ 2).
+    # With k = 1 the m=2 draft is [5] (0.5) and m=1's [3] (0.6) wins: truncating [5, 6] would be wrong.
+    calls = {"a": ([1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 2, 5, 6, 7, 4], [2, 9, 9])}
+    check(calls, [[("a", 1)]], _spec(), {(0, "a"): [5, 6]})
+    check(calls, [[("a", 1)]], _spec(num_speculative_tokens=1), {(0, "a"): [3]})
+    # The factor: budget ⌊m·factor + 1e-6⌋; at factor 0.5, m=1 gets 0 and m=2 gets 1 token → [5].
+    check(calls, [[("a", 1)]], _spec(suffix_decoding_max_spec_factor=0.5), {(0, "a"): [5]})
+    # At factor 3, m=2 may draft 6 but the stored continuation ends after 5 tokens (score 2.5 beats m=1's
+    # [3, 1, 2] at 0.6 + 0.4 + 0.4).
+    check(calls, [[("a", 1)]], _spec(suffix_decoding_max_spec_factor=3.0), {(0, "a"): [5, 6, 7, 4, 2]})
+
+
+def test_suffixes_are_stored_to_the_tree_depth():
+    # P+out = 1 2 3 4 5 6 1 2 3 | 4. Depth 24: m=4 "1 2 3 4" → [5, 6, 1, 2]. Depth 4: the context is the last
+    # 4 tokens (m ≤ 3) and each suffix keeps 4 tokens, so "2 3 4" continues only by "5" and "3 4" by "5 6".
+    calls = {"a": ([1, 2, 3, 4, 5, 6, 1, 2, 3], [4, 9, 9])}
+    check(calls, [[("a", 1)]], _spec(), {(0, "a"): [5, 6, 1, 2]})
+    check(calls, [[("a", 1)]], _spec(suffix_decoding_max_tree_depth=4), {(0, "a"): [5, 6]})
+
+
+def test_prompt_tree_wins_ties_with_the_global_tree():
+    # Call x responds 8 12 60 (then finishes); call y's prompt holds "8 9". For y's context "… 71 8" both
+    # trees score 0.5 (local: "8" → "9", global: "8" → "12", the "8" of y's own response counting too):
+    # the prompt tree wins. When x's response holds "8 12" twice, the global tree scores 2/3 and wins.
+    y = ([70, 8, 9, 71], [8, 5, 5])
+    steps = [[("x", 1)], [("x", 2)], [("y", 1)]]
+    check({"x": ([50, 51], [8, 12, 60]), "y": y}, steps, _spec(), {(2, "y"): [9]})
+    steps = [[("x", 1)], [("x", 4)], [("y", 1)]]
+    check({"x": ([50, 51], [8, 12, 8, 12, 60]), "y": y}, steps, _spec(), {(2, "y"): [12]})
+
+
+def test_sibling_ties_follow_the_linked_list_rules():
+    # Children of "0", counts after P: "1" 1, "2" 2, "3" 2. Creation order 1, 2, 3 (new → tail); "3"
+    # reached 2 first, then "2": an increment of a node that does not head its run goes to the tail of
+    # the next run, so the list is 3, 2, 1 and the draft is [3] (p = 2/6).
+    check({"a": ([0, 1, 0, 2, 0, 3, 0, 3, 0, 2, 9], [0, 9])}, [[("a", 1)]], _spec(), {(0, "a"): [3]})
+    # One more "0 1": "1" headed its run (count 1), so it goes to the head of the count-2 run: [1] (2/7).
+    check({"a": ([0, 1, 0, 2, 0, 3, 0, 3, 0, 2, 0, 1, 9], [0, 9])}, [[("a", 1)]], _spec(), {(0, "a"): [1]})
+
+
+def test_rows_see_tokens_of_earlier_rows_in_the_same_step():
+    # Step 2: x appends 30 31 32, y appends 30. In row order x, y, y's draft sees x's new "30 31" in the
+    # global tree; in row order y, x it does not.
+    calls = {"x": ([1], [40, 30, 31, 32, 7, 7]), "y": ([2], [41, 30, 31, 7, 7])}
+    check(calls, [[("x", 1), ("y", 1)], [("x", 3), ("y", 1)]], _spec(), {(1, "y"): [31]})
+    check(calls, [[("x", 1), ("y", 1)], [("y", 1), ("x", 3)]], _spec(), {(1, "y"): []})
+
+
+def test_a_call_absent_from_a_step_is_restarted():
+    # vLLM stops a request missing from a step's batch; when it comes back its prompt tree is rebuilt from
+    # the prompt alone and its cached response is dropped, so its earlier output "5 6" is forgotten.
+    calls = {"a": ([1, 2, 3], [5, 6, 4, 5, 6, 9])}
+    steps = [[("a", 1)], [("a", 1)], [("a", 1)], [("a", 1)]]
+    check(calls, steps, _spec(), {(3, "a"): [6]})
+    check(calls, [*steps[:3], [], steps[3]], _spec(), {(4, "a"): []})
+
+
+def test_fifo_eviction_of_cached_responses():
+    # Responses of x then y are cached; with max_cached_requests=1, starting y evicts x's response.
+    calls = {"x": ([1], [7, 8, 9]), "y": ([2], [3, 3, 3]), "z": ([4], [7, 5, 5])}
+    steps = [[("x", 1)], [("x", 2)], [("y", 1)], [("y", 2)], [("z", 1)]]
+    check(calls, steps, _spec(), {(4, "z"): [8]})
+    check(calls, steps, _spec(suffix_decoding_max_cached_requests=2), {(4, "z"): []})  # z's start evicts x
+    check(calls, steps, _spec(suffix_decoding_max_cached_requests=0), {(4, "z"): []})
+
+
+# --------------------------------------------------------------------------------------------
+# Differential tests against the real library
+
+
+@pytest.mark.skipif(not ARCTIC, reason="arctic_inference not installed")
+def test_tree_matches_the_cpp_tree_with_removals():
+    pytest.importorskip("arctic_inference.suffix_decoding")
+    from arctic_inference.suffix_decoding._C import SuffixTree
+
+    rng = np.random.default_rng(7)
+    compared = 0
+    for _ in range(60):
+        depth, vocab = int(rng.integers(1, 9)), int(rng.integers(2, 6))
+        forest, ref = SuffixForest(depth, node_capacity=16, pool_capacity=16), SuffixTree(depth)
+        root = forest.new_tree()
+        seqs: dict[int, int] = {}
+        tokens: dict[int, list[int]] = {}
+        for _ in range(60):
+            r = rng.random()
+            if r < 0.5 or not seqs:
+                sid = int(rng.integers(0, 6))
+                if sid not in seqs:
+                    seqs[sid], tokens[sid] = forest.new_seq(), []
+                new = rng.integers(0, vocab, size=int(rng.integers(1, 6))).astype(np.int32)
+                ref.extend(sid, new.tolist())
+                forest.append(root, seqs[sid], new)
+                tokens[sid] += new.tolist()
+            elif r < 0.62:
+                sid = int(rng.choice(list(seqs)))
+                ref.remove(sid)
+                forest.remove(root, seqs.pop(sid))
+                del tokens[sid]
+            else:
+                if rng.random() < 0.5 and tokens:
+                    src = tokens[int(rng.choice(list(tokens)))]
+                    ctx = np.asarray([*src[-int(rng.integers(1, depth + 3)):], int(rng.integers(0, vocab))],
+                                     dtype=np.int32)
+                else:
+                    ctx = rng.integers(0, vocab, size=int(rng.integers(1, depth + 3))).astype(np.int32)
+                k = int(rng.integers(0, 10))
+                factor, offset = float(rng.choice([0.5, 1.0, 1.7, 3.0])), float(rng.choice([0.0, 0.3, 1.0]))
+                min_prob = float(rng.choice([0.0, 0.1, 0.3, 0.5]))
+                d = ref.speculate(ctx.tolist(), k, factor, offset, min_prob, False)
+                mine, score = forest.speculate(root, ctx, k, factor, offset, min_prob)
+                assert mine.tolist() == list(d.token_ids)
+                assert np.float32(score) == np.float32(d.score)
+                compared += 1
+            forest.check(root)
+    assert compared > 1000
+
+
+TRACE_CASES = [
+    # (speculative config, replay options)
+    ({}, {}),
+    ({"suffix_decoding_max_cached_requests": 3, "num_speculative_tokens": 32},
+     {"p_skip": 0.03, "max_prefill_steps": 3, "max_think_steps": 3}),
+    ({"suffix_decoding_max_cached_requests": 0, "suffix_decoding_max_tree_depth": 8,
+      "suffix_decoding_max_spec_factor": 2.5, "suffix_decoding_min_token_prob": 0.3, "num_speculative_tokens": 5},
+     {"p_skip": 0.02, "max_model_len": 16_000}),
+]
+
+
+@pytest.fixture(scope="module")
+def trace_queries():
+    pytest.importorskip("arctic_inference.suffix_decoding")
+    w = load_trace(default_trace_path())
+    return [q.calls[:4] for q in w.queries[:5]]
+
+
+@pytest.mark.parametrize(("options", "replay_options"), TRACE_CASES)
+def test_replay_matches_vllm_driving_the_real_library(trace_queries, options, replay_options):
+    res = replay(trace_queries, _spec(**options), concurrency=3, seed=3, **replay_options)
+    assert res.compared > 1000
+    assert res.mismatches == []
+    assert res.accepted > 0
+
+
+def test_reference_helper_is_importable_without_the_library():
+    assert VllmSuffixProposer.__doc__
