@@ -282,6 +282,12 @@ SHORTHAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
     # suffix: the paper's k=32; vLLM's defaults for the tree (depth 24, factor 1.0, min prob 0.1).
     "suffix": {"method": "suffix", "num_speculative_tokens": 32},
+    # ngram-v2 (vLLM 0.33's default runner): the same paper settings as ngram.
+    "ngram-v2": {"method": "ngram-v2", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
+    # eagle3: k=3, the default of the published EAGLE-3 speculator heads that `vllm serve` reads;
+    # mtp: k=1, vLLM's default of one step per MTP layer (MiMo-7B has one).
+    "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
+    "mtp": {"method": "mtp", "num_speculative_tokens": 1},
 }
 
 

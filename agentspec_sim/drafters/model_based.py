@@ -1,0 +1,580 @@
+"""`eagle3` and `mtp`: model-based drafters, simulated by a seeded, calibrated acceptance model.
+
+No draft weights run here, so *what* an EAGLE-3 head or an MTP layer would propose is replaced by
+*whether* its proposal would match the target's token, drawn from a per-position statistical model
+(DESIGN.md, "Drafters"); the drafting cost is the draft network's own (`draft_time`).
+
+Behaviour kept from vLLM 0.33 (`EagleSpeculator` / `MTPSpeculator`, Model Runner V2, and the V1
+`EagleProposer`): every drafting call gets exactly k draft tokens (chain drafting; the KV lookahead
+is k), k = `num_speculative_tokens` or its per-batch-size schedule, truncated only by the engine's
+max_model_len / token-budget rules. Drafting is k sequential forward passes of the draft network.
+
+The acceptance model (per call, per step that starts at output position n, k draft slots):
+
+    P(slot i accepted | slots 0..i−1 accepted) = σ(a_i + b_copy·copy(n+i) + b_code·code(n))
+
+- a_i: per-position intercepts (conditional acceptance falls with depth); i ≥ len(a) uses the last.
+- copy(p) = 1 when prompt lookup predicts the true token at output position p: the rightmost
+  earlier occurrence of the trigram ending at p−1 (in prompt + output up to p−1) is followed by
+  the token at p. Text that repeats its context is easier for any drafter, EAGLE and MTP included.
+- code(n) = 1 when the step starts inside a semantic block of the call's `structure` (or a Markdown
+  ``` fence when the call has no structure), from `structure.StructureAutomaton` fed with the
+  emitted tokens' bytes; it is held for the whole window. 0 when the trace has no tokenizer.
+- The parameters come from one JSON file per (method, target model) in `acceptance/`, each value
+  with its source (fitted by `agentspec_sim.calibrate_acceptance`); see docs/model-based-drafters.md.
+
+Randomness is counter-based, never a shared generator: slot i of the step at output position n of
+call c draws u = splitmix64 chain(seed, hash(call id), n, i) ∈ [0, 1), accepted iff u < P. So the
+same seed gives the same drafts whatever the batch order, the tenant mix or the wall clock.
+
+**The exception to the Drafter protocol.** A real drafter never sees the recorded continuation;
+a *statistical model of* a drafter must, to decide whether its proposal would match. This module
+reads it in exactly one place, `_continuation()`, which returns
+`state.call.output_tokens[state.num_emitted : state.num_emitted + k]` — the k tokens the step will
+be verified against, nothing further — and uses them (a) for the copy feature of those k positions
+and (b) to write the draft: the true tokens for the accepted prefix, then at the first rejected
+slot a token guaranteed to differ from the true one, then filler (that rejected token again), so
+the engine's ordinary greedy verification reproduces the drawn acceptance. Slots past the end of
+the recording are filler too (never accepted). Everything else (the trigram index, the structure
+automaton) is built from the prompt and the emitted tokens only.
+
+Config (vLLM `--speculative-config`): `num_speculative_tokens` (required), `num_speculative_tokens_
+per_batch_size`, and vLLM's `model` (the draft weights: accepted, ignored). Simulator keys:
+`target_model` (which parameter file: the engine's model id; default file `<method>.default.json`),
+`acceptance_params` (a parameter file path, e.g. from `agentspec-sim calibrate acceptance`; wins over
+`target_model`), `seed` (default 0), `tokenizer` (the trace's tokenizer for the code feature; default
+"qwen3", null disables the feature). `bind_engine_context` fills target_model / seed / tokenizer
+from an engine run.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from numba import njit
+
+from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
+from agentspec_sim.drafters.structure import StructureAutomaton
+
+if TYPE_CHECKING:
+    from agentspec_sim.cost.base import StepCostModel
+    from agentspec_sim.engine.request import CallState
+
+ACCEPTANCE_DIR = Path(__file__).parent / "acceptance"
+FEATURES = ("copy", "code")
+# Calls without a `structure` are segmented by Markdown code fences (the code-vs-prose feature).
+DEFAULT_STRUCTURE = ((("```", "```"),),)
+SIMULATOR_KEYS = frozenset({"target_model", "acceptance_params", "seed", "tokenizer"})
+_EMPTY = np.zeros(0, dtype=np.int32)
+_MASK64 = (1 << 64) - 1
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters
+
+
+@dataclass(frozen=True)
+class AcceptanceParams:
+    """One (method, target model)'s acceptance model: logit intercepts per draft position and one
+    coefficient per feature (`FEATURES`). `sources` says where each value comes from."""
+
+    method: str
+    model: str
+    positions: tuple[float, ...]
+    coefficients: Mapping[str, float] = field(default_factory=dict)
+    source: str = ""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    calibration: Mapping[str, Any] = field(default_factory=dict)
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.positions:
+            raise ValueError(f"acceptance parameters {self.path or self.model!r}: 'positions' is empty")
+        if not all(math.isfinite(a) for a in self.positions):
+            raise ValueError(f"acceptance parameters {self.path or self.model!r}: 'positions' must be finite")
+        unknown = sorted(set(self.coefficients) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"acceptance parameters {self.path or self.model!r}: unknown feature(s) {unknown} "
+                             f"(known: {', '.join(FEATURES)})")
+
+    @property
+    def a(self) -> np.ndarray:
+        return np.asarray(self.positions, dtype=np.float64)
+
+    def coefficient(self, name: str) -> float:
+        return float(self.coefficients.get(name, 0.0))
+
+    def intercepts(self, k: int) -> np.ndarray:
+        """a_0..a_{k−1}, positions past the calibrated ones taking the last value."""
+        a = self.a
+        return a[np.minimum(np.arange(k), a.shape[0] - 1)]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], path: str | None = None) -> AcceptanceParams:
+        where = path or "acceptance parameters"
+        try:
+            positions = tuple(float(x) for x in data["positions"])
+            coefficients = {str(k): float(v) for k, v in dict(data.get("coefficients", {})).items()}
+            return cls(method=str(data["method"]), model=str(data["model"]), positions=positions,
+                       coefficients=coefficients, source=str(data.get("source", "")),
+                       sources={str(k): str(v) for k, v in dict(data.get("sources", {})).items()},
+                       aliases=tuple(str(a) for a in data.get("aliases", ())),
+                       calibration=dict(data.get("calibration", {})), path=path)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {type(exc).__name__}: {exc} (needs method, model, positions[, "
+                             "coefficients])") from None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "model": self.model, "source": self.source}
+        if self.aliases:
+            out["aliases"] = list(self.aliases)
+        out["positions"] = [round(float(a), 6) for a in self.positions]
+        out["coefficients"] = {k: round(float(self.coefficient(k)), 6) for k in FEATURES}
+        out["sources"] = dict(self.sources)
+        if self.calibration:
+            out["calibration"] = dict(self.calibration)
+        return out
+
+
+def load_params_file(path: str | Path) -> AcceptanceParams:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read acceptance parameters ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    return AcceptanceParams.from_json(data, str(path))
+
+
+@functools.lru_cache(maxsize=64)
+def _bundled(method: str) -> tuple[AcceptanceParams, ...]:
+    return tuple(load_params_file(p) for p in sorted(ACCEPTANCE_DIR.glob(f"{method}.*.json")))
+
+
+def available_params(method: str) -> list[str]:
+    """The target models with a bundled parameter file for `method` ('default' included)."""
+    return [p.model for p in _bundled(method)]
+
+
+def load_params(method: str, model: str | None = None) -> AcceptanceParams:
+    """The bundled parameters of (method, model): the file whose `model` or one of whose `aliases`
+    equals `model` (case-insensitive; an HF repo id matches by its last part too), else the
+    method's `default` file."""
+    bundled = _bundled(method)
+    if not bundled:
+        raise ValueError(f"no acceptance parameter files for method {method!r} in {ACCEPTANCE_DIR}")
+    if model:
+        wanted = {model.lower(), model.rsplit("/", 1)[-1].lower()}
+        for params in bundled:
+            names = {params.model.lower(), *(a.lower() for a in params.aliases)}
+            if names & wanted:
+                return params
+    for params in bundled:
+        if params.model == "default":
+            return params
+    raise ValueError(f"no acceptance parameters for ({method}, {model}) and no {method}.default.json")
+
+
+def resolve_params(spec: SpeculativeConfig) -> AcceptanceParams:
+    """The parameters a config selects: `acceptance_params` (a file) else (`method`, `target_model`)."""
+    path = spec.option("acceptance_params")
+    params = load_params_file(path) if path else load_params(spec.method, spec.option("target_model"))
+    if params.method != spec.method:
+        raise SpecConfigError(f"acceptance parameters {params.path} are for method {params.method!r}, "
+                              f"not {spec.method!r}")
+    return params
+
+
+# --------------------------------------------------------------------------------------------
+# Counter-based randomness
+
+
+@njit(cache=True, nogil=True)
+def splitmix64(x: np.uint64) -> np.uint64:
+    """splitmix64's output function of x + golden gamma (a bijection on 64-bit words)."""
+    z = np.uint64(x) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def uniform_draw(key: np.uint64, position: np.int64, slot: np.int64) -> float:
+    """u ∈ [0, 1) for (call key, output position, draft slot): independent of every other triple."""
+    h = splitmix64(splitmix64(key ^ np.uint64(position)) ^ np.uint64(slot))
+    return float(h >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+def call_key(seed: int, call_id: str) -> int:
+    """The 64-bit key of one call instance under `seed` (blake2b of the id: stable across runs)."""
+    digest = int.from_bytes(hashlib.blake2b(call_id.encode("utf-8"), digest_size=8).digest(), "little")
+    return int(splitmix64(np.uint64(int(seed) & _MASK64))) ^ digest
+
+
+# --------------------------------------------------------------------------------------------
+# The copy feature: a trigram → rightmost-occurrence index, as an open-addressing hash table
+
+_PACK = 1 << 21  # token ids below this pack three to a 63-bit key exactly (every tokenizer here)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _key3(a: np.int64, b: np.int64, c: np.int64) -> np.int64:
+    if 0 <= a < _PACK and 0 <= b < _PACK and 0 <= c < _PACK:
+        return (np.int64(a) << 42) | (np.int64(b) << 21) | np.int64(c)
+    # Out-of-range ids: a mixed 63-bit key (a collision would only blur one feature value).
+    h = splitmix64(splitmix64(splitmix64(np.uint64(a)) ^ np.uint64(b)) ^ np.uint64(c))
+    return np.int64(h >> np.uint64(1))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slot(key: np.int64, mask: np.int64) -> np.int64:
+    return np.int64(splitmix64(np.uint64(key)) & np.uint64(mask))
+
+
+@njit(cache=True, nogil=True)
+def _table_put(keys: np.ndarray, vals: np.ndarray, key: np.int64, value: np.int64) -> int:
+    mask = keys.shape[0] - 1
+    s = _slot(key, mask)
+    while True:
+        k = keys[s]
+        if k == key:
+            vals[s] = value
+            return 0
+        if k == -1:
+            keys[s] = key
+            vals[s] = value
+            return 1
+        s = (s + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def _table_get(keys: np.ndarray, vals: np.ndarray, key: np.int64) -> np.int64:
+    mask = keys.shape[0] - 1
+    s = _slot(key, mask)
+    while True:
+        k = keys[s]
+        if k == key:
+            return vals[s]
+        if k == -1:
+            return -1
+        s = (s + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def _table_index(keys: np.ndarray, vals: np.ndarray, tokens: np.ndarray, lo: int, hi: int) -> int:
+    """Record the trigrams ending at e = lo..hi−1 (e ≥ 2), each as its latest end; returns new keys."""
+    added = 0
+    for e in range(max(lo, 2), hi):
+        added += _table_put(keys, vals, _key3(tokens[e - 2], tokens[e - 1], tokens[e]), e)
+    return added
+
+
+@njit(cache=True, nogil=True)
+def _table_rehash(keys: np.ndarray, vals: np.ndarray, new_keys: np.ndarray, new_vals: np.ndarray) -> None:
+    for s in range(keys.shape[0]):
+        if keys[s] != -1:
+            _table_put(new_keys, new_vals, keys[s], vals[s])
+
+
+@njit(cache=True, nogil=True)
+def _window_copy(keys: np.ndarray, vals: np.ndarray, hist: np.ndarray, cont: np.ndarray, out: np.ndarray) -> None:
+    """copy(p) for p = n..n+len(cont)−1, n = len(hist): the table holds trigrams ending at e ≤ n−2;
+    occurrences ending inside the window region (e ≥ n−1) are scanned directly, rightmost first."""
+    n = hist.shape[0]
+    for j in range(cont.shape[0]):
+        p = n + j
+        out[j] = 0
+        if p < 3:
+            continue
+        c0 = hist[p - 3] if p - 3 < n else cont[p - 3 - n]
+        c1 = hist[p - 2] if p - 2 < n else cont[p - 2 - n]
+        c2 = hist[p - 1] if p - 1 < n else cont[p - 1 - n]
+        found = -1
+        for e in range(p - 2, max(n - 2, 1), -1):  # e ∈ [max(n−1, 2), p−2]
+            x0 = hist[e - 2] if e - 2 < n else cont[e - 2 - n]
+            x1 = hist[e - 1] if e - 1 < n else cont[e - 1 - n]
+            x2 = hist[e] if e < n else cont[e - n]
+            if x0 == c0 and x1 == c1 and x2 == c2:
+                found = e
+                break
+        if found < 0:
+            found = _table_get(keys, vals, _key3(c0, c1, c2))
+        if found >= 0:
+            nxt = hist[found + 1] if found + 1 < n else cont[found + 1 - n]
+            out[j] = 1 if nxt == cont[j] else 0
+
+
+@njit(cache=True, nogil=True)
+def copy_stream(tokens: np.ndarray, start: int, out: np.ndarray) -> None:
+    """copy(p) for every p ≥ `start` of one token sequence (one pass; out has len(tokens) − start
+    entries). The same values the drafter computes step by step (tests check it)."""
+    length = tokens.shape[0]
+    cap = 16
+    while cap < 2 * length + 2:
+        cap *= 2
+    keys = np.full(cap, -1, dtype=np.int64)
+    vals = np.empty(cap, dtype=np.int64)
+    for p in range(length):
+        if p - 2 >= 2:  # the trigram ending at p−2 (its next token, p−1, is now history)
+            _table_put(keys, vals, _key3(tokens[p - 4], tokens[p - 3], tokens[p - 2]), p - 2)
+        if p >= start:
+            v = 0
+            if p >= 3:
+                e = _table_get(keys, vals, _key3(tokens[p - 3], tokens[p - 2], tokens[p - 1]))
+                if e >= 0 and tokens[e + 1] == tokens[p]:
+                    v = 1
+            out[p - start] = v
+
+
+class CopyIndex:
+    """The trigram index of one call's history (prompt + emitted tokens): the latest end of every
+    trigram whose next token is known. Grows by doubling; O(1) amortised per token."""
+
+    __slots__ = ("count", "indexed", "keys", "vals")
+
+    def __init__(self, expected: int = 64) -> None:
+        cap = 16
+        while cap < 2 * expected:
+            cap *= 2
+        self.keys = np.full(cap, -1, dtype=np.int64)
+        self.vals = np.empty(cap, dtype=np.int64)
+        self.count = 0
+        self.indexed = 0  # trigrams ending at e < indexed are in the table
+
+    def sync(self, tokens: np.ndarray) -> None:
+        """Index every trigram ending at e ≤ len(tokens) − 2."""
+        hi = tokens.shape[0] - 1
+        if hi <= self.indexed:
+            return
+        need = self.count + (hi - self.indexed)
+        if 2 * need > self.keys.shape[0]:
+            cap = self.keys.shape[0]
+            while cap < 2 * need:
+                cap *= 2
+            keys = np.full(cap, -1, dtype=np.int64)
+            vals = np.empty(cap, dtype=np.int64)
+            _table_rehash(self.keys, self.vals, keys, vals)
+            self.keys, self.vals = keys, vals
+        self.count += _table_index(self.keys, self.vals, tokens, self.indexed, hi)
+        self.indexed = hi
+
+    def window(self, tokens: np.ndarray, cont: np.ndarray) -> np.ndarray:
+        """copy(p) for the positions of `cont`, which follows `tokens` (synced first)."""
+        self.sync(tokens)
+        out = np.zeros(cont.shape[0], dtype=np.int8)
+        if cont.shape[0]:
+            _window_copy(self.keys, self.vals, tokens, cont, out)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# The code feature
+
+
+@functools.lru_cache(maxsize=4)
+def token_bytes_for(tokenizer: str) -> list[bytes]:
+    """The token → bytes table of a trace tokenizer (`TraceTokenizer.token_bytes`), loaded once."""
+    from agentspec_sim.trace.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer).token_bytes()
+
+
+def structure_of(call_structure) -> tuple:
+    """The structure the code feature segments by: the call's own, else Markdown fences."""
+    return call_structure if call_structure else DEFAULT_STRUCTURE
+
+
+# --------------------------------------------------------------------------------------------
+# The acceptance draw
+
+
+@njit(cache=True, nogil=True)
+def accepted_prefix(a: np.ndarray, b_copy: float, b_code: float, copy: np.ndarray, code: int,
+                    key: np.uint64, position: int, k: int) -> int:
+    """How many of k slots the model accepts at output `position`: slot i (while i < len(copy), the
+    slots with a true token) is accepted iff uniform_draw(key, position, i) < σ(a_i + b·x_i) and all
+    earlier slots were."""
+    m = min(k, copy.shape[0])
+    last = a.shape[0] - 1
+    for i in range(m):
+        z = a[min(i, last)] + b_copy * copy[i] + b_code * code
+        p = 1.0 / (1.0 + math.exp(-z))
+        if uniform_draw(key, position, i) >= p:
+            return i
+    return m
+
+
+class _PerCall:
+    """What the drafter keeps per call: its random key, trigram index and structure automaton."""
+
+    __slots__ = ("automaton", "fed", "index", "key", "table")
+
+    def __init__(self, key: int, prompt_len: int, automaton: StructureAutomaton | None,
+                 table: list[bytes] | None) -> None:
+        self.key = np.uint64(key)
+        self.index = CopyIndex(prompt_len + 64)
+        self.automaton = automaton
+        self.table = table
+        self.fed = 0  # output tokens fed to the automaton
+
+    def code(self) -> int:
+        return 0 if self.automaton is None or self.automaton.block_index == 0 else 1
+
+
+class ModelBasedDrafter(BaseDrafter):
+    """The shared implementation of `eagle3` and `mtp` (see the module docstring)."""
+
+    config_keys: ClassVar[frozenset[str]] = SIMULATOR_KEYS
+    supports_batch_size_schedule: ClassVar[bool] = True
+
+    def __init__(self, spec: SpeculativeConfig) -> None:
+        super().__init__(spec)
+        self.params = resolve_params(spec)
+        self.seed = int(spec.option("seed", 0))
+        tokenizer = spec.option("tokenizer", "qwen3")
+        self.tokenizer = str(tokenizer) if tokenizer else None
+        self._a = self.params.a
+        self._b_copy = self.params.coefficient("copy")
+        self._b_code = self.params.coefficient("code")
+
+    @classmethod
+    def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
+        if spec.num_speculative_tokens < 0:
+            raise SpecConfigError(f"method {spec.method!r} needs num_speculative_tokens (vLLM has no default for it)")
+        options = dict(spec.options)
+        seed = options.get("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise SpecConfigError(f"seed must be an integer, got {seed!r}")
+        for key in ("target_model", "acceptance_params", "tokenizer"):
+            value = options.get(key)
+            if value is not None and not isinstance(value, str):
+                raise SpecConfigError(f"{key} must be a string, got {value!r}")
+        try:
+            resolve_params(spec)
+        except ValueError as exc:
+            raise SpecConfigError(str(exc)) from None
+        return spec
+
+    # -- Drafter protocol -------------------------------------------------------------------------
+    def start_call(self, state: CallState) -> None:
+        automaton = table = None
+        if self.tokenizer is not None:
+            table = token_bytes_for(self.tokenizer)
+            automaton = StructureAutomaton(structure_of(state.call.structure))
+        cs = _PerCall(call_key(self.seed, state.call_id), state.prompt_len, automaton, table)
+        state.drafter_state = cs
+        self._sync(state, cs)
+
+    def observe(self, state: CallState, emitted: np.ndarray) -> None:
+        self._sync(state, state.drafter_state)
+
+    def finish_call(self, state: CallState) -> None:
+        state.drafter_state = None
+
+    def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
+        """Exactly `max_lens[i]` tokens for row i: the accepted prefix of the true continuation,
+        then a token that differs from the true one, then filler."""
+        out = []
+        for row, m in zip(rows, max_lens, strict=True):
+            k = int(m)
+            cs: _PerCall = row.drafter_state
+            tokens = row.tokens
+            cont = _continuation(row, k)
+            copy = cs.index.window(tokens, cont)
+            n_ok = accepted_prefix(self._a, self._b_copy, self._b_code, copy, cs.code(), cs.key,
+                                   row.num_emitted, k)
+            out.append(_draft(tokens, cont, n_ok, k))
+        return out
+
+    def draft_time(self, cost: StepCostModel, rows: Sequence[CallState], max_lens: np.ndarray) -> float:
+        """k sequential draft-network passes over the drafting rows (`cost.draft_model_time`)."""
+        if not len(rows):
+            return 0.0
+        k = int(np.max(max_lens))
+        context = np.fromiter((r.num_tokens for r in rows), dtype=np.int64, count=len(rows))
+        try:
+            return float(cost.draft_model_time(len(rows), k, context, kind=self.name))
+        except TypeError:  # a cost model without draft kinds
+            return float(cost.draft_model_time(len(rows), k, context))
+        except ValueError as exc:  # the target model has no such draft network (e.g. mtp on Qwen3-8B)
+            raise SpecConfigError(f"method {self.name!r}: {exc}") from None
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _sync(self, state: CallState, cs: _PerCall) -> None:
+        tokens = state.tokens
+        cs.index.sync(tokens)
+        if cs.automaton is not None and cs.fed < state.num_emitted:
+            ids = tokens[state.prompt_len + cs.fed:]
+            table = cs.table
+            size = len(table)
+            cs.automaton.feed(b"".join(table[t] if 0 <= t < size else b"" for t in ids.tolist()))
+            cs.fed = state.num_emitted
+
+
+def _continuation(state: CallState, k: int) -> np.ndarray:
+    """THE ONE READ OF THE RECORDED CONTINUATION (see the module docstring): the k tokens the next
+    step is verified against (fewer at the end of the recording)."""
+    return state.call.output_tokens[state.num_emitted:state.num_emitted + k]
+
+
+def _draft(tokens: np.ndarray, cont: np.ndarray, accepted: int, k: int) -> np.ndarray:
+    out = np.empty(k, dtype=np.int32)
+    out[:accepted] = cont[:accepted]
+    if accepted < k:
+        if accepted < cont.shape[0]:
+            true = int(cont[accepted])
+            wrong = true - 1 if true > 0 else 1  # any id but the true one
+        else:
+            wrong = int(tokens[-1])  # past the end of the recording: never verified as accepted
+        out[accepted:] = wrong
+    return out
+
+
+@register_drafter("eagle3")
+class Eagle3Drafter(ModelBasedDrafter):
+    """EAGLE-3 (Li et al. 2025) chain drafting as vLLM runs it, by the calibrated acceptance model."""
+
+
+@register_drafter("mtp")
+class MTPDrafter(ModelBasedDrafter):
+    """MTP (DeepSeek-V3 / MiMo multi-token prediction layers, reused for k > 1 as vLLM does)."""
+
+
+_UNSET: Any = object()
+
+
+def bind_engine_context(spec: SpeculativeConfig, *, model: str | None = None, seed: int | None = None,
+                        tokenizer: str | None = _UNSET) -> SpeculativeConfig:
+    """Fill the simulator keys an engine run knows into a model-based drafter's config, unless the
+    config sets them: `target_model` (the engine's model id), `seed` (the run's seed) and `tokenizer`
+    (the trace's `meta.tokenizer`; None for an ids-only trace, which turns the code feature off).
+    Configs of other methods are returned unchanged."""
+    from agentspec_sim.drafters.base import drafter_class
+
+    if not issubclass(drafter_class(spec.method), ModelBasedDrafter):
+        return spec
+    options = dict(spec.options)
+    if model is not None:
+        options.setdefault("target_model", model)
+    if seed is not None:
+        options.setdefault("seed", int(seed))
+    if tokenizer is not _UNSET:
+        options.setdefault("tokenizer", tokenizer)
+    return replace(spec, options=tuple(sorted(options.items())))
+
+
+__all__ = [
+    "ACCEPTANCE_DIR", "FEATURES", "AcceptanceParams", "CopyIndex", "Eagle3Drafter", "MTPDrafter", "ModelBasedDrafter",
+    "accepted_prefix", "available_params", "bind_engine_context", "call_key", "copy_stream", "load_params",
+    "load_params_file", "resolve_params", "uniform_draw",
+]
