@@ -148,3 +148,19 @@ class StepCostModel(Protocol):
         Pre:  batch_size ≥ 1, context_len ≥ 0.  Post: > 0.
         """
         ...
+
+
+def step_times(cost: StepCostModel, query_lens: np.ndarray, context_lens: np.ndarray, is_prefill: np.ndarray,
+               offsets: np.ndarray) -> np.ndarray:
+    """`cost.step_time(...).total_s` for each step of a run: step k is rows offsets[k]:offsets[k + 1].
+
+    Uses the model's own batched `step_times` when it has one (`RooflineCostModel` does, bit-for-bit
+    equal to its `step_time`); otherwise calls `step_time` once per step.
+    """
+    batched = getattr(cost, "step_times", None)
+    if batched is not None:
+        return np.asarray(batched(query_lens, context_lens, is_prefill, offsets), dtype=np.float64)
+    q, c, pf = query_lens, context_lens, is_prefill
+    return np.array([float(cost.step_time(BatchShape(q[a:b], c[a:b], pf[a:b])).total_s)
+                     for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)], dtype=np.float64)
+

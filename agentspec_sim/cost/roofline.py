@@ -306,12 +306,7 @@ class RooflineCostModel:
         tokens = int(_sum(q))
         n_prefill = np.count_nonzero(pf)
         logit_rows = tokens - int(_sum(q[pf])) + n_prefill if n_prefill else tokens
-
-        weight_bytes = self._dense_bytes
-        if self._moe_bytes:
-            weight_bytes += self._moe_bytes * (1.0 - self._moe_miss**tokens)
-        flops = self._flops_token * tokens + self._flops_logit * logit_rows
-        linear = _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p)
+        linear = self._linear_s(tokens, logit_rows)
 
         # Attention: every call reads its KV once per layer (memory time, summed in closed form);
         # calls with enough query tokens to be compute-bound add their compute excess.
@@ -325,6 +320,74 @@ class RooflineCostModel:
         overhead = self._overhead_fixed + self._per_call * n
         total = linear + attention + overhead + communication
         return StepCost(total, linear, attention, overhead, communication)
+
+    def _linear_s(self, tokens: int, logit_rows: int) -> float:
+        """The linear layers' time for `tokens` tokens of which `logit_rows` need logits (Python ints)."""
+        weight_bytes = self._dense_bytes
+        if self._moe_bytes:
+            weight_bytes += self._moe_bytes * (1.0 - self._moe_miss**tokens)
+        flops = self._flops_token * tokens + self._flops_logit * logit_rows
+        return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p)
+
+    def step_times(self, query_lens: np.ndarray, context_lens: np.ndarray, is_prefill: np.ndarray,
+                   offsets: np.ndarray) -> np.ndarray:
+        """`step_time(...).total_s` of many steps at once (the simulator prices a run of steps in one call).
+
+        Step k is rows `offsets[k]:offsets[k + 1]` of the flat integer `query_lens` / `context_lens` and
+        bool `is_prefill` arrays; every step has ≥ 1 row. Bit-for-bit equal to calling `step_time` on
+        each step: the same IEEE operations in the same order, elementwise over steps. Integer sums are
+        exact; the linear layers' p-norm is computed by `_linear_s` once per distinct (tokens, logit
+        rows) pair; the attention compute excess is summed row by row in row order (`np.add.at` is
+        sequential), as `_compute_excess` does for up to 16 compute-bound calls, and a step with more
+        than 16 calls `_compute_excess` itself (its numpy path sums pairwise).
+        """
+        q, c = np.asarray(query_lens), np.asarray(context_lens)  # any integer dtype: sums are taken in int64
+        pf = np.asarray(is_prefill, dtype=bool)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        starts = offsets[:-1]
+        num_steps = starts.shape[0]
+        if num_steps == 0:
+            return np.zeros(0, dtype=np.float64)
+        n = np.diff(offsets)
+        if self._check and (q.shape[0] != offsets[-1] or int(n.min()) < 1 or int(q.min()) < 1 or int(c.min()) < 0):
+            raise ValueError("step_times: every step needs ≥ 1 call with query_len ≥ 1 and context_len ≥ 0")
+        tokens = np.add.reduceat(q, starts, dtype=np.int64)
+        q_prefill = np.add.reduceat(np.where(pf, q, 0), starts, dtype=np.int64)
+        n_prefill = np.add.reduceat(pf, starts, dtype=np.int64)
+        logit_rows = np.where(n_prefill > 0, tokens - q_prefill + n_prefill, tokens)
+
+        rows_per_key = int(logit_rows.max()) + 1
+        keys, where = np.unique(tokens * rows_per_key + logit_rows, return_inverse=True)
+        linear_of_pair = np.array([self._linear_s(k // rows_per_key, k % rows_per_key) for k in keys.tolist()],
+                                  dtype=np.float64)
+        linear = linear_of_pair[where.reshape(-1)]
+
+        attention = (np.add.reduceat(c, starts, dtype=np.int64) + tokens) * self._attn_mem_full
+        if self._attn_mem_slide:
+            attention += (np.add.reduceat(np.minimum(c, self._window), starts, dtype=np.int64)
+                          + tokens) * self._attn_mem_slide
+        heavy = q > self._q_mem_bound
+        if heavy.any():
+            rows = heavy.nonzero()[0]
+            step_of_heavy = np.searchsorted(offsets, rows, side="right") - 1
+            per_step = np.bincount(step_of_heavy, minlength=num_steps)
+            qh, ch = q[rows].astype(np.int64), c[rows].astype(np.int64)
+            keys = ch + (qh + 1) * 0.5
+            d = qh * keys * self._attn_cmp_full - (ch + qh) * self._attn_mem_full
+            if self._attn_mem_slide:
+                w = self._window
+                d += qh * np.minimum(keys, w) * self._attn_cmp_slide - (np.minimum(ch, w) + qh) * self._attn_mem_slide
+            excess = np.zeros(num_steps, dtype=np.float64)
+            np.add.at(excess, step_of_heavy, np.where(d > 0.0, d, 0.0))
+            for k in (per_step > 16).nonzero()[0].tolist():
+                lo, hi = int(offsets[k]), int(offsets[k + 1])
+                excess[k] = self._compute_excess(q[lo:hi].astype(np.int64), c[lo:hi].astype(np.int64))
+            has = per_step > 0
+            attention[has] += excess[has]
+
+        communication = self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
+        overhead = self._overhead_fixed + self._per_call * n
+        return linear + attention + overhead + communication
 
     def _compute_excess(self, q: np.ndarray, c: np.ndarray) -> float:
         """Σ max(0, compute time − memory time) over calls with more than `_q_mem_bound` query tokens."""

@@ -1,7 +1,8 @@
 """What a run returns: the per-step log and per-call / per-query statistics, as polars DataFrames.
 
-The log is accumulated as numpy arrays per engine step (`StepLogBuilder`) and turned into frames
-once at the end, so the hot loop never builds per-row Python objects.
+The log is accumulated in numpy record buffers by the compiled engine step (`StepLogBuilder`) and
+turned into frames at the end, so the hot loop never builds per-row Python objects; `steps`, the
+largest frame, is built the first time it is read.
 
 `steps` (one row per call-step; `--steps` writes it): step, time_s (step start), drafter, call_id,
 phase ('prefill' | 'decode'), position (output tokens emitted before the step), context_len (tokens
@@ -21,119 +22,177 @@ engine step's batch_size, step_time_s (= draft_s + forward_s), forward_s, draft_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import polars as pl
 
 from agentspec_sim.drafters.base import SpeculativeConfig
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
+from agentspec_sim.engine.request import zeros
 
 STEP_COLUMNS = (
     "step", "time_s", "drafter", "call_id", "phase", "position", "context_len", "scheduled_tokens", "draft",
     "drafted", "accepted", "emitted", "batch_size", "step_time_s", "forward_s", "draft_s", "D", "rho", "t_A",
     "t_V", "t_D",
 )
-BOUND_CODES = {None: "none", "seqs": "max_num_seqs", "kv": "kv_cache", "tokens": "token_budget"}
 
 
 @dataclass
 class RunResult:
-    """One simulation: its configuration, the logs, and the per-call and per-query statistics."""
+    """One simulation: its configuration, the logs, and the per-call and per-query statistics.
+
+    `steps` (one row per call-step, by far the largest frame) is built from the engine's log
+    buffers the first time it is read, then kept; a summary never needs it.
+    """
 
     config: EngineConfig
     limits: ResolvedLimits
     spec: SpeculativeConfig
     drafter: str
-    steps: pl.DataFrame
     engine_steps: pl.DataFrame
     calls: pl.DataFrame
     queries: pl.DataFrame
     num_preemptions: int = 0
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    steps_source: pl.DataFrame | Callable[[], pl.DataFrame] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def steps(self) -> pl.DataFrame:
+        if callable(self.steps_source):
+            self.steps_source = self.steps_source()
+        return self.steps_source
+
+
+# The step log's records (numba reads field f of record array a as `a.f[i]`).
+LOG_ROW = np.dtype([(name, np.int32) for name in (  # one per call-step
+    "call", "decode", "position", "context_len", "scheduled", "drafted", "accepted", "emitted")], align=True)
+LOG_STEP = np.dtype([(name, np.int64) for name in (  # one per engine step
+    "batch_size", "scheduled_tokens", "decode_calls", "running", "waiting", "free_blocks", "bound", "D", "acc",
+    "budget")] + [(name, np.float64) for name in ("time_s", "forward_s", "draft_s", "t_A", "t_V", "t_D")], align=True)
+LOG_EVENT = np.dtype([("kind", np.int64), ("call", np.int64), ("step", np.int64)], align=True)
+
+
+class LogBuf(NamedTuple):
+    """The step log's growable buffers as the compiled `scheduler.log_step` writes them.
+
+    `bound` is a `scheduler.BOUNDS` code; `events` are a run's effects the event loop still has to
+    time (`scheduler.EV_*`), cleared after each run; `draft_tokens` holds the scheduled drafts of the
+    call-steps, in order.
+    """
+
+    rows: np.ndarray  # LOG_ROW
+    steps: np.ndarray  # LOG_STEP
+    events: np.ndarray  # LOG_EVENT
+    draft_tokens: np.ndarray  # int32
+    ctr: np.ndarray  # int64: [call-steps, steps, events, draft tokens]
 
 
 class StepLogBuilder:
-    """Collects per-step numpy arrays; `build()` makes the two step frames."""
+    """Collects the step log in growable numpy buffers (`buf`) and makes the two step frames.
 
-    def __init__(self) -> None:
-        self.row_parts: dict[str, list[np.ndarray]] = {k: [] for k in (
-            "call", "decode", "position", "context_len", "scheduled_tokens", "drafted", "accepted", "emitted")}
-        self.draft_parts: list[np.ndarray] = []
-        self.step_values: dict[str, list[float]] = {k: [] for k in (
-            "time_s", "batch_size", "scheduled_tokens", "forward_s", "draft_s", "D", "accepted", "t_A", "t_V",
-            "t_D", "running", "waiting", "free_blocks", "budget", "decode_calls")}
-        self.bounds: list[str] = []
+    The compiled `scheduler.log_step` appends each step (call-steps, step counters, drafts) straight
+    into the buffers; the event loop fills in the times.
+    """
 
-    def add_step(self, *, call: np.ndarray, decode: np.ndarray, position: np.ndarray, context_len: np.ndarray,
-                 scheduled: np.ndarray, drafts: list[np.ndarray], accepted: np.ndarray, emitted: np.ndarray,
-                 step: dict[str, float], bound: str | None) -> None:
-        drafted = np.fromiter((d.shape[0] for d in drafts), dtype=np.int64, count=len(drafts))
-        for key, value in (("call", call), ("decode", decode), ("position", position), ("context_len", context_len),
-                           ("scheduled_tokens", scheduled), ("drafted", drafted), ("accepted", accepted),
-                           ("emitted", emitted)):
-            self.row_parts[key].append(value)
-        if drafted.any():
-            self.draft_parts.extend(d for d in drafts if d.shape[0])
-        for key, values in self.step_values.items():
-            values.append(step[key])
-        self.bounds.append(BOUND_CODES[bound])
+    def __init__(self, rows: int = 1 << 15, steps: int = 1 << 11, events: int = 1 << 11, drafts: int = 1 << 12) -> None:
+        # Written before read, so no need to zero them (see `request.zeros`).
+        self.buf = LogBuf(np.empty(rows, dtype=LOG_ROW), np.empty(steps, dtype=LOG_STEP),
+                          np.empty(events, dtype=LOG_EVENT), np.empty(drafts, dtype=np.int32),
+                          zeros(4, dtype=np.int64))
+        self._views()
 
-    def build(self, drafter: str, call_ids: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-        cols = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)) for k, v in self.row_parts.items()}
-        sv = {k: np.asarray(v, dtype=np.float64) for k, v in self.step_values.items()}
-        batch = sv["batch_size"].astype(np.int64)
-        num_steps = batch.shape[0]
-        step_idx = np.arange(num_steps, dtype=np.int64)
+    def _views(self) -> None:
+        # `col[name]`: a view of one field of the step records (rebuilt when the buffers grow).
+        self.col = {name: self.buf.steps[name] for name in LOG_STEP.names}
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.buf.ctr[0])
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.buf.ctr[1])
+
+    def reserve(self, rows: int, steps: int, events: int, drafts: int) -> None:
+        """Room for `rows` more call-steps, `steps` steps, `events` events and `drafts` draft tokens."""
+        b = self.buf
+        changes = {}
+        for i, (name, more) in enumerate((("rows", rows), ("steps", steps), ("events", events),
+                                          ("draft_tokens", drafts))):
+            have, used = getattr(b, name), int(b.ctr[i])
+            if used + more > have.shape[0]:
+                grown = np.empty(max(2 * have.shape[0], used + more), dtype=have.dtype)
+                grown[:used] = have[:used]
+                changes[name] = grown
+        if changes:
+            self.buf = b._replace(**changes)
+            self._views()
+
+    def engine_frame(self) -> pl.DataFrame:
+        """One row per engine step (see the module docstring)."""
+        b = self.buf
+        st = b.steps[:int(b.ctr[1])]
+        ns = st.shape[0]
+        col = {name: np.ascontiguousarray(st[name]) for name in LOG_STEP.names}
         with np.errstate(invalid="ignore", divide="ignore"):
-            d = sv["D"]
-            rho = np.where(d > 0, (d - sv["accepted"]) / d, np.nan)
-        engine = pl.DataFrame({
-            "step": step_idx, "time_s": sv["time_s"], "batch_size": batch,
-            "decode_calls": sv["decode_calls"].astype(np.int64),
-            "scheduled_tokens": sv["scheduled_tokens"].astype(np.int64),
-            "D": d.astype(np.int64), "accepted": sv["accepted"].astype(np.int64),
-            "step_time_s": sv["forward_s"] + sv["draft_s"], "forward_s": sv["forward_s"], "draft_s": sv["draft_s"],
-            "rho": rho, "t_A": sv["t_A"], "t_V": sv["t_V"], "t_D": sv["t_D"],
-            "running": sv["running"].astype(np.int64), "waiting": sv["waiting"].astype(np.int64),
-            "free_blocks": sv["free_blocks"].astype(np.int64), "budget": sv["budget"].astype(np.int64),
-            "bound": pl.Series(self.bounds, dtype=pl.Utf8),
+            d = col["D"].astype(np.float64)
+            rho = np.where(d > 0, (d - col["acc"]) / d, np.nan)
+        return pl.DataFrame({
+            "step": np.arange(ns, dtype=np.int64), "time_s": col["time_s"], "batch_size": col["batch_size"],
+            "decode_calls": col["decode_calls"], "scheduled_tokens": col["scheduled_tokens"],
+            "D": col["D"], "accepted": col["acc"],
+            "step_time_s": col["forward_s"] + col["draft_s"], "forward_s": col["forward_s"],
+            "draft_s": col["draft_s"], "rho": rho, "t_A": col["t_A"], "t_V": col["t_V"], "t_D": col["t_D"],
+            "running": col["running"], "waiting": col["waiting"], "free_blocks": col["free_blocks"],
+            "budget": col["budget"],
+            "bound": pl.Series(_BOUND_NAMES, dtype=pl.Utf8).gather(col["bound"]),
         }).with_columns(pl.col("rho", "t_A", "t_V", "t_D").fill_nan(None))
-        per_row = {name: np.repeat(engine[name].to_numpy(), batch) for name in (
-            "time_s", "step_time_s", "forward_s", "draft_s", "D", "rho", "t_A", "t_V", "t_D")}
-        ids = np.asarray(call_ids, dtype=object)
-        steps = pl.DataFrame({
-            "step": np.repeat(step_idx, batch),
-            "time_s": per_row["time_s"],
-            "call_id": pl.Series(ids[cols["call"]] if cols["call"].size else [], dtype=pl.Utf8),
-            "phase": pl.Series(np.where(cols["decode"].astype(bool), "decode", "prefill"), dtype=pl.Utf8),
-            "position": cols["position"].astype(np.int64),
-            "context_len": cols["context_len"].astype(np.int64),
-            "scheduled_tokens": cols["scheduled_tokens"].astype(np.int64),
-            "draft": _list_column(self.draft_parts, cols["drafted"]),
-            "drafted": cols["drafted"].astype(np.int64),
-            "accepted": cols["accepted"].astype(np.int64),
-            "emitted": cols["emitted"].astype(np.int64),
-            "batch_size": np.repeat(batch, batch),
-            **{k: per_row[k] for k in ("step_time_s", "forward_s", "draft_s")},
-            "D": per_row["D"].astype(np.int64),
-            **{k: per_row[k] for k in ("rho", "t_A", "t_V", "t_D")},
-        }).with_columns(pl.col("rho", "t_A", "t_V", "t_D").fill_nan(None),
-                        pl.lit(drafter, dtype=pl.Utf8).alias("drafter"))
-        return steps.select(STEP_COLUMNS), engine
+
+    def steps_frame(self, engine: pl.DataFrame, drafter: str, call_ids: list[str]) -> pl.DataFrame:
+        """One row per call-step: the rows of the log with their engine step's columns."""
+        b = self.buf
+        rows = b.rows[:int(b.ctr[0])]
+        batch = engine["batch_size"].to_numpy()
+        row_step = pl.Series("step", np.repeat(np.arange(batch.shape[0], dtype=np.int64), batch))
+        per_step = engine.select("time_s", "batch_size", "step_time_s", "forward_s", "draft_s", "D", "rho", "t_A",
+                                 "t_V", "t_D")
+
+        def column(name: str) -> pl.Series:
+            return pl.Series(np.ascontiguousarray(rows[name])).cast(pl.Int64)
+
+        drafted = np.ascontiguousarray(rows["drafted"]).astype(np.int64)
+        frame = pl.DataFrame({
+            "step": row_step,
+            "call_id": pl.Series(call_ids, dtype=pl.Utf8).gather(np.ascontiguousarray(rows["call"])),
+            "phase": pl.Series(["prefill", "decode"], dtype=pl.Utf8).gather(np.ascontiguousarray(rows["decode"])),
+            "position": column("position"),
+            "context_len": column("context_len"),
+            "scheduled_tokens": column("scheduled"),
+            "draft": _list_column(b.draft_tokens[:int(b.ctr[3])], drafted),
+            "drafted": drafted,
+            "accepted": column("accepted"),
+            "emitted": column("emitted"),
+        })
+        return pl.concat([frame, per_step[row_step]], how="horizontal").with_columns(
+            pl.lit(drafter, dtype=pl.Utf8).alias("drafter")).select(STEP_COLUMNS)
 
 
-def _list_column(parts: list[np.ndarray], lengths: np.ndarray) -> pl.Series:
-    """A list[int32] column from the non-empty drafts (in row order) and every row's length."""
+_BOUND_NAMES = ("none", "max_num_seqs", "kv_cache", "token_budget")  # by `scheduler.BOUNDS` code
+
+
+def _list_column(values: np.ndarray, lengths: np.ndarray) -> pl.Series:
+    """A list[int32] column from the drafts' tokens (in row order) and every row's length."""
     n = lengths.shape[0]
     frame = pl.DataFrame({"row": np.arange(n, dtype=np.int64)})
     empty = pl.lit([], dtype=pl.List(pl.Int32))
-    if not parts:
+    if not values.shape[0]:
         return frame.with_columns(empty.alias("draft"))["draft"]
-    values = np.concatenate(parts).astype(np.int32)
     rows = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    grouped = pl.DataFrame({"row": rows, "draft": values}).group_by("row", maintain_order=True).agg(pl.col("draft"))
+    grouped = pl.DataFrame({"row": rows, "draft": values.astype(np.int32)}).group_by("row", maintain_order=True).agg(
+        pl.col("draft"))
     return (frame.join(grouped, on="row", how="left", maintain_order="left")
             .with_columns(pl.col("draft").fill_null(empty)))["draft"]

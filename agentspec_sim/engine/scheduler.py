@@ -14,39 +14,441 @@ schedule():
    num_tokens − 1, whole blocks); it is admitted only if its whole sequence fits in free KV, with a
    chunk of whatever budget is left; the first one that does not fit stops admission (head of line).
 update_from_output(): greedy verification against the recording (see `verify`), then each request
-rolls num_computed back by its rejected drafts, as vLLM does.
+rolls num_computed back by its rejected drafts, as vLLM does. Finished requests leave the running
+list and free their KV blocks (their full blocks stay cached).
+
+The two halves are compiled functions over the engine's arrays (`schedule_step`, `update_step`),
+and so is the KV manager they call (kv.py). Verification is decided when drafts are handed to the
+scheduler (`Scheduler.set_drafts` runs `verify` on each draft against the recording; a draft the
+token budget truncates accepts the same prefix, cut to its scheduled length), so `update_step`
+only applies it and checks that the accepted tokens are the recording's (the lossless check).
+`Scheduler.schedule()` / `update_from_output()` run one step for Python callers;
+`Scheduler.run()` runs `run_steps`: the same two functions back to back, step after step, until
+something needs the event loop (a drafter to see the tokens, a query's next call that does not
+arrive at once, a full log buffer). It is the one rule applied repeatedly, not a second scheduler.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
-from agentspec_sim.engine.kv import KVCacheManager
-from agentspec_sim.engine.request import FINISHED, RUNNING, WAITING, CallState
+from agentspec_sim.engine import kv
+from agentspec_sim.engine.kernel_cache import clear_if_changed
+from agentspec_sim.engine.kv import KVCacheManager, allocate_slots, free_call, kernel, lookup
+from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_WAITING, CallState, CallTable, zeros
 
 _EMPTY = np.zeros(0, dtype=np.int32)
+clear_if_changed(__file__, [kv.__file__])  # this module's kernels compile in kv.py's
+
+# Why requests were left waiting (ScheduledBatch.bound): nobody waiting, max_num_seqs, KV (no room or a
+# preemption), token budget spent.
+B_NONE, B_SEQS, B_KV, B_TOKENS = 0, 1, 2, 3
+BOUNDS = (None, "seqs", "kv", "tokens")
+# What `run_steps` stopped on.
+RUN_MAX, RUN_IDLE, RUN_EMPTY, RUN_FULL, RUN_STOPPED, RUN_LOSSLESS = range(6)
+# Event kinds in the log's event buffer (a run's effects the event loop still has to time).
+EV_FIRST, EV_FINISH, EV_ARRIVE = 0, 1, 2
 
 
-@dataclass
+class SimulationError(RuntimeError):
+    """The run cannot go on (a call that can never fit, a broken invariant); says which and why."""
+
+
+@kernel
+def verify(drafts, output, position, target_len):
+    """(accepted, emitted) for a greedy verification of `drafts` at `position` of the recorded output.
+
+    accepted = the longest prefix of the drafts equal to the recording from `position`; drafts
+    past the end of the call's output (`target_len`) can never be accepted. emitted = accepted + 1
+    (the target's own next token: the bonus when every draft matched), except when the accepted
+    drafts already end the output.
+    """
+    remaining = target_len - position
+    m = min(drafts.shape[0], remaining)
+    accepted = 0
+    while accepted < m and drafts[accepted] == output[position + accepted]:
+        accepted += 1
+    return accepted, min(accepted + 1, remaining)
+
+
+class Queues(NamedTuple):
+    running: np.ndarray  # int64 [max_num_seqs]: call rows in running order
+    waiting: np.ndarray  # int64 ring buffer of call rows
+    q: np.ndarray  # int64: [running, waiting head, waiting count, preemptions]
+
+
+# One step's batch row (in batch order) and outcome, written by `schedule_step` / `update_step`.
+ROW = np.dtype([
+    ("call", np.int64), ("n", np.int64),  # table row; tokens scheduled (query length)
+    ("context", np.int64), ("decode", np.bool_),  # num_computed before the step; past its prefill (verifies)
+    ("position", np.int64), ("spec", np.int64),  # tokens emitted before the step; drafts scheduled (truncated)
+    ("slot", np.int64),  # the call's block-table slot (its drafts are in slot_drafts[slot])
+    ("accepted", np.int64), ("emitted", np.int64), ("started", np.bool_),  # started: emitted its first token
+], align=True)
+# Calls the step preempted, finished, or that sampled a token and go on (candidates for drafting).
+LISTS = np.dtype([("preempted", np.int64), ("finished", np.int64), ("sampled", np.int64)], align=True)
+
+
+class StepBuf(NamedTuple):
+    rows: np.ndarray  # [max_num_seqs] ROW
+    lists: np.ndarray  # [max_num_seqs] LISTS
+    hits: np.ndarray  # prefix-cache lookup work space
+    sc: np.ndarray  # int64: [rows, preempted, bound, finished, sampled, bad row]
+
+
+@kernel
+def _preempt(p, c, qu, victim):
+    free_call(p, c, victim)
+    c.calls.num_computed[victim] = 0
+    c.calls.draft_len[victim] = 0
+    c.calls.status[victim] = S_WAITING
+    c.calls.decoding[victim] = False
+    c.calls.preemptions[victim] += 1
+    qu.q[3] += 1
+    cap = qu.waiting.shape[0]
+    qu.q[1] = (qu.q[1] - 1 + cap) % cap  # to the front of the waiting queue
+    qu.waiting[qu.q[1]] = victim
+    qu.q[2] += 1
+
+
+@kernel
+def _record(sb, i, r, n, context, decode, spec, position, slot):
+    sb.rows.call[i] = r
+    sb.rows.slot[i] = slot
+    sb.rows.n[i] = n
+    sb.rows.context[i] = context
+    sb.rows.decode[i] = decode
+    sb.rows.spec[i] = spec
+    sb.rows.position[i] = position
+
+
+@kernel
+def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len):
+    """Steps 1 and 2 of the module docstring; the batch goes to `sb`, num_computed advances."""
+    bs = p.params[0]
+    budget = max_num_batched_tokens
+    rows = 0
+    preempted = 0
+    i = 0
+    while i < qu.q[0] and budget > 0:
+        r = qu.running[i]
+        computed = c.calls.num_computed[r]
+        num_tokens = c.calls.prompt_len[r] + c.calls.num_emitted[r]
+        n = min(num_tokens + c.calls.draft_len[r] - computed, budget, max_model_len - computed - 1)
+        if n <= 0:
+            i += 1
+            continue
+        scheduled = True
+        while not allocate_slots(p, c, r, n, sb.hits, 0, False):
+            qu.q[0] -= 1
+            victim = qu.running[qu.q[0]]
+            _preempt(p, c, qu, victim)
+            sb.lists.preempted[preempted] = victim
+            preempted += 1
+            if victim == r:
+                scheduled = False
+                break
+        if not scheduled:
+            break
+        _record(sb, rows, r, n, computed, c.calls.decoding[r], max(0, n + computed - num_tokens),
+                c.calls.num_emitted[r], c.calls.slot[r])
+        rows += 1
+        c.calls.draft_len[r] = 0
+        budget -= n
+        i += 1
+
+    bound = B_NONE
+    if preempted:
+        bound = B_KV
+    else:
+        cap = qu.waiting.shape[0]
+        while qu.q[2] > 0:
+            if budget <= 0:
+                bound = B_TOKENS
+                break
+            if qu.q[0] >= max_num_seqs:
+                bound = B_SEQS
+                break
+            r = qu.waiting[qu.q[1]]
+            nhits = lookup(p, c, r, sb.hits) if c.calls.num_computed[r] == 0 else 0
+            computed = c.calls.num_computed[r] + nhits * bs
+            n = min(c.calls.prompt_len[r] + c.calls.num_emitted[r] - computed, budget)
+            if not allocate_slots(p, c, r, n, sb.hits, nhits, True):
+                bound = B_KV
+                break
+            qu.q[1] = (qu.q[1] + 1) % cap
+            qu.q[2] -= 1
+            qu.running[qu.q[0]] = r
+            qu.q[0] += 1
+            c.calls.status[r] = S_RUNNING
+            c.calls.num_computed[r] = computed
+            c.calls.prefix_hit_tokens[r] += nhits * bs
+            c.calls.decoding[r] = False
+            _record(sb, rows, r, n, computed, False, 0, c.calls.num_emitted[r], c.calls.slot[r])
+            rows += 1
+            budget -= n
+
+    for k in range(rows):
+        c.calls.num_computed[sb.rows.call[k]] += sb.rows.n[k]
+    sb.sc[0] = rows
+    sb.sc[1] = preempted
+    sb.sc[2] = bound
+
+
+@kernel
+def update_step(p, c, qu, sb, step):
+    """Emission after the forward pass of the batch in `sb` (see `Scheduler.update_from_output`).
+
+    A row with drafts accepts the first min(draft_acc, drafted) of them (`draft_acc` was set by
+    `verify` against the recording) and emits one more token unless that ends the call; a row
+    without drafts emits the recording's next token. Returns −1 (and the row in sb.sc[5]) when the
+    accepted drafts are not the recording (the lossless check) or were never verified, else 0.
+    """
+    rows = sb.sc[0]
+    finished = 0
+    sampled = 0
+    for i in range(rows):
+        r = sb.rows.call[i]
+        sb.rows.started[i] = False
+        pos = c.calls.num_emitted[r]
+        if c.calls.num_computed[r] < c.calls.prompt_len[r] + pos:
+            sb.rows.accepted[i] = 0  # a prefill chunk that did not reach the end of the known tokens samples nothing
+            sb.rows.emitted[i] = 0
+            continue
+        spec = sb.rows.spec[i]
+        remaining = c.calls.target_len[r] - pos
+        a = 0
+        if spec > 0:
+            a = min(c.calls.draft_acc[r], spec)
+            if a < 0 or a > remaining:
+                sb.sc[5] = i
+                return -1
+            at = c.calls.hist_off[r] + c.calls.prompt_len[r] + pos
+            drafts = c.slot_drafts[sb.rows.slot[i]]
+            for k in range(a):
+                if drafts[k] != c.tokens[at + k]:
+                    sb.sc[5] = i
+                    return -1
+            c.calls.drafted[r] += spec
+            c.calls.accepted[r] += a
+            c.calls.draft_steps[r] += 1
+        e = min(a + 1, remaining)
+        c.calls.num_emitted[r] = pos + e
+        c.calls.num_computed[r] -= spec - a
+        sb.rows.accepted[i] = a
+        sb.rows.emitted[i] = e
+        if sb.rows.decode[i]:
+            c.calls.decode_steps[r] += 1
+        if not c.calls.started[r]:
+            c.calls.started[r] = True
+            c.calls.first_step[r] = step
+            sb.rows.started[i] = True
+        if pos + e >= c.calls.target_len[r]:
+            c.calls.status[r] = S_FINISHED
+            sb.lists.finished[finished] = r
+            finished += 1
+        else:
+            c.calls.decoding[r] = True
+            sb.lists.sampled[sampled] = r
+            sampled += 1
+    if finished:
+        kept = 0
+        for k in range(qu.q[0]):
+            r = qu.running[k]
+            if c.calls.status[r] != S_FINISHED:
+                qu.running[kept] = r
+                kept += 1
+        qu.q[0] = kept
+        for k in range(finished):
+            free_call(p, c, sb.lists.finished[k])
+    sb.sc[3] = finished
+    sb.sc[4] = sampled
+    return 0
+
+
+@kernel
+def _event(lg, kind, r, step):
+    k = lg.ctr[2]
+    lg.events.kind[k] = kind
+    lg.events.call[k] = r
+    lg.events.step[k] = step
+    lg.ctr[2] = k + 1
+
+
+@kernel
+def log_step(lg, c, sb, running, waiting, free_blocks):
+    """Append the step in `sb` (scheduled and updated) to the log; returns its step index.
+
+    `running` / `waiting`: the queues after scheduling; `free_blocks`: after the update.
+    """
+    rows = sb.sc[0]
+    base = lg.ctr[0]
+    tokens = 0
+    decode = 0
+    drafted = 0
+    accepted = 0
+    for i in range(rows):
+        lg.rows.call[base + i] = sb.rows.call[i]
+        lg.rows.decode[base + i] = sb.rows.decode[i]
+        lg.rows.position[base + i] = sb.rows.position[i]
+        lg.rows.context_len[base + i] = sb.rows.context[i]
+        lg.rows.scheduled[base + i] = sb.rows.n[i]
+        lg.rows.drafted[base + i] = sb.rows.spec[i]
+        lg.rows.accepted[base + i] = sb.rows.accepted[i]
+        lg.rows.emitted[base + i] = sb.rows.emitted[i]
+        if sb.rows.spec[i]:
+            t = lg.ctr[3]
+            for k in range(sb.rows.spec[i]):
+                lg.draft_tokens[t + k] = c.slot_drafts[sb.rows.slot[i], k]
+            lg.ctr[3] = t + sb.rows.spec[i]
+        tokens += sb.rows.n[i]
+        decode += sb.rows.decode[i]
+        drafted += sb.rows.spec[i]
+        accepted += sb.rows.accepted[i]
+    lg.ctr[0] = base + rows
+    k = lg.ctr[1]
+    lg.steps.batch_size[k] = rows
+    lg.steps.scheduled_tokens[k] = tokens
+    lg.steps.decode_calls[k] = decode
+    lg.steps.running[k] = running
+    lg.steps.waiting[k] = waiting
+    lg.steps.bound[k] = sb.sc[2]
+    lg.steps.D[k] = drafted
+    lg.steps.acc[k] = accepted
+    lg.steps.free_blocks[k] = free_blocks
+    lg.ctr[1] = k + 1
+    return k
+
+
+@kernel
+def drafts_from_tokens(c, rows, starts, lengths):
+    """Set the drafts of calls rows[i] to tokens[starts[i]:starts[i] + lengths[i]] (stretches of the token
+    arena, as the n-gram proposer's are) and verify them (`Scheduler.set_drafts`)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        n = lengths[i]
+        slot = c.calls.slot[r]
+        for k in range(n):
+            c.slot_drafts[slot, k] = c.tokens[starts[i] + k]
+        accepted = 0
+        if n:
+            out = c.calls.hist_off[r] + c.calls.prompt_len[r]
+            accepted, _ = verify(c.slot_drafts[slot, :n], c.tokens[out:out + c.calls.target_len[r]],
+                                 c.calls.num_emitted[r], c.calls.target_len[r])
+        c.calls.draft_len[r] = n
+        c.calls.draft_acc[r] = accepted
+
+
+@kernel
+def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_len, max_steps, step0, chain,
+              stop_on_emit):
+    """Up to `max_steps` steps, logged to `lg`; returns (steps, why it stopped).
+
+    Stops before a step when nothing can run or the log has no room, and after a step in which a
+    call finished whose query's next call does not arrive at once (or `chain` is off: other events
+    are pending), or — with `stop_on_emit`, when a drafter must see every token — a call emitted.
+    A finished call's next call that arrives at once (think time 0, no recorded arrival, a prompt
+    that fits) joins the waiting queue here, as the event loop would add it before the next step.
+    RUN_LOSSLESS: the update's lossless check failed (the step is not logged; see `update_step`).
+    """
+    for s in range(max_steps):
+        if qu.q[0] == 0 and qu.q[2] == 0:
+            return s, RUN_IDLE
+        if (lg.rows.shape[0] - lg.ctr[0] < max_num_seqs or lg.steps.shape[0] == lg.ctr[1]
+                or lg.events.shape[0] - lg.ctr[2] < 3 * max_num_seqs
+                or lg.draft_tokens.shape[0] - lg.ctr[3] < max_num_seqs * c.slot_drafts.shape[1]):
+            return s, RUN_FULL
+        schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
+        rows = sb.sc[0]
+        if rows == 0:
+            return s, RUN_EMPTY
+        step = step0 + s
+        running, waiting = qu.q[0], qu.q[2]
+        if update_step(p, c, qu, sb, step) < 0:
+            return s, RUN_LOSSLESS
+        log_step(lg, c, sb, running, waiting, p.ctr[0])
+        emitted = False
+        for i in range(rows):
+            if sb.rows.emitted[i]:
+                emitted = True
+            if sb.rows.started[i]:
+                _event(lg, EV_FIRST, sb.rows.call[i], step)
+        stop = stop_on_emit and emitted
+        finished = sb.sc[3]
+        if finished:
+            at_once = chain
+            for j in range(finished):
+                if c.calls.chain_next[sb.lists.finished[j]] == NOT_CHAINED:
+                    at_once = False
+            cap = qu.waiting.shape[0]
+            for j in range(finished):
+                r = sb.lists.finished[j]
+                _event(lg, EV_FINISH, r, step)
+                nxt = c.calls.chain_next[r]
+                if at_once and nxt >= 0:
+                    c.calls.status[nxt] = S_WAITING
+                    qu.waiting[(qu.q[1] + qu.q[2]) % cap] = nxt
+                    qu.q[2] += 1
+                    _event(lg, EV_ARRIVE, nxt, step)
+            if not at_once:
+                stop = True
+        if stop:
+            return s + 1, RUN_STOPPED
+    return max_steps, RUN_MAX
+
+
+# -- Python API ----------------------------------------------------------------------------------------
 class ScheduledBatch:
-    """What one step runs: one entry per scheduled request, in batch-row order."""
+    """What one step runs: one entry per scheduled request, in batch-row order.
 
-    rows: list[CallState] = field(default_factory=list)
-    num_new: list[int] = field(default_factory=list)  # tokens scheduled (query length)
-    context: list[int] = field(default_factory=list)  # num_computed before the step
-    decode: list[bool] = field(default_factory=list)  # past its prefill (verifies), vs a prefill chunk
-    drafts: list[np.ndarray] = field(default_factory=list)  # draft tokens scheduled (after truncation)
-    position: list[int] = field(default_factory=list)  # tokens emitted before the step
-    preempted: list[CallState] = field(default_factory=list)
-    # Why requests were left waiting: "kv" (no room, or a preemption), "seqs" (max_num_seqs),
-    # "tokens" (budget spent), None (nobody waiting).
-    bound: str | None = None
+    `rows`, `num_new` (tokens scheduled: the query length), `context` (num_computed before the
+    step), `decode` (past its prefill, so it verifies; else a prefill chunk), `drafts` (draft tokens
+    scheduled, after truncation), `position` (tokens emitted before the step) and `preempted` are
+    lists built on first use; `arrays` holds (call rows, num_new, context, decode, position, number of
+    drafts) as numpy arrays. `bound`: why requests were left waiting: "kv" (no room, or a
+    preemption), "seqs" (max_num_seqs), "tokens" (budget spent), None (nobody waiting).
+    """
+
+    def __init__(self, table: CallTable, arrays: tuple[np.ndarray, ...], drafted: dict[int, np.ndarray],
+                 preempted: np.ndarray, bound: str | None) -> None:
+        self._table, self.arrays, self._drafted, self._preempted, self.bound = table, arrays, drafted, preempted, bound
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.arrays[0].shape[0]
+
+    @cached_property
+    def rows(self) -> list[CallState]:
+        handles = self._table.handles
+        return [handles[r] for r in self.arrays[0].tolist()]
+
+    @property
+    def num_new(self) -> list[int]:
+        return self.arrays[1].tolist()
+
+    @property
+    def context(self) -> list[int]:
+        return self.arrays[2].tolist()
+
+    @property
+    def decode(self) -> list[bool]:
+        return self.arrays[3].tolist()
+
+    @property
+    def position(self) -> list[int]:
+        return self.arrays[4].tolist()
+
+    @cached_property
+    def drafts(self) -> list[np.ndarray]:
+        return [self._drafted.get(i, _EMPTY) for i in range(len(self))]
+
+    @property
+    def preempted(self) -> list[CallState]:
+        handles = self._table.handles
+        return [handles[r] for r in self._preempted.tolist()]
 
 
 @dataclass
@@ -57,162 +459,143 @@ class StepOutput:
     emitted: np.ndarray  # int64: tokens appended to the request (0 for a partial prefill chunk)
     finished: list[CallState]
     sampled: list[CallState]  # requests that emitted ≥ 1 token and go on (candidates for drafting)
-
-
-def verify(drafts: np.ndarray, output: np.ndarray, position: int, target_len: int) -> tuple[int, int]:
-    """(accepted, emitted) for a greedy verification of `drafts` at `position` of the recorded output.
-
-    accepted = the longest prefix of the drafts equal to the recording from `position`; drafts
-    past the end of the call's output (`target_len`) can never be accepted. emitted = accepted + 1
-    (the target's own next token: the bonus when every draft matched), except when the accepted
-    drafts already end the output.
-    """
-    remaining = target_len - position
-    m = min(drafts.shape[0], remaining)
-    if m:
-        eq = drafts[:m] == output[position:position + m]
-        accepted = m if eq.all() else int(np.argmin(eq))
-    else:
-        accepted = 0
-    return accepted, min(accepted + 1, remaining)
+    started: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # first token, by row
+    sampled_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # their table rows
 
 
 class Scheduler:
-    """Running list, waiting queue and KV manager of one engine; see the module docstring."""
+    """Running list, waiting queue and KV manager of one engine; see the module docstring.
+
+    Requests are rows of the KV manager's `CallTable`; `running` and `waiting` give their handles.
+    """
 
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> None:
         self.kv = kv
+        self.table = kv.table
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self.running: list[CallState] = []
-        self.waiting: deque[CallState] = deque()
-        self.num_preemptions = 0
+        self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
+        self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
+                         zeros(4, dtype=np.int64))
+        self.sb = StepBuf(zeros(max_num_seqs, dtype=ROW), zeros(max_num_seqs, dtype=LISTS),
+                          zeros(kv.blocks_per_call, dtype=np.int64), zeros(6, dtype=np.int64))
 
+    # -- queues ------------------------------------------------------------------------------------
     def add_request(self, state: CallState) -> None:
-        state.status = WAITING
-        self.waiting.append(state)
+        self.add_row(self.kv._row(state))
+
+    def add_row(self, row: int) -> None:
+        """The call in table row `row` joins the back of the waiting queue."""
+        self.table.cols["status"][row] = S_WAITING
+        q = self.qu.q
+        cap = self.qu.waiting.shape[0]
+        if q[2] == cap:
+            order = self._waiting_rows()
+            grown = zeros(2 * cap, dtype=np.int64)
+            grown[:cap] = order
+            self.qu = self.qu._replace(waiting=grown)
+            q[1], cap = 0, 2 * cap
+        self.qu.waiting[(q[1] + q[2]) % cap] = row
+        q[2] += 1
+
+    def _waiting_rows(self) -> np.ndarray:
+        head, count, cap = int(self.qu.q[1]), int(self.qu.q[2]), self.qu.waiting.shape[0]
+        return self.qu.waiting[(head + np.arange(count)) % cap]
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.qu.q[0] or self.qu.q[2])
 
-    def _preempt(self, victim: CallState) -> None:
-        self.kv.free(victim)
-        victim.num_computed = 0
-        victim.drafts = _EMPTY
-        victim.status = WAITING
-        victim.decoding = False
-        victim.preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(victim)
+    @property
+    def running(self) -> list[CallState]:
+        handles = self.table.handles
+        return [handles[r] for r in self.qu.running[:self.qu.q[0]].tolist()]
 
+    @property
+    def waiting(self) -> list[CallState]:
+        handles = self.table.handles
+        return [handles[r] for r in self._waiting_rows().tolist()]
+
+    @property
+    def num_running(self) -> int:
+        return int(self.qu.q[0])
+
+    @property
+    def num_waiting(self) -> int:
+        return int(self.qu.q[2])
+
+    @property
+    def num_preemptions(self) -> int:
+        return int(self.qu.q[3])
+
+    # -- one step ------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
-        budget = self.max_num_batched_tokens
-        running = self.running
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            n = min(req.num_tokens + req.drafts.shape[0] - req.num_computed, budget,
-                    self.max_model_len - req.num_computed - 1)
-            if n <= 0:
-                i += 1
-                continue
-            scheduled = True
-            while not self.kv.allocate_slots(req, n):
-                victim = running.pop()
-                self._preempt(victim)
-                batch.preempted.append(victim)
-                if victim is req:
-                    scheduled = False
-                    break
-            if not scheduled:
-                break
-            num_spec = n + req.num_computed - req.num_tokens
-            self._record(batch, req, n, req.drafts[:num_spec] if num_spec > 0 else _EMPTY, decode=True)
-            req.drafts = _EMPTY
-            budget -= n
-            i += 1
+        sb = self.sb
+        schedule_step(self.kv.pool.p, self.table.nt, self.qu, sb, self.max_num_batched_tokens, self.max_num_seqs,
+                      self.max_model_len)
+        n, npre = int(sb.sc[0]), int(sb.sc[1])
+        rows = sb.rows[:n]
+        arrays = tuple(rows[f].copy() for f in ("call", "n", "context", "decode", "position", "spec"))
+        drafts, slots = self.table.slot_drafts, rows["slot"]
+        drafted = {i: drafts[slots[i], :arrays[5][i]].copy() for i in arrays[5].nonzero()[0].tolist()}
+        return ScheduledBatch(self.table, arrays, drafted, sb.lists["preempted"][:npre].copy(), BOUNDS[sb.sc[2]])
 
-        if batch.preempted:
-            batch.bound = "kv"
-        else:
-            waiting = self.waiting
-            while waiting:
-                if budget <= 0:
-                    batch.bound = "tokens"
-                    break
-                if len(running) >= self.max_num_seqs:
-                    batch.bound = "seqs"
-                    break
-                req = waiting[0]
-                hit = self.kv.lookup(req) if req.num_computed == 0 else []
-                computed = req.num_computed + len(hit) * self.kv.block_size
-                n = min(req.num_tokens - computed, budget)
-                if not self.kv.allocate_slots(req, n, hit, full_sequence_must_fit=True):
-                    batch.bound = "kv"
-                    break
-                waiting.popleft()
-                running.append(req)
-                req.status = RUNNING
-                req.num_computed = computed
-                req.prefix_hit_tokens += len(hit) * self.kv.block_size
-                req.decoding = False
-                self._record(batch, req, n, _EMPTY, decode=False)
-                budget -= n
-
-        for req, n in zip(batch.rows, batch.num_new, strict=True):
-            req.num_computed += n
-        return batch
-
-    @staticmethod
-    def _record(batch: ScheduledBatch, req: CallState, n: int, drafts: np.ndarray, decode: bool) -> None:
-        batch.rows.append(req)
-        batch.num_new.append(n)
-        batch.context.append(req.num_computed)
-        # A running request is decoding once its (re)prefill has sampled a token; a waiting one never is.
-        batch.decode.append(decode and req.decoding)
-        batch.drafts.append(drafts)
-        batch.position.append(req.num_emitted)
-
-    def update_from_output(self, batch: ScheduledBatch) -> StepOutput:
+    def update_from_output(self, batch: ScheduledBatch, step: int = -1) -> StepOutput:
         """Verify, emit and roll back (vLLM `update_from_output`); finished requests leave `running`
-        and free their KV blocks (their full blocks stay cached)."""
-        n = len(batch)
-        accepted = np.zeros(n, dtype=np.int64)
-        emitted = np.zeros(n, dtype=np.int64)
-        finished: list[CallState] = []
-        sampled: list[CallState] = []
-        for i, req in enumerate(batch.rows):
-            if req.num_computed < req.num_tokens:
-                continue  # a prefill chunk that did not reach the end of the known tokens samples nothing
-            drafts = batch.drafts[i]
-            pos = req.num_emitted
-            a, e = verify(drafts, req.call.output_tokens, pos, req.target_len)
-            start = req.prompt_len + pos
-            # The emitted tokens are the accepted drafts, then the target's token from the recording;
-            # the end-of-call check (lossless) compares the result with the recording.
-            req.history[start:start + a] = drafts[:a]
-            if e > a:
-                req.history[start + a] = req.call.output_tokens[pos + a]
-            req.num_emitted += e
-            req.num_computed -= drafts.shape[0] - a
-            accepted[i], emitted[i] = a, e
-            if drafts.shape[0]:
-                req.drafted += drafts.shape[0]
-                req.accepted += a
-                req.draft_steps += 1
-            if batch.decode[i]:
-                req.decode_steps += 1
-            if req.num_emitted >= req.target_len:
-                req.status = FINISHED
-                finished.append(req)
-            else:
-                req.decoding = True
-                sampled.append(req)
-        if finished:
-            done = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in done]
-            for req in finished:
-                self.kv.free(req)
-        return StepOutput(accepted, emitted, finished, sampled)
+        and free their KV blocks (their full blocks stay cached). `step` is recorded as a call's
+        first-token step."""
+        idx, _, _, _, position, _ = batch.arrays
+        n = idx.shape[0]
+        sb = self.sb
+        if n != sb.sc[0] or not np.array_equal(idx, sb.rows["call"][:n]):
+            raise ValueError("update_from_output must follow the schedule() that made the batch")
+        target, acc, handles = self.table.cols["target_len"], self.table.cols["draft_acc"], self.table.handles
+        for i, drafts in batch._drafted.items():
+            r = int(idx[i])
+            acc[r] = verify(drafts, handles[r].call.output_tokens, int(position[i]), int(target[r]))[0]
+        self._update(step)
+        rows, lists = sb.rows[:n], sb.lists
+        sampled = lists["sampled"][:sb.sc[4]].copy()
+        return StepOutput(rows["accepted"].copy(), rows["emitted"].copy(),
+                          [handles[r] for r in lists["finished"][:sb.sc[3]].tolist()],
+                          [handles[r] for r in sampled.tolist()], rows["started"].copy(), sampled)
+
+    def _update(self, step: int) -> None:
+        if update_step(self.kv.pool.p, self.table.nt, self.qu, self.sb, step) < 0:
+            self._lossless_error()
+
+    def _lossless_error(self) -> None:
+        bad = self.table.handles[int(self.sb.rows["call"][int(self.sb.sc[5])])]
+        raise SimulationError(f"lossless check failed: call {bad.call_id!r} emitted tokens that differ from its "
+                              "recording")
+
+    def set_drafts(self, rows: np.ndarray, drafts: list[np.ndarray]) -> None:
+        """The drafts of running calls (table rows `rows`) for their next step, verified now with `verify`
+        against the recording: a truncated draft accepts the same prefix, cut to its length."""
+        t = self.table
+        cols, handles = t.cols, t.handles
+        lengths = [d.shape[0] for d in drafts]
+        t.reserve_draft_width(max(lengths))
+        buf, acc = t.slot_drafts, [0] * len(drafts)
+        for j, (r, d) in enumerate(zip(rows.tolist(), drafts, strict=True)):
+            if lengths[j]:
+                buf[cols["slot"][r], :lengths[j]] = d
+                acc[j] = verify(d, handles[r].call.output_tokens, int(cols["num_emitted"][r]),
+                                int(cols["target_len"][r]))[0]
+        cols["draft_len"][rows] = lengths
+        cols["draft_acc"][rows] = acc
+
+    def set_drafts_from_tokens(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """`set_drafts` for drafts that are stretches of the token arena: tokens[starts[i]:starts[i] + lengths[i]]."""
+        if lengths.shape[0]:
+            self.table.reserve_draft_width(int(lengths.max()))
+        drafts_from_tokens(self.table.nt, rows, starts, lengths)
+
+    # -- a run of steps ----------------------------------------------------------------------------------
+    def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool) -> tuple[int, int]:
+        """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers)."""
+        steps, why = run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log, self.max_num_batched_tokens,
+                               self.max_num_seqs, self.max_model_len, max_steps, step0, chain, stop_on_emit)
+        if why == RUN_LOSSLESS:
+            self._lossless_error()
+        return int(steps), int(why)

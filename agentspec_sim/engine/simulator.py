@@ -6,15 +6,27 @@ with its whole effect in one handler:
 - ARRIVE(call): a call reaches the server. A prompt of ≥ max_model_len tokens is refused as vLLM
   refuses it (`_validate_prompt_len`); the agent gets an error, so the rest of its query is skipped
   (counted). Otherwise it joins the waiting queue and, if the engine is idle, a step starts now.
-- STEP: the scheduler builds the batch; its duration is the drafting time spent proposing the
-  drafts it verifies (model-free proposers run on the CPU after the previous step, serialized with
-  it as in vLLM's synchronous V1 loop) plus `cost.step_time(batch)`. DONE is pushed at the end.
-- DONE(batch): verification and emission (`Scheduler.update_from_output`), drafter hooks, the next
-  call of each finished call's query (it arrives think_s after the finish, or at its recorded
-  arrival_s, never before), the drafts for the next step, then STEP at the same instant.
+- STEP: the scheduler builds the batch and the engine runs it (`Scheduler.run`: schedule, forward,
+  verification and emission); its duration is the drafting time spent proposing the drafts it
+  verifies (model-free proposers run on the CPU after the previous step, serialized with it as in
+  vLLM's synchronous V1 loop) plus `cost.step_time(batch)`. DONE is pushed at the end.
+- DONE: the effects that wait for the step's end time: first-token and finish times, drafter
+  hooks, the next call of each finished call's query (it arrives think_s after the finish, or at
+  its recorded arrival_s, never before), the drafts for the next step, then STEP at the same
+  instant. (Emission happens at STEP time but only touches the running calls, which no ARRIVE in
+  between reads: arrivals only join the waiting queue.)
 
 Drafts for step t+1 are proposed at the end of step t (after sampling) for the calls that sampled
 a token and go on; a call's first step after its prefill emits its first token with no draft.
+
+Runs of steps. A STEP event runs as many steps as nothing outside the engine can change: no other
+event pending, no drafter that must see the tokens (a drafter proposes after every step that
+emitted), every next call of a query arriving the instant its predecessor ends (those join the
+waiting queue inside the run). It prices them in one `step_times` call and pushes one DONE at the
+end of the last; DONE then does for the run what it does for one step. The steps, their order and
+their times are those of one step per STEP event (`max_run_steps = 1`; tests/test_engine_golden.py
+pins whole runs, tests/test_engine_fast_paths.py compares the two), only without a trip through
+the heap per step: with `normal`, the default trace is a handful of runs.
 """
 
 from __future__ import annotations
@@ -24,25 +36,44 @@ import math
 import time as wallclock
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import polars as pl
 
 from agentspec_sim.budget import make_budget_policy
-from agentspec_sim.cost.base import BatchShape, StepCostModel
-from agentspec_sim.drafters.base import SpeculativeConfig, make_drafter
+from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
+from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
+from agentspec_sim.engine.batched import BATCHED
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
-from agentspec_sim.engine.request import FINISHED, REFUSED, RUNNING, SKIPPED, WAITING, CallState
+from agentspec_sim.engine.request import (
+    FINISHED,
+    NO_NEXT,
+    NOT_CHAINED,
+    REFUSED,
+    S_FINISHED,
+    S_REFUSED,
+    S_RUNNING,
+    S_WAITING,
+    SKIPPED,
+    CallState,
+    CallTable,
+)
 from agentspec_sim.engine.result import RunResult, StepLogBuilder
-from agentspec_sim.engine.scheduler import ScheduledBatch, Scheduler, StepOutput
-from agentspec_sim.trace.schema import Workload
+from agentspec_sim.engine.scheduler import (
+    EV_ARRIVE,
+    EV_FINISH,
+    EV_FIRST,
+    RUN_EMPTY,
+    RUN_FULL,
+    Scheduler,
+    SimulationError,
+)
+from agentspec_sim.trace.schema import Call, Workload
 
 ARRIVE, STEP, DONE = 0, 1, 2
-
-
-class SimulationError(RuntimeError):
-    """The run cannot go on (a call that can never fit, a broken invariant); says which and why."""
+__all__ = ["SimulationError", "Simulator"]
 
 
 @dataclass
@@ -67,12 +98,15 @@ class Simulator:
         seeds = np.random.SeedSequence(config.seed).spawn(2)
         self.rng_arrivals = np.random.default_rng(seeds[0])
         self.rng_stagger = np.random.default_rng(seeds[1])
-        self.kv = KVCacheManager(limits.num_kv_blocks, config.block_size, limits.max_model_len,
-                                 config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len)
         # One drafter per tenant: copies never share drafter state.
         self.drafters = [make_drafter(spec) for _ in range(config.replicate)]
         self.policy = make_budget_policy(spec)
+        # Hooks a drafter does not override are no-ops and are not called; a drafter that proposes
+        # nothing and has no hooks (normal) need not see each step.
+        kind = type(self.drafters[0])
+        self.hooks = tuple(getattr(kind, hook) is not getattr(BaseDrafter, hook)
+                           for hook in ("start_call", "observe", "finish_call"))
+        self.inert = spec.num_speculative_tokens == 0 and not any(self.hooks)
         self.states: list[CallState] = []
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
@@ -83,34 +117,81 @@ class Simulator:
         self.pending_draft_s = 0.0
         self.step_count = 0
         self.done_calls = 0
-        self.log = StepLogBuilder()
         self.num_refused = 0
+        # Longest run of steps per STEP event (1: one step per event, the plain loop; tests compare).
+        self.max_run_steps = 1 if config.check_invariants else 1 << 40
+        self._budget_memo: dict[int, int] = {}
         self._build(workload)
 
     # -- setup -------------------------------------------------------------------------------------
     def _build(self, workload: Workload) -> None:
-        max_len = self.limits.max_model_len
+        cfg, max_len, bs = self.config, self.limits.max_model_len, self.config.block_size
         usable = self.limits.num_kv_blocks - 1
-        for tenant in range(self.config.replicate):
+        calls: list[Call] = []
+        columns: dict[str, list[int]] = {"prompt_len": [], "target_len": [], "tenant": [], "chain_next": []}
+        ids: list[str] = []
+        query_of: list[int] = []
+        for tenant in range(cfg.replicate):
             for query in workload.queries:
                 suffix = "" if tenant == 0 else f"#{tenant}"
-                states = []
-                for call in query.calls:
+                first = len(calls)
+                for k, call in enumerate(query.calls):
                     if call.output_len == 0:
                         raise SimulationError(f"call {call.id!r} has an empty output (a call emits at least one token)")
                     target = max(0, min(call.output_len, max_len - call.prompt_len))
-                    state = CallState(len(self.states), call, f"{call.id}{suffix}", tenant, len(self.queries), target)
-                    needed = cdiv(call.prompt_len + target, self.config.block_size)
+                    needed = cdiv(call.prompt_len + target, bs)
                     if call.prompt_len < max_len and needed > usable:
                         raise SimulationError(
                             f"call {call.id!r} needs {needed} KV blocks ({call.prompt_len + target} tokens) but the "
-                            f"cache holds {usable} blocks of {self.config.block_size}; raise gpu_memory_utilization, "
+                            f"cache holds {usable} blocks of {bs}; raise gpu_memory_utilization, "
                             "num_kv_blocks or tensor_parallel_size, or lower max_model_len")
-                    self.position_in_query.append(len(states))
-                    self.states.append(state)
-                    states.append(state)
-                self.queries.append(_QueryRun(len(self.queries), f"{query.query_id}{suffix}", tenant, states, 0.0))
+                    calls.append(call)
+                    ids.append(f"{call.id}{suffix}")
+                    query_of.append(len(self.queries))
+                    self.position_in_query.append(k)
+                    columns["prompt_len"].append(call.prompt_len)
+                    columns["target_len"].append(target)
+                    columns["tenant"].append(tenant)
+                    columns["chain_next"].append(self._chain_next(query.calls, k, first + k + 1))
+                self.queries.append(_QueryRun(len(self.queries), f"{query.query_id}{suffix}", tenant, [], 0.0))
+        hist_off, tokens = _token_arena(calls, columns["target_len"])
+        # Calls of one tenant whose tokens start at the same place of the arena share block hashes.
+        region_of: dict[tuple[int, int], int] = {}
+        hreg = np.empty(len(calls), dtype=np.int64)
+        caps: list[int] = []
+        for i, (tenant, off) in enumerate(zip(columns["tenant"], hist_off.tolist(), strict=True)):
+            blocks = (columns["prompt_len"][i] + columns["target_len"][i]) // bs + 1
+            region = region_of.setdefault((tenant, off), len(caps))
+            if region == len(caps):
+                caps.append(blocks)
+            else:
+                caps[region] = max(caps[region], blocks)
+            hreg[i] = region
+        table = CallTable.build({**{k: np.asarray(v, dtype=np.int64) for k, v in columns.items()},
+                                 "hist_off": hist_off, "hreg": hreg}, tokens, np.asarray(caps, dtype=np.int64),
+                                slots=self.limits.max_num_seqs, blocks_per_slot=cdiv(max_len, bs) + 1)
+        for row, call in enumerate(calls):
+            state = CallState.in_table(table, row, call, ids[row], query_of[row])
+            self.states.append(state)
+            self.queries[query_of[row]].calls.append(state)
+        self.table = table
+        # One call-step per output token at most, plus the prefill chunks: room for all of it up front.
+        rows = int(table.cols["target_len"][:len(calls)].sum()) + sum(
+            p // self.limits.max_num_batched_tokens + 2 for p in columns["prompt_len"])
+        self.log = StepLogBuilder(rows, rows // min(self.limits.max_num_seqs, 8) + 1024, 4 * len(calls) + 1024)
+        self.kv = KVCacheManager(self.limits.num_kv_blocks, bs, max_len, cfg.enable_prefix_caching, table)
+        self.scheduler = Scheduler(self.kv, self.limits.max_num_seqs, self.limits.max_num_batched_tokens, max_len)
         self._place_arrivals()
+
+    def _chain_next(self, calls: tuple[Call, ...], k: int, next_row: int) -> int:
+        """chain_next of a query's k-th call: the next call's row if it arrives the instant this one ends."""
+        if k + 1 == len(calls):
+            return NO_NEXT
+        nxt = calls[k + 1]
+        think = self.config.think_time if self.config.think_time is not None else nxt.think_s
+        if think == 0.0 and nxt.arrival_s is None and nxt.prompt_len < self.limits.max_model_len:
+            return next_row
+        return NOT_CHAINED
 
     def _place_arrivals(self) -> None:
         cfg = self.config
@@ -159,65 +240,172 @@ class Simulator:
             query.finish_s = self.now
             self._count_done(len(query.calls) - k)
             return
-        self.scheduler.add_request(state)
+        self.scheduler.add_row(state._r)
         if not self.step_pending:
             self.step_pending = True
             self._push(self.now, STEP, None)
 
     def _on_step(self, _: object) -> None:
-        batch = self.scheduler.schedule()
-        if not batch.rows:
-            if self.scheduler.has_work():
+        """Run the scheduler (`Scheduler.run`) for as many steps as nothing outside it can change
+        (one when other events are pending), price them, and push DONE at the end of the last."""
+        sched, log = self.scheduler, self.log
+        chain = not self.heap
+        room = self.max_run_steps if chain else 1
+        seqs = self.limits.max_num_seqs
+        steps = 0
+        while True:
+            done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert)
+            steps += done
+            if why != RUN_FULL:
+                break
+            log.reserve(seqs * 64, 64, seqs * 192, seqs * self.table.slot_drafts.shape[1])
+        if why == RUN_EMPTY and steps:
+            raise SimulationError("an engine step scheduled nothing while calls wait (invariant CLOCK)")
+        if steps == 0:
+            if sched.has_work():
                 raise SimulationError("an engine step scheduled nothing while calls wait (invariant CLOCK)")
             self.step_pending = False
             self.pending_draft_s = 0.0
             return
-        query = np.asarray(batch.num_new, dtype=np.int64)
-        context = np.asarray(batch.context, dtype=np.int64)
-        decode = np.asarray(batch.decode, dtype=bool)
-        forward = float(self.cost.step_time(BatchShape(query, context, ~decode)).total_s)
-        drafted = np.fromiter((d.shape[0] for d in batch.drafts), dtype=np.int64, count=len(batch))
-        base = forward
-        if drafted.any():
-            # The same batch without its drafts: the reference for t_A and t_V (paper §3.1).
-            base = float(self.cost.step_time(BatchShape(query - drafted, context, ~decode)).total_s)
-        draft_s, self.pending_draft_s = self.pending_draft_s, 0.0
-        if self.config.check_invariants:
-            self._check_step(batch, query)
-        occupancy = (len(self.scheduler.running), len(self.scheduler.waiting))
-        self._push(self.now + draft_s + forward, DONE, (batch, self.now, forward, draft_s, base, drafted, occupancy))
+        end = self._price(self.step_count, self.step_count + steps)
+        self._push(end, DONE, (self.step_count, self.step_count + steps))
 
-    def _on_done(self, payload: tuple) -> None:
-        batch, start, forward, draft_s, base, drafted, occupancy = payload
-        out = self.scheduler.update_from_output(batch)
-        self._drafter_hooks(batch, out)
-        for state in out.finished:
-            self._finish(state)
-        self._log_step(batch, out, start, forward, draft_s, base, drafted, occupancy)
-        self._propose(out.sampled, len(batch))
-        self.step_count += 1
+    def _price(self, k0: int, k1: int) -> float:
+        """Times of steps k0 … k1 − 1 (logged, not yet priced); returns the end of the last one.
+
+        Each step's duration is the drafting time spent before it (only the first step of a run can
+        have any: proposals happen at DONE) plus its forward time; a step with drafts is also priced
+        without them, the reference of t_A and t_V (paper §3.1).
+        """
+        if k1 - k0 == 1:
+            return self._price_one(k0)
+        m, steps = k1 - k0, self.log.buf.steps[k0:k1]
+        query, context, prefill, drafted = self._shapes(k0, k1)
+        sizes = steps["batch_size"]
+        offsets = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        forward = step_times(self.cost, query, context, prefill, offsets)
+        base = forward.copy()
+        d = steps["D"]
+        for k in d.nonzero()[0].tolist():
+            lo, hi = int(offsets[k]), int(offsets[k + 1])
+            base[k] = self.cost.step_time(BatchShape((query[lo:hi] - drafted[lo:hi]).astype(np.int64),
+                                                     context[lo:hi].astype(np.int64), prefill[lo:hi])).total_s
+        draft_s = np.zeros(m)
+        draft_s[0], self.pending_draft_s = self.pending_draft_s, 0.0
+        # Step j starts when step j − 1 ends, times accumulated in order as one step per event would.
+        ends = np.cumsum(np.concatenate(([(self.now + draft_s[0]) + forward[0]], forward[1:])))
+        steps["time_s"][0] = self.now
+        steps["time_s"][1:] = ends[:-1]
+        steps["forward_s"], steps["draft_s"] = forward, draft_s
+        with np.errstate(invalid="ignore", divide="ignore"):
+            steps["t_A"] = np.where(d > 0, base / sizes, np.nan)
+            steps["t_V"] = np.where(d > 0, (forward - base) / d, np.nan)
+            steps["t_D"] = np.where(d > 0, draft_s / d, np.nan)
+        steps["budget"] = self._budgets(sizes)
+        self._check_budget(int(steps["scheduled_tokens"].max()))
+        return float(ends[-1])
+
+    def _shapes(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(query lens, context lens, is-prefill, drafts) of the call-steps of steps k0 … k1 − 1, the last
+        logged (int32 views of the log, but is-prefill)."""
+        b = self.log.buf
+        r1 = self.log.num_rows
+        rows = b.rows[r1 - int(b.steps["batch_size"][k0:k1].sum()):r1]
+        return rows["scheduled"], rows["context_len"], rows["decode"] == 0, rows["drafted"]
+
+    def _check_budget(self, scheduled_tokens: int) -> None:
+        if self.config.check_invariants and scheduled_tokens > self.limits.max_num_batched_tokens:
+            raise SimulationError(f"step scheduled {scheduled_tokens} tokens > max_num_batched_tokens (BUDGET)")
+
+    def _price_one(self, k: int) -> float:
+        """`_price` of a run of one step, with Python scalars (the common case with drafters)."""
+        log = self.log
+        r1 = log.num_rows
+        n = int(log.col["batch_size"][k])
+        rows = log.buf.rows[r1 - n:r1]
+        query, context = rows["scheduled"].astype(np.int64), rows["context_len"].astype(np.int64)
+        prefill = rows["decode"] == 0
+        forward = float(self.cost.step_time(BatchShape(query, context, prefill)).total_s)
+        d = int(log.col["D"][k])
+        draft_s, self.pending_draft_s = self.pending_draft_s, 0.0
+        col = log.col
+        col["time_s"][k], col["forward_s"][k], col["draft_s"][k] = self.now, forward, draft_s
+        if d:
+            base = float(self.cost.step_time(BatchShape(query - rows["drafted"], context, prefill)).total_s)
+            col["t_A"][k], col["t_V"][k], col["t_D"][k] = base / n, (forward - base) / d, draft_s / d
+        else:
+            col["t_A"][k] = col["t_V"][k] = col["t_D"][k] = math.nan
+        budget = self._budget_memo.get(n)
+        if budget is None:
+            budget = self._budget_memo[n] = self.cost.token_budget(n)
+        col["budget"][k] = budget
+        self._check_budget(int(col["scheduled_tokens"][k]))
+        return self.now + draft_s + forward
+
+    def _budgets(self, sizes: np.ndarray) -> np.ndarray:
+        """M(b) of each step's batch size (memoised: few distinct sizes)."""
+        memo = self._budget_memo
+        values = np.unique(sizes)
+        for n in values.tolist():
+            if n not in memo:
+                memo[n] = self.cost.token_budget(n)
+        return np.array([memo[n] for n in values.tolist()], dtype=np.int64)[np.searchsorted(values, sizes)]
+
+    def _on_done(self, payload: tuple[int, int]) -> None:
+        """DONE of steps k0 … k1 − 1: time the run's events (first tokens, finishes, next calls that
+        arrived at once), then the last step's drafter hooks, finishes and the next drafts."""
+        k0, k1 = payload
+        b = self.log.buf
+        ends = [*b.steps["time_s"][k0 + 1:k1].tolist(), self.now] if k1 - k0 > 1 else [self.now]
+        n_ev = int(b.ctr[2])
+        if n_ev:
+            events = b.events[:n_ev]
+            kinds, rows, at = events["kind"].tolist(), events["call"].tolist(), (events["step"] - k0).tolist()
+            b.ctr[2] = 0
+            col = self.table.cols
+            chained = {r for kind, r in zip(kinds, rows, strict=True) if kind == EV_ARRIVE}
+            for kind, r, j in zip(kinds, rows, at, strict=True):
+                if kind == EV_FIRST:
+                    col["first_token_s"][r] = ends[j]
+                elif kind == EV_FINISH:
+                    self._finish(self.states[r], ends[j], chained)
+                else:  # EV_ARRIVE
+                    col["arrival_s"][r] = ends[j]
+        if not self.inert:
+            # The last step of the run is still in the scheduler's step buffer.
+            sb = self.scheduler.sb
+            n_last = int(sb.sc[0])
+            if any(self.hooks):
+                rows = sb.rows[:n_last]
+                self._drafter_hooks([self.states[r] for r in rows["call"].tolist()], rows["emitted"], rows["started"])
+            if self.spec.num_speculative_tokens and sb.sc[4]:
+                sampled = sb.lists["sampled"][:sb.sc[4]].copy()
+                self._propose([self.states[r] for r in sampled.tolist()], sampled, n_last)
+        if self.config.check_invariants:
+            self._check_step()
+        self.step_count = k1
         self._push(self.now, STEP, None)
 
     # -- pieces of DONE ---------------------------------------------------------------------------------
-    def _drafter_hooks(self, batch: ScheduledBatch, out: StepOutput) -> None:
-        for i, state in enumerate(batch.rows):
-            e = int(out.emitted[i])
-            if not e:
-                continue
+    def _drafter_hooks(self, rows: list[CallState], emitted: np.ndarray, started: np.ndarray) -> None:
+        start_call, observe, finish_call = self.hooks
+        for i in emitted.nonzero()[0].tolist():
+            state = rows[i]
             drafter = self.drafters[state.tenant]
-            if not state.started:
-                state.started = True
-                state.first_token_s = self.now
+            if start_call and started[i]:
                 drafter.start_call(state)
-            end = state.prompt_len + state.num_emitted
-            drafter.observe(state, state.history[end - e:end])
-            if state.status == FINISHED:
+            if observe:
+                e = int(emitted[i])
+                end = state.prompt_len + state.num_emitted
+                drafter.observe(state, state.history[end - e:end])
+            if finish_call and state.status == FINISHED:
                 drafter.finish_call(state)
 
-    def _finish(self, state: CallState) -> None:
-        state.finish_s = self.now
-        produced = state.history[state.prompt_len:]
-        if not np.array_equal(produced, state.call.output_tokens[:state.target_len]):
+    def _finish(self, state: CallState, now: float | None = None, chained: set[int] = frozenset()) -> None:
+        now = self.now if now is None else now
+        state.finish_s = now
+        if state.num_emitted != state.target_len:
             raise SimulationError(f"lossless check failed: call {state.call_id!r} emitted tokens that differ from "
                                   "its recording")
         self._count_done(1)
@@ -225,128 +413,122 @@ class Simulator:
         position = self.position_in_query[state.index]
         if position + 1 < len(query.calls):
             nxt = query.calls[position + 1]
+            if nxt.index in chained:
+                return
             think = self.config.think_time if self.config.think_time is not None else nxt.call.think_s
-            arrival = self.now + think
+            arrival = now + think
             if nxt.call.arrival_s is not None:
                 arrival = max(arrival, nxt.call.arrival_s + query.offset_s)
             self._push(arrival, ARRIVE, (query, position + 1))
         else:
-            query.finish_s = self.now
+            query.finish_s = now
             query.completed = True
 
-    def _propose(self, sampled: list[CallState], num_scheduled: int) -> None:
-        if not sampled or self.spec.num_speculative_tokens == 0:
-            return
+    def _propose(self, sampled: list[CallState], rows: np.ndarray, num_scheduled: int) -> None:
+        """Drafts for the calls that sampled a token in the step just ended (`rows`: their table rows)."""
+        col = self.table.cols
         lens = self.policy.max_draft_lens(num_scheduled, sampled)
         # The V1 proposer drafts at most max_model_len − num_tokens tokens.
-        room = np.fromiter((self.limits.max_model_len - s.num_tokens for s in sampled), dtype=np.int64,
-                           count=len(sampled))
-        lens = np.minimum(lens, room)
-        keep = np.flatnonzero(lens > 0)
-        if keep.size == 0:
+        lens = np.minimum(lens, self.limits.max_model_len - (col["prompt_len"][rows] + col["num_emitted"][rows]))
+        keep = lens > 0
+        if not keep.all():
+            if not keep.any():
+                return
+            kept = keep.nonzero()[0]
+            sampled, rows, lens = [sampled[i] for i in kept.tolist()], rows[kept], lens[kept]
+        batched = BATCHED.get(type(self.drafters[0]))
+        if batched is not None:
+            # The same drafts as the drafter's propose, for all rows in one compiled call (engine/batched.py).
+            starts, lengths = batched(self.drafters[0], self.table.tokens, col["hist_off"][rows],
+                                      col["prompt_len"][rows] + col["num_emitted"][rows], lens)
+            self.scheduler.set_drafts_from_tokens(rows, starts, lengths)
+            self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, sampled, lens))
             return
-        rows = [sampled[i] for i in keep]
-        lens = lens[keep]
         if len(self.drafters) == 1:
-            proposals = self.drafters[0].propose(rows, lens)
-            for row, draft in zip(rows, proposals, strict=True):
-                row.drafts = draft
+            proposals = self.drafters[0].propose(sampled, lens)
         else:
+            proposals = [None] * len(sampled)
             by_tenant: dict[int, list[int]] = {}
-            for j, row in enumerate(rows):
+            for j, row in enumerate(sampled):
                 by_tenant.setdefault(row.tenant, []).append(j)
             for tenant, idx in by_tenant.items():
-                proposals = self.drafters[tenant].propose([rows[j] for j in idx], lens[idx])
-                for j, draft in zip(idx, proposals, strict=True):
-                    rows[j].drafts = draft
+                for j, draft in zip(idx, self.drafters[tenant].propose([sampled[j] for j in idx], lens[idx]),
+                                    strict=True):
+                    proposals[j] = draft
+        self.scheduler.set_drafts(rows, proposals)
         # One proposer pass over all drafting rows (the engine runs one, whatever the tenants).
-        self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, rows, lens))
+        self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, sampled, lens))
 
     def _count_done(self, n: int) -> None:
         self.done_calls += n
         if self.progress is not None:
             self.progress(self.done_calls, len(self.states))
 
-    def _log_step(self, batch: ScheduledBatch, out: StepOutput, start: float, forward: float, draft_s: float,
-                  base: float, drafted: np.ndarray, occupancy: tuple[int, int]) -> None:
-        b = len(batch)
-        d = int(drafted.sum())
-        acc = int(out.accepted.sum())
-        self.log.add_step(
-            call=np.fromiter((s.index for s in batch.rows), dtype=np.int64, count=b),
-            decode=np.asarray(batch.decode, dtype=bool),
-            position=np.asarray(batch.position, dtype=np.int64),
-            context_len=np.asarray(batch.context, dtype=np.int64),
-            scheduled=np.asarray(batch.num_new, dtype=np.int64),
-            drafts=batch.drafts, accepted=out.accepted, emitted=out.emitted,
-            step={
-                "time_s": start, "batch_size": b, "scheduled_tokens": float(sum(batch.num_new)),
-                "forward_s": forward, "draft_s": draft_s, "D": d, "accepted": acc,
-                "t_A": base / b if d else math.nan,
-                "t_V": (forward - base) / d if d else math.nan,
-                "t_D": draft_s / d if d else math.nan,
-                "running": occupancy[0], "waiting": occupancy[1],
-                "free_blocks": self.kv.pool.num_free, "budget": self.cost.token_budget(b),
-                "decode_calls": int(sum(batch.decode)),
-            },
-            bound=batch.bound,
-        )
-
     # -- checks ----------------------------------------------------------------------------------------
-    def _check_step(self, batch: ScheduledBatch, query: np.ndarray) -> None:
-        sched = self.scheduler
-        if int(query.sum()) > self.limits.max_num_batched_tokens:
-            raise SimulationError(f"step scheduled {int(query.sum())} tokens > max_num_batched_tokens (BUDGET)")
-        if len(sched.running) > self.limits.max_num_seqs:
-            raise SimulationError(f"{len(sched.running)} running > max_num_seqs (SEQS)")
-        pool = self.kv.pool
-        held = sum(1 for r in pool.ref[1:] if r > 0)
+    def _check_step(self) -> None:
+        """The runtime invariants (config.check_invariants) after a run; BUDGET is checked in `_price`."""
+        sched, pool, t = self.scheduler, self.kv.pool, self.table
+        if sched.num_running > self.limits.max_num_seqs:
+            raise SimulationError(f"{sched.num_running} running > max_num_seqs (SEQS)")
+        held = int(np.count_nonzero(pool.ref[1:]))
         if held + pool.num_free != pool.usable:
             raise SimulationError(f"KV blocks: {held} held + {pool.num_free} free ≠ {pool.usable} usable (BLOCKS)")
-        refs = sum(len(s.block_ids) for s in sched.running)
-        if refs != sum(pool.ref):
-            raise SimulationError(f"KV references {sum(pool.ref)} ≠ blocks held by running calls {refs} (REFS)")
-        for s in sched.running:
-            if s.status != RUNNING or len(s.block_ids) * self.config.block_size < s.num_computed:
-                raise SimulationError(f"call {s.call_id!r}: {s.num_computed} computed tokens in "
-                                      f"{len(s.block_ids)} blocks (SLOTS)")
-        for s in sched.waiting:
-            if s.status != WAITING or s.block_ids:
-                raise SimulationError(f"waiting call {s.call_id!r} holds KV blocks (SLOTS)")
-        arrived = sum(1 for s in self.states if not math.isnan(s.arrival_s))
-        finished = sum(1 for s in self.states if s.status in (FINISHED, REFUSED))
-        if arrived != finished + len(sched.running) + len(sched.waiting):
+        col, n = t.cols, t.rows
+        running = sched.qu.running[:sched.num_running]
+        slots = col["slot"][running]
+        blocks = np.where(slots >= 0, t.slot_nblocks[np.maximum(slots, 0)], 0)
+        if int(blocks.sum()) != int(pool.ref.sum()):
+            raise SimulationError(f"KV references {int(pool.ref.sum())} ≠ blocks held by running calls "
+                                  f"{int(blocks.sum())} (REFS)")
+        bad = (col["status"][running] != S_RUNNING) | (blocks * self.config.block_size < col["num_computed"][running])
+        if bad.any():
+            s = self.states[int(running[bad.nonzero()[0][0]])]
+            raise SimulationError(f"call {s.call_id!r}: {s.num_computed} computed tokens in "
+                                  f"{len(s.block_ids)} blocks (SLOTS)")
+        waiting = sched._waiting_rows()
+        bad = (col["status"][waiting] != S_WAITING) | (col["slot"][waiting] >= 0)
+        if bad.any():
+            s = self.states[int(waiting[bad.nonzero()[0][0]])]
+            raise SimulationError(f"waiting call {s.call_id!r} holds KV blocks (SLOTS)")
+        arrived = int(np.count_nonzero(~np.isnan(col["arrival_s"][:n])))
+        finished = int(np.count_nonzero(np.isin(col["status"][:n], (S_FINISHED, S_REFUSED))))
+        if arrived != finished + sched.num_running + sched.num_waiting:
             raise SimulationError(f"CALLS: {arrived} arrived ≠ {finished} finished or refused + "
-                                  f"{len(sched.running)} running + {len(sched.waiting)} waiting")
+                                  f"{sched.num_running} running + {sched.num_waiting} waiting")
 
     # -- result ------------------------------------------------------------------------------------------
     def _result(self, wall_s: float) -> RunResult:
         ids = [s.call_id for s in self.states]
-        steps, engine_steps = self.log.build(self.spec.name, ids)
-        st = self.states
+        engine_steps = self.log.engine_frame()
+        st, t = self.states, self.table
+        n = t.rows
+        col = {k: v[:n].copy() for k, v in t.cols.items()}
+        status = t.status_names()
+        finished = col["status"] == S_FINISHED
         calls = pl.DataFrame({
             "call_id": ids,
             "query_id": [self.queries[s.query_index].query_id for s in st],
-            "tenant": np.fromiter((s.tenant for s in st), dtype=np.int64, count=len(st)),
-            "seq": np.fromiter((s.call.seq for s in st), dtype=np.int64, count=len(st)),
-            "status": [s.status for s in st],
-            "arrival_s": np.fromiter((s.arrival_s for s in st), dtype=np.float64, count=len(st)),
-            "first_token_s": np.fromiter((s.first_token_s for s in st), dtype=np.float64, count=len(st)),
-            "finish_s": np.fromiter((s.finish_s for s in st), dtype=np.float64, count=len(st)),
-            "prompt_len": np.fromiter((s.prompt_len for s in st), dtype=np.int64, count=len(st)),
-            "output_len": np.fromiter((s.num_emitted for s in st), dtype=np.int64, count=len(st)),
-            "recorded_output_len": np.fromiter((s.output_len for s in st), dtype=np.int64, count=len(st)),
-            "truncated": np.fromiter((s.target_len < s.output_len and s.status == FINISHED for s in st), dtype=bool,
-                                     count=len(st)),
-            "prefix_hit_tokens": np.fromiter((s.prefix_hit_tokens for s in st), dtype=np.int64, count=len(st)),
-            "drafted": np.fromiter((s.drafted for s in st), dtype=np.int64, count=len(st)),
-            "accepted": np.fromiter((s.accepted for s in st), dtype=np.int64, count=len(st)),
-            "draft_steps": np.fromiter((s.draft_steps for s in st), dtype=np.int64, count=len(st)),
-            "decode_steps": np.fromiter((s.decode_steps for s in st), dtype=np.int64, count=len(st)),
-            "preemptions": np.fromiter((s.preemptions for s in st), dtype=np.int64, count=len(st)),
-            "refused": [s.status == REFUSED for s in st],
+            "tenant": col["tenant"],
+            "seq": np.fromiter((s.call.seq for s in st), dtype=np.int64, count=n),
+            "status": status,
+            "arrival_s": col["arrival_s"],
+            "first_token_s": col["first_token_s"],
+            "finish_s": col["finish_s"],
+            "prompt_len": col["prompt_len"],
+            "output_len": col["num_emitted"],
+            "recorded_output_len": np.fromiter((s.output_len for s in st), dtype=np.int64, count=n),
+            "truncated": (col["target_len"] < np.fromiter((s.output_len for s in st), dtype=np.int64, count=n))
+            & finished,
+            "prefix_hit_tokens": col["prefix_hit_tokens"],
+            "drafted": col["drafted"],
+            "accepted": col["accepted"],
+            "draft_steps": col["draft_steps"],
+            "decode_steps": col["decode_steps"],
+            "preemptions": col["preemptions"],
+            "refused": col["status"] == S_REFUSED,
         }).with_columns(pl.col("arrival_s", "first_token_s", "finish_s").fill_nan(None))
         qs = self.queries
+        emitted = col["num_emitted"]
         queries = pl.DataFrame({
             "query_id": [q.query_id for q in qs],
             "tenant": np.fromiter((q.tenant for q in qs), dtype=np.int64, count=len(qs)),
@@ -354,9 +536,52 @@ class Simulator:
             "arrival_s": np.fromiter((q.arrival_s for q in qs), dtype=np.float64, count=len(qs)),
             "finish_s": np.fromiter((q.finish_s for q in qs), dtype=np.float64, count=len(qs)),
             "completed": [q.completed for q in qs],
-            "output_tokens": np.fromiter((sum(s.num_emitted for s in q.calls) for q in qs), dtype=np.int64,
+            "output_tokens": np.fromiter((int(emitted[[s.index for s in q.calls]].sum()) for q in qs), dtype=np.int64,
                                          count=len(qs)),
         }).with_columns((pl.col("finish_s") - pl.col("arrival_s")).alias("latency_s")).with_columns(
             pl.col("arrival_s", "finish_s", "latency_s").fill_nan(None))
-        return RunResult(self.config, self.limits, self.spec, self.spec.name, steps, engine_steps, calls, queries,
-                         num_preemptions=self.scheduler.num_preemptions, wall_s=wall_s)
+        return RunResult(self.config, self.limits, self.spec, self.spec.name, engine_steps, calls, queries,
+                         num_preemptions=self.scheduler.num_preemptions, wall_s=wall_s,
+                         steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids))
+
+
+def _token_arena(calls: list[Call], targets: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(offset of each call's prompt + recorded output, the arena holding them).
+
+    Traces loaded from files lay every call's prompt and output side by side in one int32 buffer
+    (trace/io.py); that buffer is read in place. Calls laid out otherwise get a copy appended.
+    """
+    offsets = np.empty(len(calls), dtype=np.int64)
+    base: np.ndarray | None = None
+    base_ptr = 0
+    copies: list[np.ndarray] = []
+    seen: dict[int, int] = {}
+    copied = 0
+    for i, call in enumerate(calls):
+        key = id(call)
+        if key in seen:  # a replicate copy: the same tokens
+            offsets[i] = seen[key]
+            continue
+        p, o = call.prompt_tokens, call.output_tokens
+        owner = p.base
+        if base is None and isinstance(owner, np.ndarray) and owner.dtype == np.int32 and owner.ndim == 1 \
+                and owner.flags.c_contiguous:
+            base, base_ptr = owner, owner.__array_interface__["data"][0]
+        p_ptr = p.__array_interface__["data"][0]
+        if (owner is base and base is not None and o.base is base and p.dtype == np.int32 and o.dtype == np.int32
+                and p.flags.c_contiguous and o.flags.c_contiguous
+                and o.__array_interface__["data"][0] == p_ptr + 4 * p.shape[0]):
+            offsets[i] = (p_ptr - base_ptr) // 4
+        else:
+            piece = np.concatenate([p, o[:targets[i]]]).astype(np.int32)
+            offsets[i] = -1 - copied  # fixed below, once the base's length is known
+            copies.append(piece)
+            copied += piece.shape[0]
+        seen[key] = int(offsets[i])
+    head = base if base is not None else np.zeros(0, dtype=np.int32)
+    if copies:
+        copy_off = np.concatenate([[0], np.cumsum([c.shape[0] for c in copies])[:-1]])
+        starts = {-1 - int(s): head.shape[0] + int(s) for s in copy_off}
+        offsets = np.array([starts[o] if o < 0 else o for o in offsets.tolist()], dtype=np.int64)
+        return offsets, np.concatenate([head, *copies])
+    return offsets, head
