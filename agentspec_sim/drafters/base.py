@@ -34,7 +34,8 @@ class SpecConfigError(ValueError):
 
 
 # Keys every method accepts (vLLM SpeculativeConfig fields the simulator models).
-COMMON_KEYS = frozenset({"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"})
+# `budget_policy` (simulator-only) picks a registered budget policy, e.g. "adaspec" (agentspec_sim.budget).
+COMMON_KEYS = frozenset({"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size", "budget_policy"})
 # vLLM fields that select weights, kernels or parallelism of a draft model: accepted, no effect here.
 NO_EFFECT_KEYS = frozenset({"model", "draft_tensor_parallel_size", "quantization", "revision", "code_revision"})
 
@@ -288,6 +289,8 @@ SHORTHAND_DEFAULTS: dict[str, dict[str, Any]] = {
     # mtp: k=1, vLLM's default of one step per MTP layer (MiMo-7B has one).
     "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
     "mtp": {"method": "mtp", "num_speculative_tokens": 1},
+    # agspec: k=16, the static cap the AgSpec article names; role caps and the online controller shrink it.
+    "agspec": {"method": "agspec", "num_speculative_tokens": 16},
 }
 
 

@@ -122,7 +122,7 @@ def _hdel(ht, meta, key):
 
 
 @njit(cache=True, nogil=True)
-def _child(nd, ht, node, tok):
+def child_node(nd, ht, node, tok):
     """The child of node starting with tok, or -1 (no table probe for leaves and single children)."""
     n = nd[node, NCH]
     if n == 0:
@@ -355,7 +355,7 @@ def _append(nd, gp, sq, act, pool, ht, meta, root, s, tok):
         if a == depth:
             a = 0
         node = np.int64(act[s, a])
-        child = _child(nd, ht, node, tok)
+        child = child_node(nd, ht, node, tok)
         if child < 0:
             if nd[node, CNT] == 1 and node != root:
                 # The only suffix here is this one, at a leaf: lengthen the leaf.
@@ -447,7 +447,7 @@ def _remove(nd, gp, sq, pool, ht, meta, root, s):
         idx = start
         while idx < L:
             t = pool[off + idx]
-            child = _child(nd, ht, node, t)
+            child = child_node(nd, ht, node, t)
             if child < 0:
                 break
             if nd[child, CNT] > 1:
@@ -520,7 +520,7 @@ def _match(nd, sq, pool, ht, root, ctx, lo, hi):
     for j in range(lo, hi):
         t = ctx[j]
         if idx >= nd[node, LEN]:
-            child = _child(nd, ht, node, t)
+            child = child_node(nd, ht, node, t)
             if child < 0:
                 return np.int64(-1), 0
             node = child

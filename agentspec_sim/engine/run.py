@@ -27,7 +27,7 @@ def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str,
     called as calls complete. Deterministic: the same inputs and seed give identical results.
     """
     config = config or EngineConfig()
-    spec = parse_drafter(drafter)
+    spec = bind_engine_context(parse_drafter(drafter), config, workload)
     limits = resolve(config)
     if cost_model is None:
         from agentspec_sim.cost import build_cost_model
@@ -36,6 +36,22 @@ def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str,
                                       tensor_parallel_size=config.tensor_parallel_size,
                                       calibration=config.calibration)
     return Simulator(workload, spec, config, limits, cost_model, progress).run()
+
+
+def bind_engine_context(spec: SpeculativeConfig, config: EngineConfig, workload: Workload) -> SpeculativeConfig:
+    """Fill in what the run knows (target model, hardware, seed, the trace's tokenizer) for drafters
+    whose config takes it, unless the user's config sets it; other configs come back unchanged."""
+    from pathlib import Path
+
+    from agentspec_sim.drafters import agentspec, model_based
+
+    tokenizer = workload.meta.tokenizer
+    if tokenizer is not None and tokenizer not in ("qwen3",) and Path(tokenizer).exists():
+        tokenizer = str(Path(tokenizer).resolve())
+    spec = model_based.bind_engine_context(spec, model=config.model, seed=config.seed, tokenizer=tokenizer)
+    return agentspec.bind_engine_context(spec, hardware=config.hardware, model=config.model,
+                                         tensor_parallel_size=config.tensor_parallel_size,
+                                         calibration=config.calibration, tokenizer=tokenizer)
 
 
 def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Mapping[str, Any]],

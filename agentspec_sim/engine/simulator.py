@@ -100,7 +100,13 @@ class Simulator:
         self.rng_stagger = np.random.default_rng(seeds[1])
         # One drafter per tenant: copies never share drafter state.
         self.drafters = [make_drafter(spec) for _ in range(config.replicate)]
-        self.policy = make_budget_policy(spec)
+        for drafter in self.drafters:
+            # Optional hooks: drafters that index other queries (agspec) or size drafts by M(b) (agentspec).
+            if hasattr(drafter, "bind_workload"):
+                drafter.bind_workload(workload)
+            if hasattr(drafter, "bind_cost_model"):
+                drafter.bind_cost_model(cost)
+        self.policy = make_budget_policy(spec, cost)
         # Hooks a drafter does not override are no-ops and are not called; a drafter that proposes
         # nothing and has no hooks (normal) need not see each step.
         kind = type(self.drafters[0])

@@ -1,0 +1,765 @@
+"""`agentspec` and its ablations `agentspec-s`, `agentspec-n`, `agentspec-r` (the AgentSpec paper, §4,
+Algorithms 1–2, Table 6); docs/agentspec.md works the rules out with examples.
+
+**Structure-isolated drafting (Algorithm 1).** Each call has a `StructureAutomaton` over its
+`structure`, fed the bytes of every emitted token through the cached token→bytes map
+(`TraceTokenizer.token_bytes()`, never the tokenizer); its state names the active block. The
+history cache H(agent, query, block) holds, per (agent_id, query_id) and per block — keyed by the
+block's delimiter strings `(open, close)`, or ROOT outside every block, so calls with different
+structures share a block's history when its delimiters match:
+
+- the call's **prompt**, segmented by the same automaton rules run over the prompt from its start
+  (the API sends the prompt with the structure; in agent workloads earlier tool outputs, files and
+  the agent's own earlier turns live there). An agent's prompt mostly repeats the previous call's
+  prompt + output: the part shared with one of the query's last `DOCS_KEPT` calls (longest common
+  prefix, compared token by token) is already in the cache and is not indexed again (indexing it
+  twice would count one occurrence twice in n and c); only the rest is. When the prompt extends
+  the previous call exactly, the automaton continues from that call's final state instead of
+  re-reading the prompt;
+- every emitted token of every earlier call of the same (agent, query), and the current call's
+  own output so far (indexed as it is emitted, under the block the automaton gives each token:
+  the block active when the token starts, so an opener's tokens belong to the outer block and a
+  closer's to the inner one).
+
+Drafts come only from the cache of (the call's agent, its query, the active block); an empty cache
+or no match → no draft. The index is `block_index.BlockArena` (n-gram hash chains over each block's
+segments; see that module): the context is the call's last `max_match_len` tokens (whatever
+block they were in), the match is the **longest suffix of the context, of length in
+[min_match_len, max_match_len], that occurs in the block's history with ≥ 1 token after it**,
+and the candidates are the continuations after its occurrences (the `max_candidates` newest, each
+≤ k tokens, never past the end of the segment it is in).
+
+**Candidates → CT* and c (Algorithm 2, lines 10–11).** The plurality path P (at each depth the
+most frequent next token among the candidates that agree so far; ties to the newest); CT* is the
+longest prefix of P on which a strict majority of the n candidates, and at least `MIN_SUPPORT` = 2
+of them, agree (a continuation seen once is not "frequent"); c is how many agree with all of CT*
+(if CT* is empty, how many share P's first token). Hand-made examples in tests/test_agentspec.py.
+
+**Redundancy-aware budget (Algorithm 2, equations 1–3).** g = (c/n)·p(n), p(n) = g_min + (1 −
+g_min)(1 − e^{1−n}) — equation 1; Algorithm 2's pseudocode writes e^{−n}, which would make p(1) =
+g_min + 0.63(1 − g_min) instead of g_min; we follow equation 1. B_t = ⌊α / bz⌋, bz = the number of
+calls drafting in this step (the rows of this `propose`: decode calls with budget ≥ 1; prefill
+chunks do not draft). L_i = max(|CT_i\\*|, B_t·g_i/Σg), n_i = 0 → L_i = 0; the fractional shares
+are rounded by largest remainder so they add up to B_t exactly (`allocate`). The draft is P[:L_i],
+capped by k (`num_speculative_tokens`) and by the engine's per-call limit. `"budget":
+"token_budget"` replaces B_t with the paper's M(bz) = AI − bz from the engine's cost model
+(AgentSpec+; needs the engine context, `bind_engine_context`).
+
+**Variants** (paper Table 6). `agentspec-s`: structure-isolated drafting, no budget: P[:k] (CT*
+and then the most frequent continuation) with a fixed k. `agentspec-n`: no structure input: one
+block per (agent, query) — the whole query scope. `agentspec-r`: vLLM's `suffix` drafter, used as
+is (composition: its trees, its drafts), plus the redundancy budget: n = the count of the tree
+node the context matches, c_j = the count of the node after j draft tokens (suffix-tree counts
+include the context's own occurrence, so a context seen once before has c/n ≤ 1/2, as the
+tree's own probabilities say), CT* and L_i as above, the draft truncated to L_i.
+
+Config keys: `num_speculative_tokens` k (the per-call cap and the candidate length; default
+`DEFAULT_K`), `alpha`, `g_min`, `budget`, `min_match_len`, `max_match_len`, `max_candidates`,
+`tokenizer` (the trace's; null: no structure is read), and the engine context for
+`token_budget`: `hardware`, `model`, `tensor_parallel_size`, `calibration`. `agentspec-r` takes
+the suffix keys instead of the match keys; `agentspec-s` takes no budget keys, `agentspec-n` no
+tokenizer. The defaults and the sweeps behind them are in docs/agentspec.md.
+
+State: one `BlockArena` and one `_Store` per (agent, query) per drafter instance; a store whose
+query has no running call is dropped, least recently used first, when the arena holds more than
+`MAX_LIVE_TOKENS`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from numba import njit
+
+from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
+from agentspec_sim.drafters.block_index import (
+    META_C,
+    META_CT,
+    META_FIELDS,
+    META_N,
+    META_P,
+    OP_APPEND,
+    OP_FIELDS,
+    OP_LOOKUP,
+    BlockArena,
+    match_levels,
+    suffix_batch_meta,
+)
+from agentspec_sim.drafters.structure import ROOT, StructureAutomaton, block_labels, segment
+
+if TYPE_CHECKING:
+    from agentspec_sim.cost.base import StepCostModel
+    from agentspec_sim.engine.request import CallState
+    from agentspec_sim.trace.schema import Call
+
+DEFAULT_K = 32
+DEFAULT_K_S = 5  # agentspec-s: fixed draft length (the paper's NGram k, A.1)
+MATCH_DEFAULTS: dict[str, Any] = {"min_match_len": 3, "max_match_len": 16, "max_candidates": 32}
+BUDGET_DEFAULTS: dict[str, Any] = {"alpha": 512, "g_min": 0.5, "budget": "alpha"}
+STRUCTURE_DEFAULTS: dict[str, Any] = {"tokenizer": "qwen3"}
+DEFAULTS: dict[str, Any] = {**MATCH_DEFAULTS, **BUDGET_DEFAULTS, **STRUCTURE_DEFAULTS}
+BUDGET_MODES = ("alpha", "token_budget")
+ENGINE_KEYS = frozenset({"hardware", "model", "tensor_parallel_size", "calibration"})
+DOCS_KEPT = 4  # earlier calls of a query whose token sequences a new prompt is compared with
+MAX_LIVE_TOKENS = 8_000_000  # arena tokens kept before idle queries' histories are dropped (LRU)
+MAX_SCAN = 256  # chain entries a lookup examines at its matching level (newest first)
+MIN_SUPPORT = 2  # candidates that must agree with every CT* token, besides a strict majority (docs/agentspec.md)
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# Redundancy-aware budget allocation (Algorithm 2).
+
+
+def saturation(n: np.ndarray | int, g_min: float) -> np.ndarray:
+    """p(n) = g_min + (1 − g_min)(1 − e^{1−n}) (paper equation 1; p(1) = g_min, p → 1 as n grows).
+
+    Algorithm 2 in the paper's appendix writes e^{−n}; equation 1 is followed here."""
+    n = np.asarray(n, dtype=np.float64)
+    return g_min + (1.0 - g_min) * (1.0 - np.exp(1.0 - n))
+
+
+def redundancy_score(c: np.ndarray | int, n: np.ndarray | int, g_min: float) -> np.ndarray:
+    """g = (c/n)·p(n); 0 where n = 0."""
+    c = np.asarray(c, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    safe = np.maximum(n, 1.0)
+    return np.where(n > 0, c / safe * saturation(safe, g_min), 0.0)
+
+
+def batch_budget(alpha: float, bz: int) -> int:
+    """B_t = ⌊α / bz⌋ (paper equation 2); 0 for an empty batch."""
+    return math.floor(alpha / bz) if bz > 0 else 0
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One step's candidate summaries, one entry per drafting call: n (candidates), c (agreeing
+    with CT*), ct_len (|CT*|). Integer arrays of equal length."""
+
+    n: np.ndarray
+    c: np.ndarray
+    ct_len: np.ndarray
+
+    @classmethod
+    def of(cls, n, c, ct_len) -> Candidates:
+        return cls(np.asarray(n, dtype=np.int64), np.asarray(c, dtype=np.int64), np.asarray(ct_len, dtype=np.int64))
+
+
+def allocate(cands: Candidates, budget: int, g_min: float) -> np.ndarray:
+    """Per-call draft lengths L_i = max(|CT_i*|, B·g_i/Σg) for a total budget B (paper equation 3).
+
+    Calls with n_i = 0 get 0. The shares B·g_i/Σg are made integers by largest remainder (the
+    floors, then +1 to the largest fractional parts, ties to the earlier call), so they add up to
+    B exactly when Σg > 0. Works with any B ≥ 0: ⌊α/bz⌋ (AgentSpec) or M(b) (AgentSpec+)."""
+    out = np.zeros(cands.n.shape[0], dtype=np.int64)
+    _allocate(cands.n, cands.c, cands.ct_len, int(budget), float(g_min), out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _allocate(n, c, ct, budget, g_min, out):
+    """`allocate`'s kernel: g by equation 1 (as `redundancy_score`), shares by largest remainder."""
+    k = n.shape[0]
+    g = np.zeros(k)
+    total = 0.0
+    for i in range(k):
+        if n[i] > 0:
+            g[i] = c[i] / n[i] * (g_min + (1.0 - g_min) * (1.0 - np.exp(1.0 - n[i])))
+            total += g[i]
+    shares = np.zeros(k, dtype=np.int64)
+    if total > 0 and budget > 0:
+        frac = np.full(k, -1.0)
+        given = 0
+        for i in range(k):
+            exact = budget * g[i] / total
+            shares[i] = np.int64(np.floor(exact))
+            given += shares[i]
+            if g[i] > 0:
+                frac[i] = exact - shares[i]
+        left = budget - given
+        if left > 0:
+            order = np.argsort(-frac, kind="mergesort")  # stable: equal fractions keep row order
+            for j in range(min(left, k)):
+                shares[order[j]] += 1
+    for i in range(k):
+        out[i] = 0 if n[i] <= 0 else max(ct[i], shares[i])
+
+
+# --------------------------------------------------------------------------------------------
+# The history cache H(agent, query, block).
+
+
+class _Store:
+    """The history of one (agent, query): its blocks (delimiter pair or None → arena block), the
+    position where each block's last segment ends, and the query's last calls' token sequences."""
+
+    __slots__ = ("automaton", "blocks", "docs", "lineage", "running", "structure", "tails", "used")
+
+    def __init__(self) -> None:
+        self.blocks: dict[tuple[str, str] | None, int] = {}
+        self.tails: dict[int, tuple[int, int]] = {}  # block → (lineage, end position) of its last segment
+        self.docs: list[np.ndarray] = []  # last calls' prompt + output, oldest first
+        self.automaton: StructureAutomaton | None = None  # the automaton at the end of docs[-1], if known
+        self.structure: Any = None  # the structure of docs[-1]'s call
+        self.lineage = -1  # positions of the current lineage are positions in docs[-1] (and its extensions)
+        self.running = 0
+        self.used = 0
+
+
+class _Cursor:
+    """One call's view of the history: its store, its output automaton, label → block."""
+
+    __slots__ = ("automaton", "blocks", "lineage", "prompt_clean", "store", "structure")
+
+    def __init__(self, store: _Store, blocks: list[int], structure: Any, lineage: int) -> None:
+        self.store = store
+        self.blocks = blocks  # label index (block_labels order) → arena block
+        self.structure = structure
+        self.automaton: StructureAutomaton | None = StructureAutomaton(structure) if len(blocks) > 1 else None
+        self.lineage = lineage
+        self.prompt_clean = True  # the prompt left the automaton at ROOT with nothing pending
+
+
+class History:
+    """H(agent, query, block) for one drafter instance (or one offline replay): stores, the arena,
+    and the queue of appends applied at the next `lookup`.
+
+    `structured=False` puts every token in one block per (agent, query) (agentspec-n);
+    `token_bytes=None` does the same for every call (no token→bytes map, structure unreadable)."""
+
+    def __init__(self, min_n: int, max_n: int, width: int, max_candidates: int, token_bytes: Sequence[bytes] | None,
+                 structured: bool = True) -> None:
+        self.arena = BlockArena(match_levels(min_n, max_n))
+        self.max_n = max_n
+        self.width = width
+        self.max_candidates = max_candidates
+        self.table = token_bytes
+        self.structured = structured and token_bytes is not None
+        self.stores: dict[tuple[Any, Any], _Store] = {}
+        self.queue: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # (block, tokens, lead-in or None)
+        self.clock = itertools.count()
+        self.lineages = itertools.count()
+
+    # -- calls --------------------------------------------------------------------------------
+    def start(self, call: Call, prompt: np.ndarray) -> _Cursor:
+        """A call starts: index the part of its prompt not yet in the query's history."""
+        key = (call.agent_id, call.query_id)
+        store = self.stores.get(key)
+        if store is None:
+            store = self.stores[key] = _Store()
+        store.running += 1
+        store.used = next(self.clock)
+        structure = call.structure if self.structured and call.structure else ()
+        blocks = [self._block(store, None if label == ROOT else tuple(structure[label[0]][label[1]]))
+                  for label in block_labels(structure)]
+        shared, which = _shared_prefix(store.docs, prompt)
+        extends = bool(store.docs) and which == len(store.docs) - 1 and shared == store.docs[-1].shape[0]
+        if not extends:
+            store.lineage = next(self.lineages)
+        cursor = _Cursor(store, blocks, structure, store.lineage)
+        rest = prompt[shared:]
+        if len(blocks) == 1:
+            labels = np.zeros(rest.shape[0], dtype=np.int32)
+        else:
+            auto = store.automaton if extends and store.structure == structure else None
+            store.automaton = None
+            table = self.table
+            if auto is not None and auto.block == ROOT and not auto.pending:
+                labels = segment(rest, table, structure)  # a clean automaton is a fresh one
+                auto.feed(b"".join([table[t] for t in rest.tolist()]))
+            elif auto is not None:
+                labels = self._feed(auto, rest)
+            else:
+                labels = segment(prompt, table, structure)[shared:]
+                auto = StructureAutomaton(structure)
+                auto.feed(b"".join([table[t] for t in prompt.tolist()]))
+            cursor.prompt_clean = auto.block == ROOT and not auto.pending
+        self._queue_runs(cursor, prompt, shared, labels)
+        return cursor
+
+    def emit(self, cursor: _Cursor, stream: np.ndarray, start: int, n: int) -> None:
+        """The call emitted stream[start:start + n] (its prompt + output buffer): label and queue them."""
+        if cursor.automaton is None:
+            labels = np.zeros(n, dtype=np.int32)
+        else:
+            labels = self._feed(cursor.automaton, stream[start:start + n])
+        self._queue_runs(cursor, stream, start, labels)
+
+    def finish(self, cursor: _Cursor, tokens: np.ndarray) -> None:
+        """The call is done: `tokens` (prompt + output) is what the next prompt of its query may extend."""
+        store = cursor.store
+        store.running -= 1
+        store.docs.append(np.array(tokens, dtype=np.int32))  # a copy: the engine owns the call's buffer
+        del store.docs[:-DOCS_KEPT]
+        store.structure = cursor.structure
+        # The document view of the text (the prompt's automaton continued through the output) is in
+        # the output automaton's state when the prompt left its automaton in the start state.
+        store.automaton = cursor.automaton if cursor.prompt_clean else None
+        cursor.automaton = None
+
+    def block_of(self, cursor: _Cursor) -> int:
+        """The arena block of the call's active block (where the next token starts)."""
+        return cursor.blocks[cursor.automaton.block_index if cursor.automaton is not None else 0]
+
+    # -- batches ------------------------------------------------------------------------------
+    def lookup(self, requests: Sequence[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """Apply the queued appends, then look up each (block, context): (paths [k, width], meta [k, 5])."""
+        ops: list[list[int]] = []
+        pieces: list[np.ndarray] = []
+        grow: list[tuple[int, int]] = []  # (block, tokens it receives), for the arena's reservations
+        top = 0
+        for block, tokens, lead in self.queue:
+            n = tokens.shape[0]
+            if lead is None:
+                ops.append([OP_APPEND, block, top, n, 0, -1, 0, 0])
+                pieces.append(tokens)
+                grow.append((block, n))
+                top += n
+            else:
+                ops.append([OP_APPEND, block, top, n, top + n, lead.shape[0], 0, 0])
+                pieces.append(tokens)
+                pieces.append(lead)
+                grow.append((block, n + lead.shape[0] + 1))
+                top += n + lead.shape[0]
+        self.queue = []
+        for row, (block, ctx) in enumerate(requests):
+            ops.append([OP_LOOKUP, block, top, ctx.shape[0], row, 0, 0, 0])
+            pieces.append(ctx)
+            top += ctx.shape[0]
+        out = np.zeros((len(requests), self.width), dtype=np.int32)
+        meta = np.zeros((len(requests), META_FIELDS), dtype=np.int64)
+        if ops:
+            tb = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else _EMPTY
+            self.arena.run(np.asarray(ops, dtype=np.int64).reshape(-1, OP_FIELDS), tb, out, meta,
+                           self.max_candidates, MAX_SCAN, MIN_SUPPORT, grow)
+        return out, meta
+
+    def replay(self, cursor: _Cursor, prompt: np.ndarray, output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Offline: draft before every output token, then emit it (one compiled call for the whole
+        output). Returns (paths [T, width], meta [T, 5]) of the lookup before token t. Labels come
+        from `segment` (a fresh automaton: what feeding token by token gives); the cursor's
+        automaton is advanced to the end of the output."""
+        self.lookup(())  # apply the prompt's appends
+        T = output.shape[0]
+        if T == 0:
+            return np.zeros((0, self.width), dtype=np.int32), np.zeros((0, META_FIELDS), dtype=np.int64)
+        if cursor.automaton is None:
+            labels = np.zeros(T, dtype=np.int32)
+        else:
+            labels = segment(output, self.table, cursor.structure)
+            cursor.automaton.feed(b"".join([self.table[t] for t in output.tolist()]))
+        pre = min(self.max_n, prompt.shape[0])
+        tb = np.concatenate([prompt[prompt.shape[0] - pre:], output]).astype(np.int32)
+        P = prompt.shape[0]
+        t = np.arange(T, dtype=np.int64)
+        ctx_n = np.minimum(self.max_n, P + t)
+        ops = np.zeros((2 * T, OP_FIELDS), dtype=np.int64)
+        look, app = ops[0::2], ops[1::2]
+        look[:, 0] = OP_LOOKUP
+        look[:, 1] = np.asarray(cursor.blocks, dtype=np.int64)[labels]
+        look[:, 2] = pre + t - ctx_n
+        look[:, 3] = ctx_n
+        look[:, 4] = t
+        app[:, 0] = OP_APPEND
+        app[:, 1] = look[:, 1]
+        app[:, 2] = pre + t
+        app[:, 3] = 1
+        app[:, 5] = -1
+        # Runs of one label: their first token continues the block's last segment or starts one.
+        starts = np.flatnonzero(np.diff(labels, prepend=-1))
+        ends = np.append(starts[1:], T)
+        store = cursor.store
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            block = cursor.blocks[labels[s]]
+            pos = P + s
+            if store.tails.get(block) != (cursor.lineage, pos):
+                lead = min(self.max_n, pos)
+                app[s, 4] = pre + s - min(lead, pre + s)
+                app[s, 5] = min(lead, pre + s)
+            store.tails[block] = (cursor.lineage, P + e)
+        out = np.zeros((T, self.width), dtype=np.int32)
+        meta = np.zeros((T, META_FIELDS), dtype=np.int64)
+        self.arena.run(ops, tb, out, meta, self.max_candidates, MAX_SCAN, MIN_SUPPORT)
+        return out, meta
+
+    def evict(self) -> None:
+        """Drop idle queries' histories, least recently used first, while the arena is over its bound."""
+        if self.arena.live_tokens <= MAX_LIVE_TOKENS:
+            return
+        for key, store in sorted(self.stores.items(), key=lambda kv: kv[1].used):
+            if self.arena.live_tokens <= MAX_LIVE_TOKENS // 2:
+                break
+            if store.running:
+                continue
+            for block in store.blocks.values():
+                self.arena.free_block(block)
+            del self.stores[key]
+
+    # -- internals ----------------------------------------------------------------------------
+    def _block(self, store: _Store, key: tuple[str, str] | None) -> int:
+        block = store.blocks.get(key)
+        if block is None:
+            block = store.blocks[key] = self.arena.new_block()
+        return block
+
+    def _feed(self, automaton: StructureAutomaton, tokens: np.ndarray) -> np.ndarray:
+        """Label each token with the block active when it starts, feeding its bytes."""
+        table = self.table
+        feed = automaton.feed
+        labels = np.empty(tokens.shape[0], dtype=np.int32)
+        for i, t in enumerate(tokens.tolist()):
+            labels[i] = automaton.block_index
+            feed(table[t])
+        return labels
+
+    def _queue_runs(self, cursor: _Cursor, stream: np.ndarray, start: int, labels: np.ndarray) -> None:
+        """Queue stream[start:start + len(labels)] as runs of equal labels; a run continues its block's
+        last segment when that segment ended right before it (same lineage), else starts a new one
+        with the ≤ max_n tokens before it as lead-in."""
+        n = labels.shape[0]
+        if n == 0:
+            return
+        store = cursor.store
+        if n == 1 or not labels.any():
+            bounds = [(0, n)]
+        else:
+            cuts = np.flatnonzero(labels[1:] != labels[:-1]) + 1
+            edges = [0, *cuts.tolist(), n]
+            bounds = list(itertools.pairwise(edges))
+        for s, e in bounds:
+            block = cursor.blocks[labels[s]]
+            pos = start + s
+            if store.tails.get(block) == (cursor.lineage, pos):
+                self.queue.append((block, stream[pos:start + e], None))
+            else:
+                self.queue.append((block, stream[pos:start + e], stream[max(0, pos - self.max_n):pos]))
+            store.tails[block] = (cursor.lineage, start + e)
+
+
+def _shared_prefix(docs: list[np.ndarray], prompt: np.ndarray) -> tuple[int, int]:
+    """(longest common prefix of `prompt` with any of `docs`, index of that doc); (0, -1) if none."""
+    best, which = 0, -1
+    for i in range(len(docs) - 1, -1, -1):
+        doc = docs[i]
+        m = min(doc.shape[0], prompt.shape[0])
+        if m <= best:
+            continue
+        diff = np.flatnonzero(doc[:m] != prompt[:m])
+        n = int(diff[0]) if diff.shape[0] else m
+        if n > best:
+            best, which = n, i
+        if which == len(docs) - 1 and best == doc.shape[0]:
+            break  # the prompt extends the last call: the usual agent case
+    return best, which
+
+
+# --------------------------------------------------------------------------------------------
+# Config.
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_budget_options(opts: dict[str, Any]) -> None:
+    alpha, g_min, mode = opts["alpha"], opts["g_min"], opts["budget"]
+    if not _is_number(alpha) or alpha < 0:
+        raise SpecConfigError(f"alpha={alpha!r} must be a number ≥ 0")
+    if not _is_number(g_min) or not 0 <= g_min <= 1:
+        raise SpecConfigError(f"g_min={g_min!r} must be a number in [0, 1]")
+    if mode not in BUDGET_MODES:
+        raise SpecConfigError(f"budget={mode!r} must be one of {', '.join(BUDGET_MODES)}")
+
+
+def _engine_cost(opts: dict[str, Any]) -> StepCostModel | None:
+    """The cost model named by the bound engine context (for `budget: token_budget`), or None."""
+    if opts.get("hardware") is None or opts.get("model") is None:
+        return None
+    from agentspec_sim.cost import build_cost_model
+
+    return build_cost_model(opts["hardware"], opts["model"], int(opts.get("tensor_parallel_size") or 1),
+                            opts.get("calibration"))
+
+
+class _Budgeted:
+    """The step budget B_t: ⌊α/bz⌋, or M(bz) from the engine's cost model."""
+
+    def _init_budget(self, opts: dict[str, Any]) -> None:
+        self.alpha = float(opts["alpha"])
+        self.g_min = float(opts["g_min"])
+        self.mode = opts["budget"]
+        self.cost: StepCostModel | None = _engine_cost(opts) if self.mode == "token_budget" else None
+        self._step_rows: int | None = None  # drafting rows of the whole engine step, if the engine says
+
+    def begin_step(self, num_drafting: int) -> None:
+        """Engine hook (optional): the next `propose` is part of a step in which `num_drafting` calls
+        draft in all — more than this drafter's rows when replicate copies each have a drafter. Then
+        bz = num_drafting and this drafter allocates its rows' share of B_t, ⌊B_t·rows/bz⌋."""
+        self._step_rows = int(num_drafting)
+
+    def bind_cost_model(self, cost: StepCostModel) -> None:
+        """Engine hook: the run's cost model (used by `budget: token_budget`; wins over named profiles)."""
+        self.cost = cost
+
+    def batch_share(self, rows: int) -> int:
+        """B_t for this drafter's `rows` drafting calls (consumes the `begin_step` count)."""
+        bz, self._step_rows = max(self._step_rows or rows, rows), None
+        budget = self.step_budget(bz)
+        return budget if bz == rows else budget * rows // bz
+
+    def step_budget(self, bz: int) -> int:
+        if self.mode == "alpha":
+            return batch_budget(self.alpha, bz)
+        if self.cost is None:
+            raise SpecConfigError("budget 'token_budget' needs the engine's cost model: bind the engine context "
+                                  "(agentspec.bind_engine_context) or call bind_cost_model")
+        return int(self.cost.token_budget(bz)) if bz > 0 else 0
+
+
+# --------------------------------------------------------------------------------------------
+# Drafters.
+
+
+class _AgentSpecBase(_Budgeted, BaseDrafter):
+    """Structure-isolated drafting over `History`, with or without the redundancy budget."""
+
+    structured: ClassVar[bool] = True
+    budgeted: ClassVar[bool] = True
+    default_k: ClassVar[int] = DEFAULT_K
+    option_defaults: ClassVar[dict[str, Any]] = DEFAULTS
+    config_keys: ClassVar[frozenset[str]] = frozenset(DEFAULTS) | ENGINE_KEYS
+    supports_batch_size_schedule: ClassVar[bool] = False
+
+    def __init__(self, spec: SpeculativeConfig) -> None:
+        super().__init__(spec)
+        opts = {**self.option_defaults, **dict(spec.options)}
+        self.k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else self.default_k
+        if self.budgeted:
+            self._init_budget(opts)
+        table = None
+        if self.structured and opts.get("tokenizer") is not None:
+            from agentspec_sim.trace.tokenizer import load_tokenizer
+
+            table = load_tokenizer(str(opts["tokenizer"])).token_bytes()
+        self.history = History(int(opts["min_match_len"]), int(opts["max_match_len"]), max(self.k, 1),
+                               int(opts["max_candidates"]), table, structured=self.structured)
+        self.max_n = int(opts["max_match_len"])
+        self.last: tuple[np.ndarray, np.ndarray] | None = None  # (meta, lengths) of the last propose, for tools
+
+    @classmethod
+    def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
+        opts = {**cls.option_defaults, **dict(spec.options)}
+        if cls.budgeted:
+            _check_budget_options(opts)
+        lo, hi, cand = opts["min_match_len"], opts["max_match_len"], opts["max_candidates"]
+        if not _is_int(lo) or not _is_int(hi) or not 1 <= lo <= hi:
+            raise SpecConfigError(f"need integers 1 ≤ min_match_len ≤ max_match_len, got {lo!r}, {hi!r}")
+        if not _is_int(cand) or cand < 1:
+            raise SpecConfigError(f"max_candidates={cand!r} must be an integer ≥ 1")
+        if opts.get("tokenizer") is not None and not isinstance(opts["tokenizer"], str):
+            raise SpecConfigError(f"tokenizer={opts['tokenizer']!r} must be a tokenizer name, a path, or null")
+        k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else cls.default_k
+        return replace(spec, num_speculative_tokens=k, options=tuple(sorted(opts.items())))
+
+    # -- the engine's hooks ----------------------------------------------------------------------
+    def start_call(self, state: CallState) -> None:
+        """Index the prompt (the part new to the query's history); the first token comes with `observe`."""
+        state.drafter_state = self.history.start(state.call, state.history[:state.prompt_len])
+
+    def observe(self, state: CallState, emitted: np.ndarray) -> None:
+        """Feed the emitted tokens to the call's automaton and queue them into their blocks."""
+        cursor = state.drafter_state
+        if cursor is None:
+            self.start_call(state)
+            cursor = state.drafter_state
+        end = state.prompt_len + state.num_emitted
+        self.history.emit(cursor, state.history, end - emitted.shape[0], emitted.shape[0])
+
+    def finish_call(self, state: CallState) -> None:
+        cursor = state.drafter_state
+        if cursor is not None:
+            self.history.finish(cursor, state.tokens)
+            state.drafter_state = None
+        self.history.evict()
+
+    def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
+        """Look up every row's block (one compiled call), then allocate the lengths over the batch."""
+        history = self.history
+        max_n = self.max_n
+        requests = []
+        for row in rows:
+            end = row.prompt_len + row.num_emitted
+            requests.append((history.block_of(row.drafter_state), row.history[max(0, end - max_n):end]))
+        out, meta = history.lookup(requests)
+        lengths = self.lengths(meta, np.asarray(max_lens, dtype=np.int64))
+        self.last = (meta, lengths)
+        return [out[i, :lengths[i]] for i in range(len(rows))]
+
+    def lengths(self, meta: np.ndarray, max_lens: np.ndarray) -> np.ndarray:
+        """Draft lengths from the lookups' (n, c, |CT*|, |P|): the budget, then the caps."""
+        if self.budgeted:
+            cands = Candidates.of(meta[:, META_N], meta[:, META_C], meta[:, META_CT])
+            wanted = allocate(cands, self.batch_share(meta.shape[0]), self.g_min)
+        else:
+            wanted = np.full(meta.shape[0], self.k, dtype=np.int64)
+        return np.minimum(np.minimum(wanted, meta[:, META_P]), np.minimum(max_lens, self.k))
+
+
+@register_drafter("agentspec")
+class AgentSpecDrafter(_AgentSpecBase):
+    """AgentSpec: structure-isolated drafting + redundancy-aware budget (module docstring)."""
+
+
+@register_drafter("agentspec-s")
+class AgentSpecSDrafter(_AgentSpecBase):
+    """AgentSpec (S): structure-isolated drafting only — P[:k], a fixed k (default `DEFAULT_K_S`)."""
+
+    budgeted = False
+    default_k = DEFAULT_K_S
+    option_defaults: ClassVar[dict[str, Any]] = {**MATCH_DEFAULTS, **STRUCTURE_DEFAULTS}
+    config_keys = frozenset(option_defaults)
+
+
+@register_drafter("agentspec-n")
+class AgentSpecNDrafter(_AgentSpecBase):
+    """AgentSpec (N): no structure input — one history per (agent, query), plus the budget."""
+
+    structured = False
+    option_defaults: ClassVar[dict[str, Any]] = {**MATCH_DEFAULTS, **BUDGET_DEFAULTS}
+    config_keys = frozenset(option_defaults) | ENGINE_KEYS
+
+
+# --------------------------------------------------------------------------------------------
+# agentspec-r: the suffix drafter + the redundancy budget.
+
+
+@register_drafter("agentspec-r")
+class AgentSpecRDrafter(_Budgeted, BaseDrafter):
+    """AgentSpec (R): vLLM's suffix decoding (`drafters/suffix.py`, composed) + the redundancy budget."""
+
+    supports_batch_size_schedule: ClassVar[bool] = False
+
+    def __init__(self, spec: SpeculativeConfig) -> None:
+        from agentspec_sim.drafters.suffix import SuffixDrafter
+
+        super().__init__(spec)
+        opts = {**BUDGET_DEFAULTS, **dict(spec.options)}
+        self._init_budget(opts)
+        self.inner = SuffixDrafter(_suffix_spec(spec))
+        self.k = self.inner.k
+        self.last: tuple[np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
+        opts = {**BUDGET_DEFAULTS, **dict(spec.options)}
+        _check_budget_options(opts)
+        k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else DEFAULT_K
+        inner = _suffix_spec(replace(spec, num_speculative_tokens=k, options=tuple(sorted(opts.items()))))
+        opts.update(dict(inner.options))
+        return replace(spec, num_speculative_tokens=inner.num_speculative_tokens, options=tuple(sorted(opts.items())))
+
+    def start_call(self, state: CallState) -> None:
+        self.inner.start_call(state)
+
+    def observe(self, state: CallState, emitted: np.ndarray) -> None:
+        self.inner.observe(state, emitted)
+
+    def finish_call(self, state: CallState) -> None:
+        self.inner.finish_call(state)
+
+    def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
+        """Suffix drafts, then n / c from the tree counts along each draft, then L_i truncates."""
+        drafts = self.inner.propose(rows, max_lens)
+        forest = self.inner.forest
+        depth = self.inner.depth
+        roots = np.full((len(rows), 2), -1, dtype=np.int64)
+        ctxs, drs = [], []
+        for i, row in enumerate(rows):
+            end = row.prompt_len + row.num_emitted
+            ctxs.append(row.history[max(0, end - depth):end])
+            drs.append(drafts[i])
+            slot = row.drafter_state
+            if slot is not None and slot.local_root >= 0:
+                roots[i, 0] = slot.local_root  # the prompt tree first: it wins ties, as in suffix.py
+            roots[i, 1] = self.inner.global_root
+        meta = np.zeros((len(rows), META_FIELDS), dtype=np.int64)
+        if rows:
+            ctx_off = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum([c.shape[0] for c in ctxs], out=ctx_off[1:])
+            draft_off = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum([d.shape[0] for d in drs], out=draft_off[1:])
+            suffix_batch_meta(forest.nd, forest.sq, forest.pool, forest.ht, roots,
+                              np.concatenate(ctxs).astype(np.int32, copy=False),
+                              ctx_off, np.concatenate(drs).astype(np.int32, copy=False), draft_off, meta)
+        cands = Candidates.of(meta[:, META_N], meta[:, META_C], meta[:, META_CT])
+        lengths = np.minimum(allocate(cands, self.batch_share(len(rows)), self.g_min), meta[:, META_P])
+        self.last = (meta, lengths)
+        return [d[:lengths[i]] for i, d in enumerate(drafts)]
+
+
+def _suffix_spec(spec: SpeculativeConfig) -> SpeculativeConfig:
+    """The inner `suffix` config of an agentspec-r config (its suffix keys, its k), resolved by suffix's rules."""
+    from agentspec_sim.drafters.suffix import DEFAULTS as SUFFIX_DEFAULTS
+    from agentspec_sim.drafters.suffix import SuffixDrafter
+
+    options = tuple(sorted((k, v) for k, v in spec.options if k in SUFFIX_DEFAULTS))
+    inner = SpeculativeConfig(method="suffix", num_speculative_tokens=spec.num_speculative_tokens, options=options)
+    return SuffixDrafter.configure(inner)
+
+
+def _r_keys() -> frozenset[str]:
+    from agentspec_sim.drafters.suffix import DEFAULTS as SUFFIX_DEFAULTS
+
+    return frozenset(SUFFIX_DEFAULTS) | frozenset(BUDGET_DEFAULTS) | ENGINE_KEYS
+
+
+AgentSpecRDrafter.config_keys = _r_keys()
+
+
+# --------------------------------------------------------------------------------------------
+# Engine context.
+
+AGENTSPEC_METHODS = ("agentspec", "agentspec-s", "agentspec-n", "agentspec-r")
+
+
+_UNSET: Any = object()
+
+
+def bind_engine_context(spec: SpeculativeConfig, *, hardware: str | None = None, model: str | None = None,
+                        tensor_parallel_size: int | None = None, calibration: str | None = None,
+                        tokenizer: str | None = _UNSET) -> SpeculativeConfig:
+    """Fill what an engine run knows into an AgentSpec-family config, unless the config sets it:
+    the cost-model identity (`hardware`, `model`, `tensor_parallel_size`, `calibration`: M(b) for
+    `budget: token_budget`) and the trace's `tokenizer` (None for an ids-only trace: no structure
+    is read). Configs of other methods are returned unchanged."""
+    if spec.method not in AGENTSPEC_METHODS:
+        return spec
+    from agentspec_sim.drafters.base import drafter_class
+
+    accepted = drafter_class(spec.method).config_keys
+    options = dict(spec.options)
+    for key, value in (("hardware", hardware), ("model", model), ("tensor_parallel_size", tensor_parallel_size),
+                       ("calibration", calibration)):
+        if value is not None and key in accepted:
+            options.setdefault(key, value)
+    if tokenizer is not _UNSET and "tokenizer" in accepted and "tokenizer" not in spec.raw:
+        options["tokenizer"] = tokenizer  # the trace's tokenizer, unless the user's config names one
+    return replace(spec, options=tuple(sorted(options.items())))
+
+
+__all__ = [
+    "AGENTSPEC_METHODS", "DEFAULTS", "DEFAULT_K", "DEFAULT_K_S", "AgentSpecDrafter", "AgentSpecNDrafter",
+    "AgentSpecRDrafter", "AgentSpecSDrafter", "Candidates", "History", "allocate", "batch_budget",
+    "bind_engine_context", "redundancy_score", "saturation",
+]

@@ -1,0 +1,46 @@
+"""Keep numba's on-disk cache of the engine's compiled functions honest.
+
+Numba decides whether a cached compiled function is stale by looking at the file that defines it,
+and nothing else. The engine's kernels call compiled functions of other files (scheduler.py's call
+kv.py's; batched.py's call drafters/ngram.py's `ngram_match`), and numba compiles those callees into
+the caller's cache entry: an edit of kv.py alone would leave scheduler.py's cached machine code
+running the old kv.py. `clear_if_changed` keeps, next to a module's cache entries, a stamp of the
+sources it depends on, and deletes that module's entries when the stamp no longer matches, so numba
+compiles them afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def clear_if_changed(module_file: str, dependencies: Sequence[str]) -> None:
+    """Delete `module_file`'s numba cache entries (in its `__pycache__`) if any of `dependencies`
+    (source files whose compiled functions it calls) changed since the entries were written.
+
+    Call it at import time, before the module's compiled functions are first used. A cache numba
+    keeps elsewhere (NUMBA_CACHE_DIR, or a read-only install) is left alone.
+    """
+    module = Path(module_file)
+    cache = module.parent / "__pycache__"
+    digest = hashlib.sha256()
+    for dep in dependencies:
+        try:
+            digest.update(Path(dep).read_bytes())
+        except OSError:
+            return
+    stamp = cache / f"{module.stem}.kernel-deps"
+    try:
+        if stamp.read_text() == digest.hexdigest():
+            return
+    except OSError:
+        pass
+    try:
+        cache.mkdir(exist_ok=True)
+        for entry in list(cache.glob(f"{module.stem}.*.nbi")) + list(cache.glob(f"{module.stem}.*.nbc")):
+            entry.unlink(missing_ok=True)
+        stamp.write_text(digest.hexdigest())
+    except OSError:
+        return

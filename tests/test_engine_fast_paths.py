@@ -1,0 +1,140 @@
+"""The engine's fast paths against their plain forms: runs of steps vs one step per event, batched step
+pricing vs `step_time`, the batched n-gram proposer vs `NgramDrafter.propose`, the block pool's node
+table, and the kernel-cache guard. (tests/test_engine_golden.py pins whole runs to the reference engine.)"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+from simhelpers import ConstantCost, agent_query, call, config, workload
+
+from agentspec_sim.cost import BatchShape, Calibration, RooflineCostModel
+from agentspec_sim.drafters.base import parse_drafter
+from agentspec_sim.drafters.ngram import NgramDrafter
+from agentspec_sim.engine.batched import propose_ngram_rows
+from agentspec_sim.engine.config import resolve
+from agentspec_sim.engine.kernel_cache import clear_if_changed
+from agentspec_sim.engine.kv import BlockPool
+from agentspec_sim.engine.request import CallState
+from agentspec_sim.engine.simulator import Simulator
+
+
+def _run(wl, drafter, cfg, cost, max_run_steps=None):
+    sim = Simulator(wl, parse_drafter(drafter), cfg, resolve(cfg), cost)
+    if max_run_steps is not None:
+        sim.max_run_steps = max_run_steps
+    return sim.run()
+
+
+def _same(a, b):
+    for name in ("steps", "engine_steps", "calls", "queries"):
+        assert getattr(a, name).equals(getattr(b, name)), name
+
+
+CASES = [
+    ("normal", {}),
+    ("ngram", {}),
+    ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}, {}),
+    ({"method": "test-oracle", "num_speculative_tokens": 4, "overshoot": 2}, {}),
+    ("normal", {"num_kv_blocks": 60, "max_num_seqs": 6}),
+    ("ngram", {"num_kv_blocks": 60, "max_num_seqs": 6}),
+    ("normal", {"arrival": "poisson", "rate": 30.0, "replicate": 2, "think_time": 0.02}),
+    ("ngram", {"enable_prefix_caching": False, "max_num_batched_tokens": 16}),
+]
+
+
+@pytest.mark.parametrize(("drafter", "overrides"), CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_runs_of_steps_equal_one_step_per_event(drafter, overrides, seed):
+    rng = np.random.default_rng(seed)
+    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=30, out_len=25, vocab=5) for i in range(5)])
+    cfg = config(**{"check_invariants": False, "arrival": "zero", **overrides})
+    for cost in (ConstantCost(per_token_s=1e-4, draft_s=1e-3), RooflineCostModel("a100-80g", "qwen3-8b")):
+        _same(_run(wl, drafter, cfg, cost), _run(wl, drafter, cfg, cost, max_run_steps=1))
+
+
+@pytest.mark.parametrize(("hardware", "model", "tp"), [("a100-80g", "qwen3-8b", 1), ("h100-80g", "gpt-oss-20b", 2),
+                                                      ("h200", "llama-3.1-8b", 1)])
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0])
+def test_step_times_equal_step_time_bit_for_bit(hardware, model, tp, p):
+    rng = np.random.default_rng(7)
+    cm = RooflineCostModel(hardware, model, tp, Calibration(combine_p=p))
+    sizes = rng.integers(1, 40, 400)
+    sizes[::37] = 30
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    rows = int(offsets[-1])
+    q = np.where(rng.random(rows) < 0.8, 1, rng.integers(1, 3000, rows))
+    small = rng.random(rows) < 0.1
+    q[small] = rng.integers(2, 7, int(small.sum()))
+    q[offsets[5]:offsets[6]] = rng.integers(500, 2000, int(sizes[5]))  # > 16 compute-bound calls in a step
+    c = rng.integers(0, 60000, rows)
+    pf = (q > 1) & (rng.random(rows) < 0.7)
+    got = cm.step_times(q, c, pf, offsets)
+    ref = [cm.step_time(BatchShape(q[a:b], c[a:b], pf[a:b])).total_s for a, b in itertools.pairwise(offsets)]
+    assert got.tolist() == ref
+
+
+def test_batched_ngram_equals_propose():
+    rng = np.random.default_rng(3)
+    for spec in ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                           "prompt_lookup_max": 5}):
+        drafter = NgramDrafter(parse_drafter(spec))
+        states, histories = [], []
+        for i in range(60):
+            tokens = rng.integers(0, int(rng.integers(2, 12)), int(rng.integers(1, 300))).astype(np.int32)
+            cut = int(rng.integers(1, tokens.shape[0] + 1))
+            state = CallState(i, call(f"c{i}", tokens[:cut], np.concatenate([tokens[cut:], [1]])), f"c{i}", 0, i,
+                              tokens.shape[0] - cut + 1)
+            state.history[cut:tokens.shape[0]] = tokens[cut:]
+            state.num_emitted = tokens.shape[0] - cut
+            states.append(state)
+            histories.append(state.tokens)
+        max_lens = rng.integers(-1, 8, len(states))
+        arena = np.concatenate(histories)
+        starts = np.concatenate([[0], np.cumsum([h.shape[0] for h in histories])[:-1]]).astype(np.int64)
+        lengths = np.array([h.shape[0] for h in histories], dtype=np.int64)
+        draft_start, draft_len = propose_ngram_rows(drafter, arena, starts, lengths, max_lens)
+        expected = drafter.propose(states, max_lens)
+        got = [arena[s:s + n] for s, n in zip(draft_start, draft_len, strict=True)]
+        assert [e.tolist() for e in expected] == [g.tolist() for g in got]
+
+
+def test_block_pool_grows_its_node_table():
+    pool = BlockPool(8)
+    blocks = pool.allocate(4)
+    for i in range(300):  # far past the initial node capacity: the table is rebuilt as it grows
+        pool.cache(blocks[i % 4], 1000 + i)
+    assert pool.get_cached(1000 + 299) == blocks[299 % 4]
+    assert pool.get_cached(1000 + 298) == blocks[298 % 4]
+    assert pool.get_cached(1000) == blocks[0]  # cached first under 1000, never evicted since
+    assert pool.get_cached(5) is None
+
+
+def test_kernel_cache_is_cleared_when_a_dependency_changes(tmp_path):
+    module, dep = tmp_path / "mod.py", tmp_path / "dep.py"
+    module.write_text("x = 1\n")
+    dep.write_text("y = 1\n")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    entry = cache / "mod.f-3.py311.nbi"
+    clear_if_changed(str(module), [str(dep)])  # first stamp
+    entry.write_text("compiled")
+    clear_if_changed(str(module), [str(dep)])
+    assert entry.exists()  # unchanged dependency: entry kept
+    dep.write_text("y = 2\n")
+    clear_if_changed(str(module), [str(dep)])
+    assert not entry.exists()
+
+
+def test_engine_modules_stamp_their_dependencies():
+    import agentspec_sim.engine.batched as batched
+    import agentspec_sim.engine.scheduler as scheduler
+
+    for mod in (scheduler, batched):
+        cache = os.path.join(os.path.dirname(mod.__file__), "__pycache__")
+        stem = os.path.splitext(os.path.basename(mod.__file__))[0]
+        if os.access(cache, os.W_OK):
+            assert os.path.exists(os.path.join(cache, f"{stem}.kernel-deps"))
