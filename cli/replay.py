@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -129,24 +130,25 @@ def _render(path: Path, runs) -> None:
     console = Console()
     first = runs[0][1]
     limits = first.limits
-    table = Table(title=f"replay {path.name}", caption=(
+    table = Table(title=f"replay {path.name}", box=box.SIMPLE_HEAD, pad_edge=False, caption=(
+        "goodput: output tok/s of simulated time · reject: call-mean rejection rate · TTFT, TPOT: p50 in ms · "
+        "query p99 in s\n"
         f"max_num_seqs {limits['max_num_seqs']} · max_num_batched_tokens {limits['max_num_batched_tokens']} · "
         f"max_model_len {limits['max_model_len']:,} · KV blocks {limits['num_kv_blocks']:,}×{limits['block_size']}"))
-    table.add_column("configuration", no_wrap=True)
-    for name in ("goodput tok/s", "speedup", "rejection", "mean acc. len", "TTFT p50", "TPOT p50", "query p50",
-                 "query p99", "steps", "refused"):
-        table.add_column(name, justify="right")
+    table.add_column("drafter", no_wrap=True)
+    # Short headers keep the table readable in an 80-column terminal; units are in the caption.
+    for name in ("goodput", "speedup", "reject", "acc.len", "TTFT", "TPOT", "query p99"):
+        table.add_column(name, justify="right", no_wrap=True)
     for _, s in runs:
         table.add_row(
-            s.drafter, f"{s.goodput_tok_s:,.1f}", _fmt(s.speedup, ".3f", suffix="×"),
+            s.drafter, f"{s.goodput_tok_s:,.0f}", _fmt(s.speedup, ".3f", suffix="×"),
             _fmt(s.rejection_rate, ".1f", 100, "%"), _fmt(s.mean_acceptance_length, ".2f"),
-            _fmt(s.ttft.p50, ".1f", 1000, " ms"), _fmt(s.tpot.p50, ".1f", 1000, " ms"),
-            _fmt(s.query_latency.p50, ".1f", suffix=" s"), _fmt(s.query_latency.p99, ".1f", suffix=" s"),
-            f"{s.steps:,}", f"{s.refused_calls}" + (f" (+{s.skipped_calls} skipped)" if s.skipped_calls else ""),
+            _fmt(s.ttft.p50, ".0f", 1000), _fmt(s.tpot.p50, ".1f", 1000), _fmt(s.query_latency.p99, ",.0f"),
         )
     console.print(table)
     bound = {"none": "no call ever waited for capacity", "max_num_seqs": "calls waited mostly on max_num_seqs",
              "kv_cache": "calls waited mostly on KV-cache capacity",
              "token_budget": "calls waited mostly on the per-step token budget"}[first.bound_by]
     console.print(f"batch (normal): mean {first.batch_size_mean:.1f}, max {first.batch_size_max}; {bound}; "
-                  f"preemptions {first.preemptions}")
+                  f"preemptions {first.preemptions}; refused calls {first.refused_calls} (prompt over "
+                  f"max_model_len; {first.skipped_calls} later calls of their queries skipped)")
