@@ -34,13 +34,13 @@ by the cost model's model-free drafting time, as for `ngram`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
-from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, register_drafter
-from agentspec_sim.drafters.ngram import resolve_prompt_lookup
+from agentspec_sim.drafters.base import register_drafter
+from agentspec_sim.drafters.ngram import NgramDrafter
 
 if TYPE_CHECKING:
     from agentspec_sim.engine.request import CallState
@@ -98,20 +98,11 @@ def propose_ngram_v2(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> np.n
 
 
 @register_drafter("ngram-v2")
-class NgramV2Drafter(BaseDrafter):
-    """vLLM 0.33 MRV2 GPU n-gram: rightmost occurrence of the longest n-gram, always k slots."""
+class NgramV2Drafter(NgramDrafter):
+    """vLLM 0.33 MRV2 GPU n-gram: rightmost occurrence of the longest n-gram, always k slots.
 
-    config_keys: ClassVar[frozenset[str]] = frozenset({"prompt_lookup_min", "prompt_lookup_max"})
-    supports_batch_size_schedule: ClassVar[bool] = True
-
-    def __init__(self, spec: SpeculativeConfig) -> None:
-        super().__init__(spec)
-        self.min_n = int(spec.prompt_lookup_min or 5)
-        self.max_n = int(spec.prompt_lookup_max or 5)
-
-    @classmethod
-    def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
-        return resolve_prompt_lookup(spec)
+    Same config keys, defaults and validation as `ngram` (V1); only the proposal rule differs.
+    """
 
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
         """Exactly `max_lens[i]` tokens for row i (the kernel always writes every slot)."""
