@@ -103,14 +103,15 @@ def test_batched_ngram_equals_propose():
 
 
 def test_block_pool_grows_its_node_table():
-    pool = BlockPool(8)
-    blocks = pool.allocate(4)
-    for i in range(300):  # far past the initial node capacity: the table is rebuilt as it grows
-        pool.cache(blocks[i % 4], 1000 + i)
-    assert pool.get_cached(1000 + 299) == blocks[299 % 4]
-    assert pool.get_cached(1000 + 298) == blocks[298 % 4]
-    assert pool.get_cached(1000) == blocks[0]  # cached first under 1000, never evicted since
+    pool = BlockPool(400)
+    blocks = pool.allocate(300)
+    for i, block in enumerate(blocks):  # far past the initial node capacity: the table is rebuilt as it grows
+        pool.cache(block, 1000 + i)
+    assert [pool.get_cached(1000 + i) for i in range(300)] == blocks
     assert pool.get_cached(5) is None
+    pool.free(blocks)
+    pool.allocate(150)  # pops the never-cached blocks first, then evicts the LRU tail-first cached ones
+    assert sum(pool.get_cached(1000 + i) is not None for i in range(300)) == 300 - (150 - 99)
 
 
 def test_kernel_cache_is_cleared_when_a_dependency_changes(tmp_path):

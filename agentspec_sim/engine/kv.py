@@ -135,11 +135,20 @@ def node_of(p, h):
 
 
 @kernel
+def first_holder(p, node):
+    """The first block holding `node` (cached first, still cached), or −1."""
+    block = p.nodes.head[node]
+    return block if block >= 0 and p.blocks.node[block] == node else -1
+
+
+@kernel
 def cache_block(p, block, node):
     """Record that `block` holds `node` (after the node's other holders)."""
+    last = p.nodes.tail[node]
+    if last >= 0 and p.blocks.node[last] != node:
+        last = -1  # the node's only holder was evicted since (see `_evict`)
     p.blocks.node[block] = node
     p.blocks.same_next[block] = -1
-    last = p.nodes.tail[node]
     p.blocks.same_prev[block] = last
     if last >= 0:
         p.blocks.same_next[last] = block
@@ -150,16 +159,21 @@ def cache_block(p, block, node):
 
 @kernel
 def _evict(p, block):
-    """Drop `block`'s cached node (the block is being reused)."""
+    """Drop `block`'s cached node (the block is being reused).
+
+    A block that was its node's only holder leaves the node's head and tail pointing at it: they
+    are recognised as stale (the block no longer holds the node) by `first_holder` and
+    `cache_block`, which spares a visit to the node record on most evictions.
+    """
     node = p.blocks.node[block]
     before, after = p.blocks.same_prev[block], p.blocks.same_next[block]
     if before >= 0:
         p.blocks.same_next[before] = after
-    else:
+    elif after >= 0:
         p.nodes.head[node] = after
     if after >= 0:
         p.blocks.same_prev[after] = before
-    else:
+    elif before >= 0:
         p.nodes.tail[node] = before
     p.blocks.node[block] = -1
 
@@ -276,7 +290,7 @@ def lookup(p, c, r, hits):
     off = c.regions.off[c.calls.hreg[r]]
     n = 0
     while n < max_blocks:
-        block = p.nodes.head[c.nodes[off + n]]
+        block = first_holder(p, c.nodes[off + n])
         if block < 0:
             break
         hits[n] = block
@@ -367,8 +381,9 @@ def _rehash(table, nodes, count):
 
 
 def _table_size(nodes: int) -> int:
+    """Hash-table entries for `nodes` nodes: a power of two, at most 3/4 full."""
     size = 16
-    while size < 2 * nodes:
+    while 3 * size < 4 * nodes:
         size *= 2
     return size
 
@@ -449,7 +464,7 @@ class BlockPool:
     def get_cached(self, h: int) -> int | None:
         """The first block cached with hash `h`, or None."""
         node = int(find_node(self.p, np.int64(h)))
-        block = int(self.p.nodes["head"][node]) if node >= 0 else -1
+        block = int(first_holder(self.p, node)) if node >= 0 else -1
         return None if block < 0 else block
 
     def cache(self, block: int, h: int) -> None:
