@@ -8,6 +8,7 @@ budget truncated it), as vLLM counts `num_drafts`. `accepted` never includes the
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -83,6 +84,20 @@ class RunSummary:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (NaN/inf become None)."""
         return _clean(asdict(self))
+
+    def to_row(self) -> dict[str, Any]:
+        """One flat row for tables and parquet: nested values become `ttft_p50`, `bound_fractions_kv_cache`,
+        `limits_max_num_seqs`…; the speculative config becomes JSON text. Keys are stable across drafters."""
+        row: dict[str, Any] = {}
+        for key, value in self.to_dict().items():
+            if key == "speculative_config":
+                row[key] = json.dumps(value, sort_keys=True)
+            elif isinstance(value, dict):
+                for sub, inner in sorted(value.items()):
+                    row[f"{key}_{sub}"] = inner
+            else:
+                row[key] = value
+        return row
 
 
 def _clean(value: Any) -> Any:

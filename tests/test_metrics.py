@@ -129,3 +129,15 @@ def test_to_dict_is_json_ready():
     doc = json.loads(json.dumps(s.to_dict()))
     assert doc["drafter"] == "test-wrong" and doc["ttft"]["p50"] == pytest.approx(0.01)
     assert all(not (isinstance(v, float) and math.isnan(v)) for v in doc.values())
+
+
+def test_to_row_is_flat_with_stable_keys():
+    import json
+
+    normal = summarize(simulate(one_call(), "normal", config(), ConstantCost()))
+    wrong = summarize(simulate(one_call(), WRONG, config(), ConstantCost()))
+    row = wrong.to_row()
+    assert list(row) == list(normal.to_row())  # same columns whatever the drafter
+    assert row["ttft_p50"] == pytest.approx(0.01) and row["limits_max_num_seqs"] == wrong.limits["max_num_seqs"]
+    assert json.loads(row["speculative_config"]) == wrong.speculative_config
+    assert not any(isinstance(v, dict | list) for v in row.values())

@@ -458,6 +458,10 @@ class Simulator:
             for j, row in enumerate(sampled):
                 by_tenant.setdefault(row.tenant, []).append(j)
             for tenant, idx in by_tenant.items():
+                # Each copy has its own drafter but the batch is shared: drafters that size drafts by
+                # the batch (agentspec's B_t) hear how many calls draft in all.
+                if hasattr(self.drafters[tenant], "begin_step"):
+                    self.drafters[tenant].begin_step(len(sampled))
                 for j, draft in zip(idx, self.drafters[tenant].propose([sampled[j] for j in idx], lens[idx]),
                                     strict=True):
                     proposals[j] = draft
