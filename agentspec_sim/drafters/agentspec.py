@@ -308,6 +308,28 @@ class History:
         """The arena block of the call's active block (where the next token starts)."""
         return cursor.blocks[cursor.automaton.block_index if cursor.automaton is not None else 0]
 
+    # -- shared histories (agentspec+'s global corpus) -----------------------------------------
+    def blocks_for(self, key: Any, structure: Any) -> list[int]:
+        """The arena blocks of history `key` for a call with `structure`, in `block_labels` order
+        (the same label → block map a cursor of that call has); blocks are created on first use."""
+        store = self.stores.get(key)
+        if store is None:
+            store = self.stores[key] = _Store()
+        structure = structure if self.structured and structure else ()
+        return [self._block(store, None if label == ROOT else tuple(structure[label[0]][label[1]]))
+                for label in block_labels(structure)]
+
+    def add_text(self, key: Any, structure: Any, tokens: np.ndarray) -> None:
+        """Index `tokens` (one finished piece of text, e.g. a call's output) into history `key`, each
+        token under the block the automaton of `structure` gives it; a new lineage, so its first
+        segment starts fresh (no lead-in) and nothing is joined to earlier text."""
+        blocks = self.blocks_for(key, structure)
+        structure = structure if self.structured and structure else ()
+        tokens = np.asarray(tokens, dtype=np.int32)
+        labels = (segment(tokens, self.table, structure) if len(blocks) > 1
+                  else np.zeros(tokens.shape[0], dtype=np.int32))
+        self._queue_runs(_Cursor(self.stores[key], blocks, structure, next(self.lineages)), tokens, 0, labels)
+
     # -- batches ------------------------------------------------------------------------------
     def lookup(self, requests: Sequence[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
         """Apply the queued appends, then look up each (block, context): (paths [k, width], meta [k, 5])."""
@@ -482,7 +504,7 @@ def _check_budget_options(opts: dict[str, Any]) -> None:
         raise SpecConfigError(f"budget={mode!r} must be one of {', '.join(BUDGET_MODES)}")
 
 
-def _engine_cost(opts: dict[str, Any]) -> StepCostModel | None:
+def engine_cost_model(opts: dict[str, Any]) -> StepCostModel | None:
     """The cost model named by the bound engine context (for `budget: token_budget`), or None."""
     if opts.get("hardware") is None or opts.get("model") is None:
         return None
@@ -492,14 +514,14 @@ def _engine_cost(opts: dict[str, Any]) -> StepCostModel | None:
                             opts.get("calibration"))
 
 
-class _Budgeted:
+class BatchBudget:
     """The step budget B_t: ⌊α/bz⌋, or M(bz) from the engine's cost model."""
 
     def _init_budget(self, opts: dict[str, Any]) -> None:
         self.alpha = float(opts["alpha"])
         self.g_min = float(opts["g_min"])
         self.mode = opts["budget"]
-        self.cost: StepCostModel | None = _engine_cost(opts) if self.mode == "token_budget" else None
+        self.cost: StepCostModel | None = engine_cost_model(opts) if self.mode == "token_budget" else None
         self._step_rows: int | None = None  # drafting rows of the whole engine step, if the engine says
 
     def begin_step(self, num_drafting: int) -> None:
@@ -531,7 +553,7 @@ class _Budgeted:
 # Drafters.
 
 
-class _AgentSpecBase(_Budgeted, BaseDrafter):
+class _AgentSpecBase(BatchBudget, BaseDrafter):
     """Structure-isolated drafting over `History`, with or without the redundancy budget."""
 
     structured: ClassVar[bool] = True
@@ -645,7 +667,7 @@ class AgentSpecNDrafter(_AgentSpecBase):
 
 
 @register_drafter("agentspec-r")
-class AgentSpecRDrafter(_Budgeted, BaseDrafter):
+class AgentSpecRDrafter(BatchBudget, BaseDrafter):
     """AgentSpec (R): vLLM's suffix decoding (`drafters/suffix.py`, composed) + the redundancy budget."""
 
     supports_batch_size_schedule: ClassVar[bool] = False
@@ -730,7 +752,7 @@ AgentSpecRDrafter.config_keys = _r_keys()
 # --------------------------------------------------------------------------------------------
 # Engine context.
 
-AGENTSPEC_METHODS = ("agentspec", "agentspec-s", "agentspec-n", "agentspec-r")
+AGENTSPEC_METHODS = ("agentspec", "agentspec-s", "agentspec-n", "agentspec-r", "agentspec+")
 
 
 _UNSET: Any = object()

@@ -1,0 +1,203 @@
+"""The AgentSpec closing-note tables: run the replay grid, then turn its JSON into Markdown.
+
+    python benchmarks/agentspec_tables.py run DIR [--traces reflexion,gaia] [--sets base,plus,ablate] [--dry-run]
+    python benchmarks/agentspec_tables.py tables DIR > tables.md
+
+`run` calls `agentspec-sim replay TRACE --drafter … --max-num-seqs B --replicate R --json -o
+DIR/TRACE_bB_rR_SET.json` for every grid point whose file is missing (so an interrupted grid
+resumes), under `nice -n 10`. The grid (`GRID`): each bundled agent trace at the max batch sizes
+its concurrency can fill, with `--replicate R` = ⌈B / queries⌉ copies where one copy cannot fill B;
+the big coding trace (`default`) only at 1, 32 and 256. Drafter sets (`SETS`): `base` = every
+drafter and the AgentSpec ablations S/R/N, `plus` = `agentspec+`, `ablate` = `agentspec+` with each
+part switched off (labelled by `ABLATIONS`). `tables` reads whatever files exist: rejection rates
+beside the paper's Table 1, speedups per max batch size, and the two ablation tables.
+A100-80G, Qwen3-8B, vLLM defaults otherwise (the replay command's defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = {"reflexion": 965, "gaia": 8, "deep-research": 1, "swe-agent": 3, "default": 252}  # queries
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_BATCHES = (1, 32, 256)
+# deep-research has one query: 256 copies are 3 M output tokens, the size of the coding trace;
+# its grid stops at 64 to stay affordable on a 2-core machine.
+MAX_BATCH = {"deep-research": 64}
+BASE = ("ngram", "suffix", "eagle3", "agentspec", "agentspec-s", "agentspec-n", "agentspec-r", "agspec")
+ABLATIONS: dict[str, dict] = {
+    "− structure": {"structure": False},
+    "− workspace": {"corpora": ["session", "global"]},
+    "− multi-repr.": {"forms": ["raw"]},
+    "− global": {"corpora": ["session", "workspace"]},
+    "− M(b) (α budget)": {"budget": "alpha"},
+    "− allocation (fixed k)": {"budget": "none"},
+    "− controller": {"controller": False},
+}
+PAPER_TABLE1 = {"eagle3": 0.533, "ngram": 0.887, "suffix": 0.659, "agentspec": 0.264}
+
+
+def grid(traces: list[str]) -> list[tuple[str, int, int]]:
+    """(trace, max batch size, replicate) points."""
+    points = []
+    for trace in traces:
+        queries = TRACES[trace]
+        batches = DEFAULT_BATCHES if trace == "default" else BATCHES
+        for b in batches:
+            if b > MAX_BATCH.get(trace, 256):
+                continue
+            # reflexion (965 queries) and default (252) fill 256 alone; replicate only what cannot.
+            points.append((trace, b, max(1, math.ceil(b / queries))))
+    return points
+
+
+def replay_args(trace: str, b: int, r: int, which: str, out: Path) -> list[str]:
+    cmd = ["nice", "-n", "10", "agentspec-sim", "replay", str(ROOT / "traces" / f"{trace}.jsonl.zst"),
+           "--max-num-seqs", str(b), "--replicate", str(r), "--json", "-o", str(out)]
+    if which == "base":
+        return [*cmd, "--drafter", ",".join(BASE)]
+    if which == "plus":
+        return [*cmd, "--drafter", "agentspec+"]
+    if which == "ablate":
+        cmd += ["--drafter", "agentspec+"]
+        for opts in ABLATIONS.values():
+            cmd += ["--speculative-config", json.dumps({"method": "agentspec+", **opts})]
+        return cmd
+    raise SystemExit(f"unknown set {which!r} (base, plus, ablate)")
+
+
+def run(args: argparse.Namespace) -> None:
+    out_dir = Path(args.dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for which in args.sets.split(","):
+        for trace, b, r in grid(args.traces.split(",")):
+            if which == "ablate" and b not in (1, 32, 256):
+                continue  # the ablation runs at small, middle and large batches
+            out = out_dir / f"{trace}_b{b}_r{r}_{which}.json"
+            if out.exists():
+                continue
+            cmd = replay_args(trace, b, r, which, out)
+            print(" ".join(cmd), flush=True)
+            if not args.dry_run:
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+
+_NAME = re.compile(r"(?P<trace>.+)_b(?P<b>\d+)_r(?P<r>\d+)_(?P<set>base|plus|ablate)\.json$")
+
+
+def _label(run: dict) -> str:
+    """The row name of a run: its shorthand, or the ablation whose switches its config carries."""
+    cfg = run["speculative_config"]
+    if cfg.get("method") != "agentspec+":
+        return run["drafter"]
+    for name, opts in ABLATIONS.items():
+        if all(cfg.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in opts.items()):
+            return f"agentspec+ {name}"
+    return "agentspec+"
+
+
+def load(dir_: Path) -> dict[tuple[str, int, int], dict[str, dict]]:
+    """(trace, b, r) → label → run summary, over every result file in `dir_`."""
+    results: dict[tuple[str, int, int], dict[str, dict]] = {}
+    for path in sorted(dir_.glob("*.json")):
+        m = _NAME.match(path.name)
+        if not m:
+            continue
+        key = (m["trace"], int(m["b"]), int(m["r"]))
+        for run in json.loads(path.read_text())["runs"]:
+            label = _label(run)
+            if label == "normal" and "normal" in results.get(key, {}):
+                continue
+            results.setdefault(key, {})[label] = run
+    return results
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _point(trace: str, b: int, r: int) -> str:
+    return f"{b}" if r == 1 else f"{b} (×{r})"
+
+
+def rejection_table(results, b_pick: dict[str, int]) -> str:
+    rows = ["ngram", "suffix", "eagle3", "agspec", "agentspec", "agentspec+"]
+    traces = [t for t in TRACES if any(k[0] == t for k in results)]
+    head = "| drafter | paper Table 1 (Reflexion) | " + " | ".join(
+        f"{t} b={b_pick.get(t, '?')}" for t in traces) + " |"
+    out = [head, "|" + "---|" * (2 + len(traces))]
+    for name in rows:
+        cells = [name, _fmt(PAPER_TABLE1.get(name), 3)]
+        for t in traces:
+            key = next((k for k in results if k[0] == t and k[1] == b_pick.get(t)), None)
+            run = results.get(key, {}).get(name) if key else None
+            cells.append(_fmt(run and run["rejection_rate"]))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def speedup_table(results, trace: str, names: list[str]) -> str:
+    keys = sorted((k for k in results if k[0] == trace), key=lambda k: k[1])
+    out = ["| drafter | " + " | ".join(_point(*k) for k in keys) + " |", "|" + "---|" * (1 + len(keys))]
+    for name in names:
+        cells = [name]
+        for k in keys:
+            run = results[k].get(name)
+            cells.append("–" if run is None else f"{run['speedup']:.3f} / {run['rejection_rate'] or 0:.2f}")
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("| mean batch (normal) | " + " | ".join(
+        _fmt(results[k].get("normal", {}).get("batch_size_mean"), 1) for k in keys) + " |")
+    return "\n".join(out)
+
+
+def tables(args: argparse.Namespace) -> None:
+    results = load(Path(args.dir))
+    if not results:
+        raise SystemExit(f"no result files in {args.dir}")
+    # Table 1 column: the largest batch each trace was run at without replicate copies … or with.
+    b_pick = {}
+    for t in TRACES:
+        bs = [k[1] for k in results if k[0] == t]
+        if bs:
+            b_pick[t] = 32 if 32 in bs else max(bs)
+    print("## Rejection rate (per call, Table 1 definition), max_num_seqs 32\n")
+    print(rejection_table(results, b_pick))
+    main = ["ngram", "suffix", "eagle3", "agspec", "agentspec", "agentspec+"]
+    for t in TRACES:
+        if not any(k[0] == t for k in results):
+            continue
+        print(f"\n## {t}: speedup / rejection by max_num_seqs (×R: --replicate R)\n")
+        print(speedup_table(results, t, main))
+        print(f"\n### {t}: AgentSpec ablations (S / R / N / full) and agentspec+ parts\n")
+        print(speedup_table(results, t, ["agentspec", "agentspec-s", "agentspec-r", "agentspec-n", "agentspec+",
+                                         *[f"agentspec+ {n}" for n in ABLATIONS]]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run", help="run the missing grid points")
+    p.add_argument("dir")
+    p.add_argument("--traces", default="swe-agent,gaia,deep-research,reflexion,default")
+    p.add_argument("--sets", default="base,plus,ablate")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(func=run)
+    p = sub.add_parser("tables", help="Markdown tables from the result files")
+    p.add_argument("dir")
+    p.set_defaults(func=tables)
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
