@@ -291,6 +291,8 @@ SHORTHAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "mtp": {"method": "mtp", "num_speculative_tokens": 1},
     # agspec: k=16, the static cap the AgSpec article names; role caps and the online controller shrink it.
     "agspec": {"method": "agspec", "num_speculative_tokens": 16},
+    # agentspec+: AgentSpec's k=32 (the cap, not the draft length: M(b) and the controller size drafts).
+    "agentspec+": {"method": "agentspec+", "num_speculative_tokens": 32},
 }
 
 
