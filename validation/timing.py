@@ -1,0 +1,306 @@
+"""`validate timing`: execute each step's batch as a real forward pass and compare with the cost model.
+
+For every step of a schedule (a run's step log, or a committed sample) the timing model
+(validation/torch_model.py) runs the step's exact batch: per call, its query tokens (1 + the draft,
+or the prefill chunk) over its context. Timing, as vLLM runs it:
+  * CUDA: `warmup` eager runs, then, for steps of at most `graph_max_tokens` tokens (vLLM 0.33
+    captures CUDA graphs up to 512 tokens by default), the forward is captured once into a CUDA graph
+    and replayed; larger steps run eagerly (vLLM runs those without a graph too). Each of `repeats`
+    runs is bracketed by CUDA events; the step's time is the median.
+  * CPU: the same code on a tiny configuration, timed with perf_counter (median of `repeats`).
+The prediction is the cost model's forward time (drafting is not part of a forward pass) for the
+architecture that actually ran (`torch_model.profile_for`: every weight in the run dtype) on the
+hardware profile of this device (`hardware_probe.hardware_for`).
+
+Nothing here imports polars (the GPU path has none); torch is imported when a run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from agentspec_sim.cost.calibrate import CalibrationFit, StepTimings, fit_calibration, mape
+from agentspec_sim.cost.profiles import HardwareProfile, ModelProfile, load_model
+from agentspec_sim.cost.roofline import Calibration, RooflineCostModel
+from agentspec_sim.validation.schedule import StepShapes, bucket_label, bucket_of, write_table
+from agentspec_sim.validation.torch_model import ArchSpec, TimingModel, profile_for
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How to run a timing validation.
+
+    model: a model profile id or config.json; tiny: run the tiny variant (default: on CPU only);
+    device: "cuda" / "cpu" (default: cuda when available); hardware: a profile to predict with
+    (default: this GPU's bundled profile, else a measured one); calibration: the calibration the
+    predictions start from (default: the documented defaults).
+    """
+
+    model: str = "qwen3-8b"
+    tiny: bool | None = None
+    device: str | None = None
+    dtype: str = "bfloat16"
+    hardware: str | None = None
+    calibration: str | None = None
+    warmup: int = 2
+    repeats: int = 5
+    cuda_graphs: bool = True
+    graph_max_tokens: int = 512
+    kv_memory_fraction: float = 0.5
+    seed: int = 0
+
+
+@dataclass
+class TimingResult:
+    """Measured and predicted forward time of every step, and what ran."""
+
+    shapes: StepShapes
+    measured_s: np.ndarray
+    predicted_s: np.ndarray
+    graphed: np.ndarray
+    spec: ArchSpec
+    profile: ModelProfile
+    hardware: HardwareProfile
+    calibration: Calibration
+    device: str
+    dtype: str
+    wall_s: float = 0.0
+    fit: CalibrationFit | None = None
+    calibrated_s: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def mape(self) -> float:
+        return mape(self.predicted_s, self.measured_s)
+
+    def per_bucket(self) -> list[dict]:
+        """MAPE per batch-size bucket (powers of two), before and (when fitted) after calibration."""
+        buckets = bucket_of(self.shapes.batch_sizes)
+        rows = []
+        for b in np.unique(buckets).tolist():
+            sel = buckets == b
+            row = {"batch_size": bucket_label(b), "steps": int(sel.sum()),
+                   "mape": mape(self.predicted_s[sel], self.measured_s[sel]),
+                   "measured_ms": float(np.median(self.measured_s[sel]) * 1e3)}
+            if self.calibrated_s is not None:
+                row["mape_calibrated"] = mape(self.calibrated_s[sel], self.measured_s[sel])
+            rows.append(row)
+        return rows
+
+    def step_columns(self) -> dict[str, np.ndarray]:
+        """One row per step: its shape summary, predicted and measured seconds."""
+        s = self.shapes
+        cols = {
+            "step": s.step_ids, "batch_size": s.batch_sizes, "num_tokens": s.num_tokens,
+            "prefill_calls": np.add.reduceat(s.is_prefill.astype(np.int64), s.offsets[:-1]),
+            "context_tokens": np.add.reduceat(s.context_lens, s.offsets[:-1]),
+            "predicted_s": self.predicted_s, "measured_s": self.measured_s, "cuda_graph": self.graphed,
+            "error": self.predicted_s / self.measured_s - 1.0,
+        }
+        if self.calibrated_s is not None:
+            cols["calibrated_s"] = self.calibrated_s
+        return cols
+
+    def call_columns(self) -> dict[str, np.ndarray]:
+        """One row per call-step, in the step log's columns plus `measured_s` (input for `calibrate cost`)."""
+        s = self.shapes
+        sizes = s.batch_sizes
+        return {"step": np.repeat(s.step_ids, sizes), "phase": np.where(s.is_prefill, "prefill", "decode"),
+                "context_len": s.context_lens, "scheduled_tokens": s.query_lens,
+                "batch_size": np.repeat(sizes, sizes), "measured_s": np.repeat(self.measured_s, sizes)}
+
+
+def resolve_device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch sees no CUDA device")
+    return device
+
+
+def time_step(model: TimingModel, q: np.ndarray, c: np.ndarray, pf: np.ndarray, config: TimingConfig,
+              seed: int = 0) -> tuple[float, bool]:
+    """(median seconds, ran as a CUDA graph) of one step's forward pass on `model`."""
+    import torch
+
+    inputs = model.prepare(q, c, pf, seed=seed)
+    on_cuda = model.device.type == "cuda"
+    budget = None
+    if on_cuda:
+        free, _ = torch.cuda.mem_get_info(model.device)
+        budget = int(free * config.kv_memory_fraction)
+    kv = model.allocate_kv(inputs.total_k, budget)
+    if not on_cuda:
+        for _ in range(config.warmup):
+            model.forward(inputs, kv)
+        times = []
+        for _ in range(config.repeats):
+            start = time.perf_counter()
+            model.forward(inputs, kv)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times)), False
+
+    def eager() -> object:
+        return model.forward(inputs, kv)
+
+    run: Callable[[], object] = eager
+    graph = None
+    side = torch.cuda.Stream(model.device)
+    side.wait_stream(torch.cuda.current_stream(model.device))
+    with torch.cuda.stream(side):  # warm-up off the default stream, as graph capture requires
+        for _ in range(max(1, config.warmup)):
+            model.forward(inputs, kv)
+    torch.cuda.current_stream(model.device).wait_stream(side)
+    torch.cuda.synchronize(model.device)
+    if config.cuda_graphs and sum(inputs.query_lens) <= config.graph_max_tokens:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model.forward(inputs, kv)
+            run = graph.replay
+            run()  # first replay uploads the graph
+        except RuntimeError:  # an op that cannot be captured: time it eagerly, and say so
+            graph = None
+            torch.cuda.synchronize(model.device)
+            run = eager
+    start_ev = [torch.cuda.Event(enable_timing=True) for _ in range(config.repeats)]
+    end_ev = [torch.cuda.Event(enable_timing=True) for _ in range(config.repeats)]
+    for s, e in zip(start_ev, end_ev, strict=True):
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize(model.device)
+    times = [s.elapsed_time(e) / 1e3 for s, e in zip(start_ev, end_ev, strict=True)]
+    graphed = graph is not None
+    return float(np.median(times)), graphed
+
+
+def run_timing(shapes: StepShapes, config: TimingConfig = TimingConfig(),
+               progress: Callable[[int, int], None] | None = None, *, fit: bool = True,
+               holdout: float = 0.25) -> TimingResult:
+    """Time every step of `shapes` and predict it (module docstring); optionally fit a calibration
+    to the measurements (`fit`, with `holdout` of the steps held out)."""
+    import torch
+
+    from agentspec_sim.validation.hardware_probe import hardware_for
+
+    device = resolve_device(config.device)
+    dtype = getattr(torch, config.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype {config.dtype!r}: not a torch dtype")
+    tiny = (not device.startswith("cuda")) if config.tiny is None else config.tiny
+    spec = ArchSpec.from_profile(load_model(config.model))
+    if tiny:
+        spec = spec.tiny()
+    torch.manual_seed(config.seed)
+    model = TimingModel(spec, device=device, dtype=dtype, seed=config.seed)
+    hardware = hardware_for(device, dtype, config.hardware)
+    profile = profile_for(spec, dtype.itemsize)
+    start_cal = Calibration.from_file(config.calibration) if config.calibration else Calibration()
+
+    began = time.perf_counter()
+    measured = np.zeros(len(shapes))
+    graphed = np.zeros(len(shapes), dtype=bool)
+    for k in range(len(shapes)):
+        q, c, pf = shapes.step(k)
+        measured[k], graphed[k] = time_step(model, q, c, pf, config, seed=config.seed + k)
+        if progress is not None:
+            progress(k + 1, len(shapes))
+    wall = time.perf_counter() - began
+    cost = RooflineCostModel(hardware, profile, 1, start_cal, kv_dtype_bytes=dtype.itemsize)
+    predicted = cost.step_times(shapes.query_lens, shapes.context_lens, shapes.is_prefill, shapes.offsets)
+    result = TimingResult(shapes, measured, predicted, graphed, spec, profile, hardware, start_cal, device,
+                          config.dtype, wall, meta={"config": dict(config.__dict__)})
+    if fit:
+        timings = StepTimings(shapes.offsets, shapes.query_lens, shapes.context_lens, shapes.is_prefill, measured)
+        if timings.num_steps * (1 - holdout) >= 8:
+            result.fit = fit_calibration(timings, hardware, profile, start=start_cal, holdout=holdout,
+                                         seed=config.seed, kv_dtype_bytes=dtype.itemsize,
+                                         source=f"validate timing on {hardware.name}, {spec.name}")
+            calibrated = RooflineCostModel(hardware, profile, 1, result.fit.calibration, kv_dtype_bytes=dtype.itemsize)
+            result.calibrated_s = calibrated.step_times(shapes.query_lens, shapes.context_lens, shapes.is_prefill,
+                                                        shapes.offsets)
+    return result
+
+
+def write_outputs(result: TimingResult, out_dir: str | Path, *, plot: bool = True) -> dict[str, Path]:
+    """Write the run's files under `out_dir` (each atomically); returns them by role.
+
+    timing.parquet (per step), timing_calls.parquet (per call-step, `calibrate cost` input),
+    hardware.json and model.json (what the predictions used; `--hardware` / `--model` accept them),
+    calibration.json (when fitted), scatter.png, summary.json.
+    """
+    from agentspec_sim.atomic import atomic_text
+    from agentspec_sim.validation.hardware_probe import profile_to_json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"steps": out / "timing.parquet", "calls": out / "timing_calls.parquet",
+             "hardware": out / "hardware.json", "model": out / "model.json", "summary": out / "summary.json"}
+    write_table(paths["steps"], result.step_columns())
+    write_table(paths["calls"], result.call_columns())
+    with atomic_text(paths["hardware"]) as f:
+        f.write(json.dumps(profile_to_json(result.hardware), indent=2) + "\n")
+    with atomic_text(paths["model"]) as f:
+        f.write(json.dumps(result.spec.hf_config() | {"_name_or_path": result.spec.name}, indent=2) + "\n")
+    if result.fit is not None:
+        paths["calibration"] = out / "calibration.json"
+        result.fit.calibration.to_file(paths["calibration"], hardware=result.hardware.id, model=result.spec.name,
+                                       fit=result.fit.to_dict())
+    summary = summary_dict(result)
+    with atomic_text(paths["summary"]) as f:
+        f.write(json.dumps(summary, indent=2) + "\n")
+    if plot:
+        paths["scatter"] = out / "scatter.png"
+        scatter_png(result, paths["scatter"])
+    return paths
+
+
+def summary_dict(result: TimingResult) -> dict:
+    fit = result.fit
+    return {
+        "model": result.spec.name, "device": result.device, "dtype": result.dtype, "hardware": result.hardware.id,
+        "steps": len(result.shapes), "cuda_graph_steps": int(result.graphed.sum()), "wall_s": result.wall_s,
+        "mape": result.mape, "per_batch_size": result.per_bucket(),
+        "fit": fit.to_dict() if fit is not None else None, "schedule": result.shapes.meta,
+    }
+
+
+def scatter_png(result: TimingResult, path: str | Path) -> None:
+    """Predicted vs measured step time, log-log, coloured by batch-size bucket (atomically written)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agentspec_sim.atomic import atomic_binary
+
+    fig, ax = plt.subplots(figsize=(5.5, 5), dpi=120)
+    buckets = bucket_of(result.shapes.batch_sizes)
+    meas_ms = result.measured_s * 1e3
+    for b in np.unique(buckets).tolist():
+        sel = buckets == b
+        ax.scatter(meas_ms[sel], result.predicted_s[sel] * 1e3, s=14, label=f"batch {bucket_label(b)}")
+    if result.calibrated_s is not None:
+        ax.scatter(meas_ms, result.calibrated_s * 1e3, s=10, marker="x", color="black", label="calibrated")
+    values = np.concatenate([meas_ms, result.predicted_s * 1e3])
+    lo, hi = float(values.min()) * 0.8, float(values.max()) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured step time (ms)",
+           ylabel="predicted step time (ms)",
+           title=f"{result.spec.name} on {result.hardware.name}\nMAPE {result.mape:.1f}%"
+           + (f", calibrated {mape(result.calibrated_s, result.measured_s):.1f}%"
+              if result.calibrated_s is not None else ""))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_binary(path, compress=False) as out:
+        fig.savefig(out, format="png")
+    plt.close(fig)
