@@ -7,6 +7,15 @@ rows at max_model_len; start a request that is not active (evicting its cached r
 `add_active_response(sampled)`; `speculate` on the last ≤ depth tokens with max_spec_tokens =
 min(k, max_model_len − len − 1); finally stop every active request absent from the batch.
 
+`engine_replay` runs the engine itself (`Simulator` with `suffix`), records every `propose` it makes
+(step, rows, budgets, drafts), and replays the engine's own step log — each step's batch rows in
+order, their sampled tokens (the recording from `position`, `emitted` long) — into the real cache
+through `VllmSuffixProposer`, skipping the steps where vLLM's runner skips the proposer
+(`_input_fits_in_drafter`: max over the batch of num_computed + num_scheduled + k > max_model_len).
+It checks the engine's driving (one `propose` per step that vLLM runs the proposer in and none
+otherwise; budgets min(k, max_model_len − num_tokens − 1); k token-0 drafts after a skipped step;
+the draft each call verifies next is the proposal, maybe cut) and compares every proposal.
+
 `replay` is a small batch scheduler over trace queries (calls of a query in sequence, `concurrency`
 queries in flight, optional prefill steps and randomly unscheduled steps). Each step, emitted tokens
 are the recorded output verified greedily against the previous draft (accepted prefix + 1). Our
@@ -24,8 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentspec_sim.drafters.base import SpeculativeConfig, make_drafter
+from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.engine.request import CallState
-from agentspec_sim.trace.schema import Call
+from agentspec_sim.trace.schema import Call, Workload
 
 
 class VllmSuffixProposer:
@@ -253,4 +263,164 @@ def replay(queries: Sequence[Sequence[Call]], spec: SpeculativeConfig, *, concur
     if ref is not None:
         res.ref_start_s = ref.start_s
         res.starts = ref.starts
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# The engine's own run, replayed into the real library
+
+
+@dataclass
+class EngineReplayResult:
+    steps: int = 0  # engine steps
+    proposer_steps: int = 0  # steps after which vLLM runs the proposer (and our engine called propose)
+    skipped_steps: int = 0  # steps where `_input_fits_in_drafter` fails
+    zero_drafts: int = 0  # calls handed k token-0 drafts after a skipped step
+    compared: int = 0  # proposals compared (rows the engine passed to propose)
+    nonempty: int = 0  # of which non-empty
+    absent_active: int = 0  # (step, call) pairs where a started, unfinished call was absent from the batch
+    preemptions: int = 0
+    problems: list[str] = field(default_factory=list)  # driving errors and mismatches (the first few)
+    wall_engine_s: float = 0.0
+    wall_reference_s: float = 0.0
+
+    def problem(self, text: str, limit: int = 20) -> None:
+        if len(self.problems) < limit:
+            self.problems.append(text)
+
+
+def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineConfig, cost_model=None,
+                  reference: bool = True, progress=None) -> EngineReplayResult:
+    """Run the engine with `spec` (a suffix config) recording its proposals, then replay its step log
+    into the real library as vLLM drives it and compare (module docstring). One tenant only."""
+    from agentspec_sim.engine.config import resolve
+    from agentspec_sim.engine.run import bind_engine_context
+    from agentspec_sim.engine.simulator import Simulator
+
+    if config.replicate != 1:
+        raise ValueError("engine_replay replays one tenant (replicate=1)")
+    if cost_model is None:
+        from agentspec_sim.cost import build_cost_model
+
+        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
+                                      tensor_parallel_size=config.tensor_parallel_size)
+    spec = bind_engine_context(spec, config, workload)
+    limits = resolve(config)
+    sim = Simulator(workload, spec, config, limits, cost_model)
+    drafter = sim.drafters[0]
+    inner = drafter.propose
+    proposals: dict[int, list[tuple[list[str], list[int], list[list[int]]]]] = {}
+
+    def recording(rows, max_lens):
+        out = inner(rows, max_lens)
+        proposals.setdefault(sim.step_count, []).append(
+            ([r.call_id for r in rows], np.asarray(max_lens).tolist(), [d.tolist() for d in out]))
+        return out
+
+    drafter.propose = recording
+    res = EngineReplayResult()
+    t0 = time.perf_counter()
+    run = sim.run()
+    res.wall_engine_s = time.perf_counter() - t0
+    res.preemptions = run.num_preemptions
+    calls = {c.id: c for q in workload.queries for c in q.calls}
+    max_len, k = limits.max_model_len, spec.num_speculative_tokens
+    ref = reference_from_spec(spec, max_len) if reference else None
+    frame = run.steps.select("step", "call_id", "position", "context_len", "scheduled_tokens", "draft", "emitted")
+    step_col = frame["step"].to_numpy()
+    bounds = np.flatnonzero(np.diff(step_col)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [step_col.shape[0]]])
+    ids, pos, ctx, sched, emitted = (frame[c].to_list() if c == "call_id" else frame[c].to_numpy()
+                                     for c in ("call_id", "position", "context_len", "scheduled_tokens", "emitted"))
+    drafts = frame["draft"].to_list()
+    prompts: dict[str, np.ndarray] = {}
+    target = {cid: min(c.output_len, max_len - c.prompt_len) for cid, c in calls.items()}
+    started: set[str] = set()
+    finished: set[str] = set()
+    expect_next: dict[str, tuple[str, list[int]]] = {}  # call → ("zeros" | "prefix", the proposal)
+    res.steps = len(starts)
+    t0 = time.perf_counter()
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        step = int(step_col[a])
+        rows = range(a, b)
+        present = {ids[i] for i in rows}
+        res.absent_active += len(started - finished - present)
+        # What the engine scheduled for each call: the draft it was handed after its previous step.
+        for i in rows:
+            want = expect_next.pop(ids[i], None)
+            if want is None:
+                if drafts[i]:
+                    res.problem(f"step {step}: {ids[i]} verifies a draft nobody proposed: {drafts[i]}")
+                continue
+            kind, proposal = want
+            got = list(drafts[i])
+            if kind == "zeros" and (got != [0] * len(got) or len(got) > k):
+                res.problem(f"step {step}: {ids[i]} after a skipped step verifies {got}, not token-0 drafts")
+            if kind == "prefix" and got != proposal[:len(got)]:
+                res.problem(f"step {step}: {ids[i]} verifies {got}, not a prefix of its proposal {proposal}")
+        for i in rows:
+            if emitted[i]:
+                started.add(ids[i])
+                if pos[i] + emitted[i] >= target[ids[i]]:
+                    finished.add(ids[i])
+        goes_on = {i for i in rows if emitted[i] and pos[i] + emitted[i] < target[ids[i]]}
+        fits = int((ctx[a:b] + sched[a:b]).max()) + k <= max_len
+        ours = proposals.pop(step, None)
+        if not fits:
+            res.skipped_steps += 1
+            if ours is not None:
+                res.problem(f"step {step}: the engine proposed in a step where vLLM skips the proposer")
+            for i in sorted(goes_on):
+                expect_next[ids[i]] = ("zeros", [])
+                res.zero_drafts += 1
+            continue
+        res.proposer_steps += 1
+        if ours is None or len(ours) != 1:
+            res.problem(f"step {step}: the engine called propose {0 if ours is None else len(ours)} times, not once")
+            continue
+        our_ids, our_lens, our_drafts = ours[0]
+        mine = dict(zip(our_ids, zip(our_lens, our_drafts, strict=True), strict=True))
+        theirs: list[list[int]] = []
+        if ref is not None:
+            row_ids, row_prompts, row_tokens, row_sampled = [], [], [], []
+            for i in rows:
+                c = calls[ids[i]]
+                if ids[i] not in prompts:
+                    prompts[ids[i]] = np.ascontiguousarray(c.prompt_tokens, dtype=np.int32)
+                e = int(emitted[i])
+                done = int(pos[i]) + e
+                row_ids.append(ids[i])
+                row_prompts.append(prompts[ids[i]])
+                row_tokens.append(np.ascontiguousarray(np.concatenate([c.prompt_tokens, c.output_tokens[:done]]),
+                                                       dtype=np.int32))
+                row_sampled.append(c.output_tokens[done - e:done].tolist() if e else [])
+            theirs = ref.propose(row_ids, row_prompts, row_tokens, row_sampled)
+        for j, i in enumerate(rows):
+            cid = ids[i]
+            if i not in goes_on:
+                if cid in mine:
+                    res.problem(f"step {step}: the engine proposed for {cid}, which does not go on")
+                continue
+            num_tokens = calls[cid].prompt_len + int(pos[i]) + int(emitted[i])
+            budget = min(k, max_len - num_tokens - 1)
+            if cid not in mine:
+                if budget > 0:
+                    res.problem(f"step {step}: no proposal for {cid} (budget {budget})")
+                if ref is not None and theirs[j]:
+                    res.problem(f"step {step}: {cid} has budget {budget} here but vLLM drafts {theirs[j]}")
+                continue
+            length, draft = mine[cid]
+            if length != budget:
+                res.problem(f"step {step}: {cid} was given budget {length}, vLLM gives {budget}")
+            res.compared += 1
+            res.nonempty += bool(draft)
+            expect_next[cid] = ("prefix", draft)
+            if ref is not None and draft != list(theirs[j]):
+                res.problem(f"step {step}: {cid} (position {int(pos[i])}): ours {draft} ≠ vLLM {list(theirs[j])}")
+        if progress is not None:
+            progress(step, res.steps)
+    res.wall_reference_s = time.perf_counter() - t0
+    if proposals:
+        res.problem(f"propose was called after steps absent from the log: {sorted(proposals)[:5]}")
     return res

@@ -292,3 +292,66 @@ def test_replay_matches_vllm_driving_the_real_library(trace_queries, options, re
 
 def test_reference_helper_is_importable_without_the_library():
     assert VllmSuffixProposer.__doc__
+
+
+# --------------------------------------------------------------------------------------------
+# The engine drives the drafter as vLLM's V1 runner does (tests/suffix_reference.py::engine_replay)
+
+# Queries of the default trace whose calls grow to a 4200-token max_model_len (truncated calls, steps
+# where vLLM skips the proposer, a refused prompt), their first five calls each.
+ENGINE_QUERIES = (18, 19, 25, 35, 37)
+# max_num_seqs 3 with a small token budget and KV cache: chunked prefills, preemptions, running
+# calls left out of a step (vLLM stops them in the suffix cache and restarts them later).
+TIGHT = {"max_num_seqs": 3, "max_num_batched_tokens": 512, "max_model_len": 4200, "num_kv_blocks": 600,
+         "arrival": "zero"}
+ENGINE_CASES = [
+    ({}, TIGHT),
+    ({}, {"max_num_seqs": 2, "max_num_batched_tokens": 1024, "arrival": "zero"}),
+    ({"suffix_decoding_max_cached_requests": 2, "suffix_decoding_max_tree_depth": 8,
+      "suffix_decoding_max_spec_factor": 2.5, "num_speculative_tokens": 5}, {**TIGHT, "max_num_seqs": 4}),
+]
+
+
+@pytest.fixture(scope="module")
+def engine_workload():
+    from agentspec_sim.trace.schema import Query, Workload
+
+    w = load_trace(default_trace_path())
+    return Workload(w.meta, tuple(Query(q.agent_id, q.query_id, q.calls[:5])
+                                  for q in (w.queries[i] for i in ENGINE_QUERIES)))
+
+
+def _engine_replay(workload, options, engine, reference):
+    from suffix_reference import engine_replay
+
+    from agentspec_sim.engine.config import EngineConfig
+
+    return engine_replay(workload, _spec(**options), EngineConfig(**engine), reference=reference)
+
+
+def test_engine_proposes_every_step_vllm_runs_the_proposer(engine_workload):
+    res = _engine_replay(engine_workload, {}, TIGHT, reference=False)
+    assert res.problems == []
+    assert res.proposer_steps + res.skipped_steps == res.steps
+    # The case exercises what the driving is about: stops, skipped steps and their token-0 drafts.
+    assert res.skipped_steps > 0 and res.zero_drafts > 0
+    assert res.absent_active > 0 and res.preemptions > 0
+    assert res.compared > 1000
+
+
+def test_engine_replay_catches_the_generic_driving(engine_workload, monkeypatch):
+    from agentspec_sim.drafters.suffix import SuffixDrafter
+
+    # Driven like the other drafters (propose only after steps that sampled, n-gram budget): wrong.
+    monkeypatch.setattr(SuffixDrafter, "driven_per_step", False)
+    res = _engine_replay(engine_workload, {}, TIGHT, reference=False)
+    assert any("not once" in p for p in res.problems)  # steps with no propose
+    assert any("skips the proposer" in p for p in res.problems)
+
+
+@pytest.mark.parametrize(("options", "engine"), ENGINE_CASES)
+def test_engine_run_matches_vllm_driving_the_real_library(engine_workload, options, engine):
+    pytest.importorskip("arctic_inference.suffix_decoding")
+    res = _engine_replay(engine_workload, options, engine, reference=True)
+    assert res.problems == []
+    assert res.compared > 1000 and res.nonempty > 500

@@ -91,6 +91,10 @@ class SuffixDrafter(BaseDrafter):
 
     config_keys: ClassVar[frozenset[str]] = frozenset(DEFAULTS)
     supports_batch_size_schedule: ClassVar[bool] = False
+    # The engine drives it as vLLM's V1 runner drives its suffix proposer (`Simulator._suffix_step`):
+    # `propose` after every step with a forward pass, also with no rows; budget min(k, max_model_len −
+    # num_tokens − 1); no `observe` for rows at max_model_len or in steps where the proposer is skipped.
+    driven_per_step: ClassVar[bool] = True
 
     def __init__(self, spec: SpeculativeConfig) -> None:
         super().__init__(spec)

@@ -113,6 +113,8 @@ class Simulator:
         self.hooks = tuple(getattr(kind, hook) is not getattr(BaseDrafter, hook)
                            for hook in ("start_call", "observe", "finish_call"))
         self.inert = spec.num_speculative_tokens == 0 and not any(self.hooks)
+        # vLLM's V1 runner drives a suffix proposer its own way after every step (`_suffix_step`).
+        self.per_step = bool(getattr(kind, "driven_per_step", False))
         self.states: list[CallState] = []
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
@@ -125,7 +127,8 @@ class Simulator:
         self.done_calls = 0
         self.num_refused = 0
         # Longest run of steps per STEP event (1: one step per event, the plain loop; tests compare).
-        self.max_run_steps = 1 if config.check_invariants else 1 << 40
+        # A per-step drafter must see every step, emitting or not: its runs are one step long.
+        self.max_run_steps = 1 if config.check_invariants or self.per_step else 1 << 40
         self._budget_memo: dict[int, int] = {}
         self._build(workload)
 
@@ -382,10 +385,12 @@ class Simulator:
             # The last step of the run is still in the scheduler's step buffer.
             sb = self.scheduler.sb
             n_last = int(sb.sc[0])
-            if any(self.hooks):
+            if self.per_step:
+                self._suffix_step(n_last)
+            elif any(self.hooks):
                 rows = sb.rows[:n_last]
                 self._drafter_hooks([self.states[r] for r in rows["call"].tolist()], rows["emitted"], rows["started"])
-            if self.spec.num_speculative_tokens and sb.sc[4]:
+            if self.spec.num_speculative_tokens and sb.sc[4] and not self.per_step:
                 sampled = sb.lists["sampled"][:sb.sc[4]].copy()
                 self._propose([self.states[r] for r in sampled.tolist()], sampled, n_last)
         if self.config.check_invariants:
@@ -394,14 +399,17 @@ class Simulator:
         self._push(self.now, STEP, None)
 
     # -- pieces of DONE ---------------------------------------------------------------------------------
-    def _drafter_hooks(self, rows: list[CallState], emitted: np.ndarray, started: np.ndarray) -> None:
+    def _drafter_hooks(self, rows: list[CallState], emitted: np.ndarray, started: np.ndarray,
+                       may_observe: np.ndarray | None = None) -> None:
+        """start_call / observe / finish_call for the rows that emitted, in row order (`may_observe`
+        False: no observe for that row)."""
         start_call, observe, finish_call = self.hooks
         for i in emitted.nonzero()[0].tolist():
             state = rows[i]
             drafter = self.drafters[state.tenant]
             if start_call and started[i]:
                 drafter.start_call(state)
-            if observe:
+            if observe and (may_observe is None or may_observe[i]):
                 e = int(emitted[i])
                 end = state.prompt_len + state.num_emitted
                 drafter.observe(state, state.history[end - e:end])
@@ -468,6 +476,49 @@ class Simulator:
         self.scheduler.set_drafts(rows, proposals)
         # One proposer pass over all drafting rows (the engine runs one, whatever the tenants).
         self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, sampled, lens))
+
+    def _suffix_step(self, n_rows: int) -> None:
+        """After every step that ran a forward pass, what vLLM 0.33's V1 runner does with a suffix
+        proposer (`GPUModelRunner.sample_tokens` → `SuffixDecodingProposer.propose`):
+
+        - if `_input_fits_in_drafter` fails — some row's num_computed + num_scheduled + k exceeds
+          max_model_len — the proposer does not run at all (no tokens added, nobody stopped) and
+          every request gets k token-0 drafts for the next step (vLLM's zero-filled draft tensor;
+          the scheduler ignores them for prefill chunks and clips them as any draft);
+        - else it runs once, also when no row sampled: rows whose tokens reached max_model_len add
+          nothing; each drafting row gets min(k, max_model_len − num_tokens − 1); active requests
+          absent from the batch are stopped (the drafter does that when a round passes unseen).
+        """
+        sb, col, max_len = self.scheduler.sb, self.table.cols, self.limits.max_model_len
+        batch = sb.rows[:n_rows]
+        rows = [self.states[r] for r in batch["call"].tolist()]
+        sampled = sb.lists["sampled"][:sb.sc[4]].copy()
+        k = self.spec.num_speculative_tokens
+        fits = not n_rows or int((batch["context"] + batch["n"]).max()) + k <= max_len
+        if not fits:
+            self._drafter_hooks(rows, batch["emitted"], batch["started"], np.zeros(n_rows, dtype=bool))
+            if k and sampled.shape[0]:
+                zeros = np.zeros(k, dtype=np.int32)
+                self.scheduler.set_drafts(sampled, [zeros] * sampled.shape[0])
+            self.pending_draft_s = 0.0
+            return
+        num_tokens = col["prompt_len"][batch["call"]] + col["num_emitted"][batch["call"]]
+        self._drafter_hooks(rows, batch["emitted"], batch["started"], num_tokens < max_len)
+        states = [self.states[r] for r in sampled.tolist()]
+        lens = self.policy.max_draft_lens(n_rows, states) if states else np.zeros(0, dtype=np.int64)
+        lens = np.minimum(lens, max_len - (col["prompt_len"][sampled] + col["num_emitted"][sampled]) - 1)
+        kept = (lens > 0).nonzero()[0]
+        drafting, rows_kept, lens = [states[i] for i in kept.tolist()], sampled[kept], lens[kept]
+        proposals: list[np.ndarray] = [np.zeros(0, dtype=np.int32)] * len(drafting)
+        for tenant, drafter in enumerate(self.drafters):
+            # Every tenant's proposer runs, with its own rows (maybe none): a round it sits out would
+            # merge two steps and miss a stop.
+            idx = [j for j, s in enumerate(drafting) if s.tenant == tenant]
+            for j, draft in zip(idx, drafter.propose([drafting[j] for j in idx], lens[idx]), strict=True):
+                proposals[j] = draft
+        if drafting:
+            self.scheduler.set_drafts(rows_kept, proposals)
+        self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, drafting, lens))
 
     def _count_done(self, n: int) -> None:
         self.done_calls += n
