@@ -7,6 +7,7 @@ Compression follows the target's suffix (.gz, .xz, .zst).
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import lzma
@@ -44,10 +45,25 @@ def _umask() -> int:
     return current
 
 
+def check_writable(path: str | Path) -> None:
+    """Raise the OSError a write to `path` would meet, before any work: the target is a directory, or
+    a parent is a file. (Permissions and disk space are only known when writing.)"""
+    target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(target))
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "a parent of this path is a file, not a directory",
+                                         str(target))
+            break
+
+
 @contextlib.contextmanager
 def atomic_binary(path: str | Path, compress: bool = True) -> Iterator[BinaryIO]:
     """A binary stream whose content appears at `path` only if the block completes."""
     target = Path(path)
+    check_writable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600; results should read like any file

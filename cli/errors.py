@@ -1,58 +1,127 @@
-"""Turning expected failures into one clear line and an exit code (2: bad input; 130: interrupted)."""
+"""Turning expected failures into one clear line and an exit code.
+
+Exit codes: 2 bad input (a TraceError, ConvertError, UsageError, a file that cannot be read or
+written…), 130 interrupted by Ctrl-C (SIGINT), 143 terminated (SIGTERM). `--debug` (or
+AGENTSPEC_SIM_DEBUG=1) prints the traceback instead of the one line.
+
+Signals: `run_guarded` turns SIGINT and SIGTERM into `Interrupted` (a KeyboardInterrupt), raised
+wherever the program is, so every `finally` and every atomic write (agentspec_sim/atomic.py)
+removes its temporary file; a command may catch it to write what is complete and re-raise it
+with a `note` saying what it wrote. Further signals are ignored while that cleanup runs.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import traceback
+from collections.abc import Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class UsageError(ValueError):
     """A bad command-line value the library cannot catch itself (names the option)."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """A SIGINT or SIGTERM delivered while a command ran; `note` says what was written before exiting."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+        self.note: str | None = None
+
+
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from agentspec_sim.trace.convert.base import ConvertError
     from agentspec_sim.trace.schema import TraceError
 
-    return (TraceError, ConvertError, UsageError, FileNotFoundError, IsADirectoryError, PermissionError)
+    return (TraceError, ConvertError, UsageError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+            PermissionError)
+
+
+def _is_expected(exc: BaseException) -> bool:
+    # Any OSError about a named file (disk full, read-only file system…) is the user's to fix.
+    return isinstance(exc, _expected_errors()) or (isinstance(exc, OSError) and exc.filename is not None)
 
 
 def debug_enabled() -> bool:
     return "--debug" in sys.argv or os.environ.get("AGENTSPEC_SIM_DEBUG") == "1"
 
 
+def _on_signal(signum: int, frame: object) -> None:
+    # Once: the cleanup that follows (atomic writes, partial results) must not be cut short.
+    for sig in HANDLED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupt_signals() -> Iterator[None]:
+    """Within the block SIGINT and SIGTERM raise `Interrupted`; the previous handlers come back after.
+    A no-op outside the main thread (only it may set handlers)."""
+    try:
+        previous = {sig: signal.signal(sig, _on_signal) for sig in HANDLED_SIGNALS}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """The shell's convention: 128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
+    return 128 + int(signum)
+
+
 def run_guarded(app: typer.Typer) -> int:
-    """Run the Typer app; expected failures print `error: …` and return 2, Ctrl-C returns 130."""
+    """Run the Typer app: expected failures print `error: …` and return 2; SIGINT/SIGTERM return 130/143."""
     args = [a for a in sys.argv[1:] if a != "--debug"]
     try:
-        app(args=args, prog_name="agentspec-sim", standalone_mode=False)
+        with interrupt_signals():
+            # standalone_mode=False: click returns a typer.Exit code instead of raising it.
+            code = app(args=args, prog_name="agentspec-sim", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
-    except KeyboardInterrupt:
-        stderr.print("interrupted")
-        return 130
-    except _expected_errors() as exc:
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        note = getattr(exc, "note", None)
+        stderr.print(f"{what}; {note}" if note else what, markup=False)
+        return exit_code_for_signal(signum)
+    except MemoryError:
         if debug_enabled():
             traceback.print_exc()
-        stderr.print(f"[bold red]error:[/] {_message(exc)}", markup=True)
+        stderr.print("[bold red]error:[/] out of memory (the trace or run is too large for this machine)", markup=True)
         return 2
-    except Exception as exc:  # click usage errors and the like
+    except Exception as exc:
         import click
 
-        if isinstance(exc, click.exceptions.ClickException):
+        if _is_expected(exc):
+            if debug_enabled():
+                traceback.print_exc()
+            stderr.print(f"[bold red]error:[/] {escape(_message(exc))}", markup=True)
+            return 2
+        if isinstance(exc, click.exceptions.ClickException):  # click usage errors and the like
             exc.show()
             return exc.exit_code
         if isinstance(exc, click.exceptions.Abort):
             stderr.print("aborted")
             return 130
         raise
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def _message(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 from agentspec_sim.atomic import write_bytes_atomic
 from agentspec_sim.trace.schema import Call, Query, TraceMeta, Workload, WorkspaceFile
 
-FORMAT = 1  # bump when the loader's output for the same input can change
+FORMAT = 2  # bump when the loader's output for the same input can change
 
 
 def cache_key(data: bytes, skip_bad_lines: bool, base_dir: Path) -> str:

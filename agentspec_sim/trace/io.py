@@ -37,6 +37,7 @@ from agentspec_sim.trace.schema import (
 )
 from agentspec_sim.trace.tokenizer import TraceTokenizer, UnknownTokenizerError, load_tokenizer
 
+INT32_MAX = 2**31 - 1
 CACHE_FORMAT = 1  # bump when the cached layout or the loader's semantics change
 
 CALL_FIELDS = frozenset({
@@ -68,14 +69,109 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
+def _zstd_decompress(raw: bytes) -> bytes:
+    """Every frame of a .zst file; a stream reader would return a truncated file's prefix silently."""
+    import zstandard
+
+    parts, dctx = [], zstandard.ZstdDecompressor()
+    while raw:
+        frame = dctx.decompressobj()
+        parts.append(frame.decompress(raw))
+        if not frame.eof:
+            raise EOFError("truncated: the last zstd frame ends early")
+        raw = frame.unused_data
+    return b"".join(parts)
+
+
+# Loading peaks at about this many bytes of memory per byte of (decompressed) trace text: the text,
+# the parsed lines and the token buffer (measured on the bundled default trace: 6.6×).
+LOAD_BYTES_PER_TEXT_BYTE = 7
+# The most a trace's text is larger than its compressed file (token-id JSON compresses up to ~25×).
+MAX_COMPRESSION_RATIO = 50
+MEMORY_ENV = "AGENTSPEC_SIM_MEMORY_GIB"
+
+
+def available_memory() -> int | None:
+    """Bytes a load may use: AGENTSPEC_SIM_MEMORY_GIB if set, else the kernel's MemAvailable (None: unknown)."""
+    limit = os.environ.get(MEMORY_ENV)
+    if limit:
+        try:
+            return int(float(limit) * 2**30)
+        except ValueError:
+            raise TraceError(MEMORY_ENV, 0, "environment", f"expected a number of GiB, got {limit!r}") from None
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _text_size(path: Path, available: int) -> int:
+    """The decompressed size of a trace file, or a lower bound when finding it exactly is not worth a pass."""
+    size = path.stat().st_size
+    kind = compression_of(path)
+    if kind is None:
+        return size
+    if kind == "gz":
+        with open(path, "rb") as f:  # the gzip trailer holds the size modulo 2^32
+            f.seek(max(0, size - 4))
+            return max(size, int.from_bytes(f.read(4), "little"))
+    if kind == "zst":
+        import zstandard
+
+        with open(path, "rb") as f:
+            declared = zstandard.frame_content_size(f.read(18))
+        if declared > 0:
+            return declared
+    if size * MAX_COMPRESSION_RATIO * LOAD_BYTES_PER_TEXT_BYTE <= available:
+        return size  # fits even at the highest ratio: skip the counting pass
+    total = 0
+    with _open_binary(path) as f:  # one streaming pass, constant memory
+        while chunk := f.read(1 << 22):
+            total += len(chunk)
+    return total
+
+
+def check_memory(path: str | Path) -> None:
+    """Refuse, before reading it, a trace whose load needs more memory than is available."""
+    p = Path(path)
+    available = available_memory()
+    if available is None:
+        return
+    try:
+        text = _text_size(p, available)
+    except Exception:  # a corrupt file: reading it reports what is wrong
+        return
+    needed = text * LOAD_BYTES_PER_TEXT_BYTE
+    if needed > available:
+        raise TraceError(str(p), 0, "file", f"too large for this machine: loading {_size(text)} of trace text needs "
+                         f"about {_size(needed)} of memory, {_size(available)} available; split it by query, or "
+                         f"set {MEMORY_ENV} to allow more")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
 def read_trace_bytes(path: str | Path) -> bytes:
-    """The decompressed content of a trace file; unreadable or corrupt files raise TraceError."""
+    """The decompressed content of a trace file; unreadable, corrupt or truncated files raise TraceError,
+    and so does a file too large to load in the memory available (`check_memory`)."""
     p = Path(path)
     if p.is_dir():
         raise TraceError(str(p), 0, "file", "is a directory, not a trace file")
     if not p.exists():
         raise TraceError(str(p), 0, "file", "no such file")
+    check_memory(p)
     try:
+        if compression_of(p) == "zst":
+            with open(p, "rb") as f:
+                return _zstd_decompress(f.read())
         with _open_binary(p) as f:
             return f.read()
     except PermissionError:
@@ -200,6 +296,9 @@ class _Checker:
         if ids.size and ids.min() < 0:
             bad = int(ids[ids < 0][0])
             raise self.fail(name, f"negative token id {bad}")
+        if ids.size and ids.max() > INT32_MAX:  # tokens are stored as int32: never wrap silently
+            bad = int(ids[ids > INT32_MAX][0])
+            raise self.fail(name, f"token id {bad} does not fit in 32 bits (largest: {INT32_MAX})")
         if vocab_size is not None and ids.size and ids.max() >= vocab_size:
             bad = int(ids[ids >= vocab_size][0])
             raise self.fail(name, f"token id {bad} is out of the vocabulary (size {vocab_size})")
