@@ -56,9 +56,11 @@ def bind_engine_context(spec: SpeculativeConfig, config: EngineConfig, workload:
 
 def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Mapping[str, Any]],
             config: EngineConfig | None = None, cost_model: StepCostModel | None = None,
-            progress: Callable[[str, int, int], None] | None = None) -> list[tuple[RunResult, RunSummary]]:
+            progress: Callable[[str, int, int], None] | None = None,
+            on_result: Callable[[RunResult, RunSummary], None] | None = None) -> list[tuple[RunResult, RunSummary]]:
     """Run `normal` first, then each drafter configuration (duplicates of normal dropped), on the same
-    workload and engine; each summary's speedup is against that `normal` run."""
+    workload and engine; each summary's speedup is against that `normal` run. `on_result` sees each run
+    as it completes (so an interrupted caller keeps the finished ones)."""
     from agentspec_sim.metrics import summarize
 
     config = config or EngineConfig()
@@ -77,4 +79,6 @@ def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Map
         result = simulate(workload, spec, config, cost_model, report)
         baseline = baseline or result
         out.append((result, summarize(result, baseline)))
+        if on_result is not None:
+            on_result(*out[-1])
     return out
