@@ -1,0 +1,218 @@
+"""Sweep cells: one simulation each (drafter configuration × engine config), the grid that expands
+them, their stable ids, and the order to start them in.
+
+A cell is fully described by the trace path, the drafter configuration (resolved, as vLLM would
+read it) and the frozen `EngineConfig` (max_num_seqs, hardware, model, seed and every other engine
+knob). Its `cell_id` hashes exactly those, so a resumed sweep recognises finished cells and a sweep
+with other engine settings never reuses them. The `normal` cell of each (trace, engine config)
+group is the baseline every cell of the group divides its goodput by.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from agentspec_sim.drafters.base import (
+    COMMON_KEYS,
+    SpecConfigError,
+    SpeculativeConfig,
+    drafter_class,
+    parse_drafter,
+)
+from agentspec_sim.engine.config import EngineConfig
+
+# Figure 1 of the AgentSpec paper: every drafter against max batch sizes 1 … 256.
+FIGURE1_DRAFTERS = ("normal", "ngram", "ngram-v2", "suffix", "eagle3", "agentspec")
+FIGURE1_MAX_NUM_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+# Relative wall time of one simulation per engine step, by method, for ordering only (slowest first).
+# From the default trace at max_num_seqs 256 on the 2-core dev VM: normal runs whole runs of steps
+# at once (no drafter to show each step to), model-free drafters pay Python per step, the
+# structure-aware ones more. Unknown methods count as 1.
+_STEP_WEIGHT = {"normal": 0.2, "ngram": 1.0, "ngram-v2": 1.0, "eagle3": 0.8, "mtp": 0.8, "suffix": 2.0,
+                "agentspec": 3.0, "agentspec-s": 3.0, "agentspec-r": 3.0, "agentspec-n": 2.0, "agspec": 3.0}
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run as asked (bad grid, failed cell, results file of another schema)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One simulation of a sweep: `trace` (the path as given), the drafter `spec` (labelled), the engine."""
+
+    trace: str
+    spec: SpeculativeConfig
+    config: EngineConfig
+
+    @property
+    def label(self) -> str:
+        return self.spec.name
+
+    @property
+    def speculative_config(self) -> str:
+        """The configuration as `vllm serve --speculative-config` JSON, sorted keys."""
+        return json.dumps(self.spec.to_json(), sort_keys=True)
+
+    @property
+    def cell_id(self) -> str:
+        """A stable hash of everything that determines the cell's results (16 hex digits)."""
+        params = {"trace": self.trace, "drafter": self.label, "speculative_config": self.spec.to_json(),
+                  "engine": asdict(self.config)}
+        text = json.dumps(params, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def group(self) -> tuple[str, EngineConfig]:
+        """The cells that share one `normal` baseline: same trace, same engine config."""
+        return self.trace, self.config
+
+    def key_columns(self) -> dict[str, Any]:
+        return {"cell_id": self.cell_id, "trace": self.trace, "drafter": self.label,
+                "speculative_config": self.speculative_config, "max_num_seqs": self.config.max_num_seqs,
+                "hardware": self.config.hardware, "model": self.config.model, "seed": self.config.seed}
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    """`1,2,4` → [1, 2, 4]; each a positive integer, no repeats."""
+    values: list[int] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = int(item)
+        except ValueError:
+            raise SweepError(f"{what}: {item!r} is not an integer") from None
+        if value < 1:
+            raise SweepError(f"{what}: values must be ≥ 1, got {value}")
+        if value in values:
+            raise SweepError(f"{what}: {value} is listed twice")
+        values.append(value)
+    if not values:
+        raise SweepError(f"{what}: no values given")
+    return values
+
+
+def parse_name_list(text: str, what: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise SweepError(f"{what}: no values given")
+    if len(set(names)) != len(names):
+        raise SweepError(f"{what}: a value is listed twice in {text!r}")
+    return names
+
+
+def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
+    """`['num_speculative_tokens=1,3,5']` → [('num_speculative_tokens', [1, 3, 5])]. Values are JSON
+    where they parse as JSON (numbers, true/false), else strings."""
+    grid: list[tuple[str, list[Any]]] = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            raise SweepError(f"--grid {item!r}: expected KEY=V1,V2,… (e.g. num_speculative_tokens=1,3,5,8)")
+        if key == "method":
+            raise SweepError("--grid method=…: list drafters with --drafter instead")
+        if any(key == k for k, _ in grid):
+            raise SweepError(f"--grid: key {key!r} given twice")
+        parsed = [_grid_value(v.strip()) for v in values.split(",") if v.strip()]
+        grid.append((key, parsed))
+    return grid
+
+
+def _grid_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _accepts(spec: SpeculativeConfig, key: str) -> bool:
+    return key in COMMON_KEYS or key in drafter_class(spec.method).config_keys
+
+
+def _short(key: str, value: Any) -> str:
+    return f"k={value}" if key == "num_speculative_tokens" else f"{key}={json.dumps(value)}"
+
+
+def drafter_configs(drafters: Sequence[str], speculative_configs: Sequence[str] = (),
+                    grid: Sequence[tuple[str, list[Any]]] = ()) -> list[SpeculativeConfig]:
+    """Every drafter configuration of a sweep, labelled: `normal` first (always), then each drafter
+    (shorthand name) and each `--speculative-config` JSON crossed with the grid keys it accepts.
+
+    A grid key applies to the configurations whose method accepts it (`num_speculative_tokens`
+    applies to all but `normal`); a key no configuration accepts is an error. Labels are unique.
+    """
+    bases: list[SpeculativeConfig] = []
+    for name in drafters:
+        bases.append(parse_drafter(name))
+    for text in speculative_configs:
+        spec = parse_drafter(text)
+        bases.append(replace(spec, label=spec.label or _describe_json(spec)))
+    for key, _ in grid:
+        if not any(s.method != "normal" and _accepts(s, key) for s in bases):
+            raise SweepError(f"--grid {key}: no drafter in the sweep accepts this key")
+    out = [parse_drafter("normal")]
+    for base in bases:
+        if base.method == "normal":
+            continue
+        keys = [(k, vs) for k, vs in grid if _accepts(base, k)]
+        for values in itertools.product(*(vs for _, vs in keys)):
+            if not keys:
+                out.append(base)
+                continue
+            data = {**base.to_json(), **{k: v for (k, _), v in zip(keys, values, strict=True)}}
+            if "prompt_lookup_min" in dict(keys) and "prompt_lookup_max" not in dict(keys):
+                data.pop("prompt_lookup_max", None)  # vLLM: a given min copies into an absent max
+            if "prompt_lookup_max" in dict(keys) and "prompt_lookup_min" not in dict(keys):
+                data.pop("prompt_lookup_min", None)
+            label = " ".join([base.name, *(_short(k, v) for (k, _), v in zip(keys, values, strict=True))])
+            try:
+                out.append(SpeculativeConfig.from_json(data, label=label))
+            except SpecConfigError as exc:
+                raise SweepError(f"--grid: {label}: {exc}") from None
+    labels: dict[str, int] = {}
+    unique = []
+    for spec in out:
+        labels[spec.name] = labels.get(spec.name, 0) + 1
+        unique.append(spec if labels[spec.name] == 1 else replace(spec, label=f"{spec.name} #{labels[spec.name]}"))
+    seen: set[str] = set()
+    result = []
+    for spec in unique:  # the same configuration twice (e.g. ngram and its JSON) runs once
+        key = json.dumps(spec.to_json(), sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            result.append(spec)
+    return result
+
+
+def _describe_json(spec: SpeculativeConfig) -> str:
+    from agentspec_sim.drafters.base import describe
+
+    return describe(spec)
+
+
+def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: Sequence[int],
+                 hardware: Sequence[str], models: Sequence[str], seeds: Sequence[int],
+                 base: EngineConfig | None = None) -> list[Cell]:
+    """The cartesian product, in a fixed order (hardware, model, max_num_seqs, seed, drafter): the
+    order of the results file."""
+    base = base or EngineConfig()
+    cells = []
+    for hw, model, b, seed in itertools.product(hardware, models, max_num_seqs, seeds):
+        config = replace(base, hardware=hw, model=model, max_num_seqs=b, seed=seed)
+        cells.extend(Cell(trace, spec, config) for spec in specs)
+    return cells
+
+
+def estimated_cost(cell: Cell, output_tokens: int, num_queries: int) -> float:
+    """A relative wall-time estimate, only to start the slowest cells first: engine steps ≈ output
+    tokens / the calls decoding at once (≤ max_num_seqs, ≤ queries), times the method's weight."""
+    concurrency = max(1, min(cell.config.max_num_seqs or 256, num_queries * cell.config.replicate))
+    steps = output_tokens * cell.config.replicate / concurrency
+    return _STEP_WEIGHT.get(cell.spec.method, 1.0) * steps

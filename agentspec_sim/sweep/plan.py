@@ -1,0 +1,226 @@
+"""Capacity planning from sweep results: for each drafter configuration the max_num_seqs that
+maximises goodput under the SLOs and the KV cache, the best (drafter, k, max_num_seqs) overall with
+the reason in one line, and the vLLM flags that deploy it.
+
+Rules (docs/sweep-and-plan.md):
+- Seeds: goodput and speedup are averaged over a cell's seeds; latency percentiles and preemptions
+  take the worst seed, so a batch size passes an SLO only if every seed does.
+- Feasible: query-latency p99 ≤ `p99_latency_s`, TTFT p99 ≤ `ttft_s`, TPOT p99 ≤ `tpot_s`, goodput ≥
+  `min_goodput_tok_s` (each only if set), and the KV cache holds every admitted call: no recompute
+  preemption (vLLM preempts exactly when the KV cache runs out), unless `allow_preemption`.
+- Per drafter: the feasible max_num_seqs of highest goodput (a tie goes to the smaller batch).
+  Overall: the drafter whose best has the highest goodput (ties: `normal`, then the smaller batch).
+- The `num_speculative_tokens_per_batch_size` schedule: for each swept batch size up to the chosen
+  one, the k of the winner's method (its configurations that differ only in k, and `normal` as
+  k = 0) with the highest goodput at that max_num_seqs; each range runs from the previous swept
+  size + 1 to this one. Proposed only for methods vLLM allows it for and when k is not constant.
+  It is derived from whole runs at each max_num_seqs, not simulated as one configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+
+from agentspec_sim.sweep.cells import SweepError
+
+_GROUP = ("trace", "hardware", "model")
+_CELL = (*_GROUP, "drafter", "speculative_config", "max_num_seqs")
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives a deployment must meet (None: no limit). Times in seconds."""
+
+    p99_latency_s: float | None = None  # query latency, p99
+    ttft_s: float | None = None  # time to first token, p99
+    tpot_s: float | None = None  # time per output token, p99
+    min_goodput_tok_s: float | None = None
+    allow_preemption: bool = False
+
+    def violations(self, cell: dict[str, Any]) -> list[str]:
+        """Why `cell` (an aggregated row) breaks the objectives; empty when it meets them all."""
+        out = []
+        for column, limit, name in (("query_latency_p99", self.p99_latency_s, "query p99"),
+                                    ("ttft_p99", self.ttft_s, "TTFT p99"), ("tpot_p99", self.tpot_s, "TPOT p99")):
+            value = cell[column]
+            if limit is not None and (value is None or value > limit):
+                shown = "none completed" if value is None else f"{value:.3g} s"
+                out.append(f"{name} {shown} > {limit:g} s")
+        if self.min_goodput_tok_s is not None and cell["goodput_tok_s"] < self.min_goodput_tok_s:
+            out.append(f"goodput {cell['goodput_tok_s']:,.0f} < {self.min_goodput_tok_s:,.0f} tok/s")
+        if not self.allow_preemption and cell["preemptions"] > 0:
+            out.append(f"KV cache full ({cell['preemptions']} preemptions; "
+                       f"{cell['kv_tokens']:,} KV tokens)")
+        if cell["incomplete_queries"] > 0:
+            out.append(f"{cell['incomplete_queries']} queries did not complete")
+        return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One drafter configuration at one max_num_seqs (averaged over seeds)."""
+
+    drafter: str
+    speculative_config: dict[str, Any]
+    max_num_seqs: int
+    goodput_tok_s: float
+    speedup: float | None
+    query_latency_p99_s: float | None
+    ttft_p99_s: float | None
+    tpot_p99_s: float | None
+    preemptions: int
+
+    @property
+    def k(self) -> int:
+        return int(self.speculative_config.get("num_speculative_tokens", 0))
+
+
+@dataclass(frozen=True)
+class DrafterPlan:
+    drafter: str
+    best: Choice | None  # None: no swept max_num_seqs is feasible
+    why: str  # what stops a larger batch size (or why none is feasible)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan for one (trace, hardware, model)."""
+
+    trace: str
+    hardware: str
+    model: str
+    slo: SLO
+    drafters: list[DrafterPlan]
+    best: Choice | None
+    reason: str
+    vllm_speculative_config: dict[str, Any] | None = None  # None: serve without speculation
+    vllm_args: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def aggregate(results: pl.DataFrame) -> pl.DataFrame:
+    """One row per (trace, hardware, model, drafter, config, max_num_seqs), over seeds (rules above)."""
+    needed = (*_CELL, "goodput_tok_s", "speedup", "query_latency_p99", "ttft_p99", "tpot_p99", "preemptions",
+              "incomplete_queries", "limits_num_kv_blocks", "limits_block_size")
+    missing = [c for c in needed if c not in results.columns]
+    if missing:
+        raise SweepError(f"results lack column(s) {', '.join(missing)}")
+    return (results.group_by(list(_CELL), maintain_order=True)
+            .agg(pl.col("goodput_tok_s").mean(), pl.col("speedup").mean(),
+                 pl.col("query_latency_p99", "ttft_p99", "tpot_p99").max(),
+                 pl.col("preemptions", "incomplete_queries").max(),
+                 (pl.col("limits_num_kv_blocks") * pl.col("limits_block_size")).min().alias("kv_tokens"))
+            .sort([*_GROUP, "max_num_seqs"], maintain_order=True))
+
+
+def plan(results: pl.DataFrame, slo: SLO | None = None) -> list[Plan]:
+    """A plan per (trace, hardware, model) in `results` (a sweep's rows, see agentspec_sim.sweep)."""
+    slo = slo or SLO()
+    cells = aggregate(results)
+    if cells.height == 0:
+        raise SweepError("no sweep results to plan from")
+    plans = []
+    for (trace, hardware, model), group in cells.group_by(list(_GROUP), maintain_order=True):
+        plans.append(_plan_group(str(trace), str(hardware), str(model), group, slo))
+    return plans
+
+
+def _choice(row: dict[str, Any]) -> Choice:
+    return Choice(drafter=row["drafter"], speculative_config=json.loads(row["speculative_config"]),
+                  max_num_seqs=int(row["max_num_seqs"]), goodput_tok_s=float(row["goodput_tok_s"]),
+                  speedup=row["speedup"], query_latency_p99_s=row["query_latency_p99"], ttft_p99_s=row["ttft_p99"],
+                  tpot_p99_s=row["tpot_p99"], preemptions=int(row["preemptions"]))
+
+
+def _plan_drafter(label: str, rows: list[dict[str, Any]], slo: SLO) -> DrafterPlan:
+    feasible = [r for r in rows if not slo.violations(r)]
+    if not feasible:
+        smallest = rows[0]
+        return DrafterPlan(label, None, f"no swept batch size meets the objectives (max_num_seqs "
+                                        f"{smallest['max_num_seqs']}: {'; '.join(slo.violations(smallest))})")
+    best = max(feasible, key=lambda r: (r["goodput_tok_s"], -r["max_num_seqs"]))
+    larger = [r for r in rows if r["max_num_seqs"] > best["max_num_seqs"]]
+    if not larger:
+        why = "the largest batch size swept"
+    else:
+        nxt = larger[0]
+        broken = slo.violations(nxt)
+        why = (f"max_num_seqs {nxt['max_num_seqs']}: {'; '.join(broken)}" if broken else
+               f"max_num_seqs {nxt['max_num_seqs']} gives less goodput ({nxt['goodput_tok_s']:,.0f} tok/s)")
+    return DrafterPlan(label, _choice(best), why)
+
+
+def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo: SLO) -> Plan:
+    rows = cells.to_dicts()
+    labels = list(dict.fromkeys(r["drafter"] for r in rows))
+    drafters = [_plan_drafter(label, [r for r in rows if r["drafter"] == label], slo) for label in labels]
+    ranked = sorted((d for d in drafters if d.best is not None),
+                    key=lambda d: (-d.best.goodput_tok_s, d.best.speculative_config["method"] != "normal",
+                                   d.best.max_num_seqs))
+    if not ranked:
+        return Plan(trace, hardware, model, slo, drafters, None,
+                    "no drafter meets the objectives at any swept max_num_seqs; relax an SLO or sweep smaller "
+                    "batch sizes", None, [])
+    winner = ranked[0]
+    best = winner.best
+    speed = f", {best.speedup:.2f}× normal at that batch size" if best.speedup is not None else ""
+    runner_up = (f"; next: {ranked[1].drafter} at max_num_seqs {ranked[1].best.max_num_seqs} "
+                 f"({ranked[1].best.goodput_tok_s:,.0f} tok/s)") if len(ranked) > 1 else ""
+    reason = (f"{winner.drafter} at max_num_seqs {best.max_num_seqs} has the highest goodput meeting the objectives "
+              f"({best.goodput_tok_s:,.0f} tok/s{speed}); larger: {winner.why}{runner_up}")
+    config = _vllm_config(best, rows)
+    args = ["--max-num-seqs", str(best.max_num_seqs)]
+    if config is not None:
+        args += ["--speculative-config", json.dumps(config, sort_keys=True)]
+    return Plan(trace, hardware, model, slo, drafters, best, reason, config, args)
+
+
+def _vllm_config(best: Choice, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The winner's `--speculative-config` (None for normal), with a batch-size schedule where the
+    best k of its method changes across the swept batch sizes up to the chosen one."""
+    from agentspec_sim.drafters.base import drafter_class
+
+    config = dict(best.speculative_config)
+    method = config["method"]
+    if method == "normal":
+        return None
+    if not drafter_class(method).supports_batch_size_schedule or "num_speculative_tokens_per_batch_size" in config:
+        return config
+
+    def same_family(spec: dict[str, Any]) -> bool:
+        if spec["method"] == "normal":
+            return True
+        def rest(c: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in c.items() if k != "num_speculative_tokens"}
+
+        return rest(spec) == rest(config)
+
+    sizes = sorted({r["max_num_seqs"] for r in rows if r["max_num_seqs"] <= best.max_num_seqs})
+    ranges: list[list[int]] = []
+    start = 1
+    for size in sizes:
+        if size == best.max_num_seqs:
+            k = best.k  # the chosen configuration itself at the chosen batch size
+        else:
+            at = [r for r in rows if r["max_num_seqs"] == size and same_family(json.loads(r["speculative_config"]))]
+            k = _k(max(at, key=lambda r: (r["goodput_tok_s"], -_k(r))))
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = size
+        else:
+            ranges.append([start, size, k])
+        start = size + 1
+    if len(ranges) <= 1:
+        return config
+    config["num_speculative_tokens"] = max(k for _, _, k in ranges)
+    config["num_speculative_tokens_per_batch_size"] = ranges
+    return config
+
+
+def _k(row: dict[str, Any]) -> int:
+    return int(json.loads(row["speculative_config"]).get("num_speculative_tokens", 0))

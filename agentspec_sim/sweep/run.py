@@ -1,0 +1,140 @@
+"""`run_sweep`: every cell of a grid (drafter configuration × max_num_seqs × hardware × model × seed),
+in parallel workers, written cell by cell, resumable; `run_cell`: one cell's simulation and row.
+
+One `normal` cell per (trace, engine config) group is the baseline of the whole group: a drafter
+never re-runs it. Cells start slowest first (estimated from the trace's size and the method), so the
+long ones do not end up alone at the end. The rows come out in the grid's order, whatever order the
+workers finish in, so `-j 2` writes what `-j 1` writes (only `wall_s` is a wall-clock measurement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from agentspec_sim.engine.config import EngineConfig
+from agentspec_sim.sweep.cells import (
+    FIGURE1_DRAFTERS,
+    FIGURE1_MAX_NUM_SEQS,
+    Cell,
+    SweepError,
+    drafter_configs,
+    estimated_cost,
+    expand_cells,
+)
+from agentspec_sim.sweep.executors import make_executor
+from agentspec_sim.sweep.results import LATENCIES, ResultStore, Row, fill_speedups, to_frame
+from agentspec_sim.trace.schema import Workload
+
+Progress = Callable[[int, int, Row | None], None]
+
+
+def run_cell(workload: Workload, cell: Cell) -> Row:
+    """Simulate one cell; its row: key columns, `RunSummary.to_row()` (speedup left to the sweep,
+    which knows the group's `normal` goodput), then every completed query's latency."""
+    from agentspec_sim.engine.run import simulate
+    from agentspec_sim.metrics import summarize
+
+    result = simulate(workload, cell.spec, cell.config)
+    row = cell.key_columns()
+    for key, value in summarize(result).to_row().items():
+        row.setdefault(key, value)  # drafter, speculative_config: the cell's (as given to vLLM, unbound)
+    row[LATENCIES] = [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
+    return row
+
+
+def sweep_cells(trace: str, drafters: Sequence[str] = FIGURE1_DRAFTERS, speculative_configs: Sequence[str] = (),
+                grid: Mapping[str, Sequence[Any]] | None = None,
+                max_num_seqs: Sequence[int] = FIGURE1_MAX_NUM_SEQS, hardware: Sequence[str] = ("a100-80g",),
+                models: Sequence[str] = ("qwen3-8b",), seeds: Sequence[int] = (0,),
+                engine: EngineConfig | None = None) -> list[Cell]:
+    """The cells of a sweep in results order (see `drafter_configs` and `expand_cells`)."""
+    specs = drafter_configs(drafters, speculative_configs, list((grid or {}).items()))
+    return expand_cells(trace, specs, max_num_seqs, hardware, models, seeds, engine)
+
+
+def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1_DRAFTERS, *,
+              speculative_configs: Sequence[str] = (), grid: Mapping[str, Sequence[Any]] | None = None,
+              max_num_seqs: Sequence[int] = FIGURE1_MAX_NUM_SEQS, hardware: Sequence[str] = ("a100-80g",),
+              models: Sequence[str] = ("qwen3-8b",), seeds: Sequence[int] = (0,), engine: EngineConfig | None = None,
+              output: str | Path | None = None, resume: bool = False, jobs: int | None = 1,
+              executor: str = "process", address: str | None = None, workload: Workload | None = None,
+              skip_bad_lines: bool = False, progress: Progress | None = None) -> pl.DataFrame:
+    """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
+
+    `trace`: a trace path (default: the bundled coding-agent trace); `workload`: the trace already
+    loaded (else it is loaded once, here, and shared with every worker). `drafters`: shorthand names;
+    `speculative_configs`: vLLM `--speculative-config` JSON texts; `grid`: speculative-config keys →
+    values, crossed with every drafter configuration that accepts the key; `normal` always runs.
+    `engine`: every other engine setting (its max_num_seqs, hardware, model and seed are replaced per
+    cell). `output`: the parquet to write; finished cells go to its journal as they complete, and
+    the parquet is written at the end, or with whatever finished when the sweep is interrupted or a
+    cell fails (then the exception propagates). `resume`: keep the finished cells an earlier run of
+    the same `output` left and run only the others. `jobs`, `executor` ("process", "ray", "inline"),
+    `address` (a Ray cluster): where cells run. `progress(done, total, row)` is called once when the
+    workers are up (row None) and after every cell.
+    """
+    from agentspec_sim.trace.bundled import default_trace_path
+    from agentspec_sim.trace.io import load_trace
+
+    if resume and output is None:
+        raise SweepError("resume needs an output file")
+    trace_text = str(trace) if trace is not None else str(default_trace_path())
+    cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine)
+    _check_configs(cells)
+    if workload is None:
+        workload = load_trace(trace_text, skip_bad_lines=skip_bad_lines)
+    order = {cell.cell_id: i for i, cell in enumerate(cells)}
+    if len(order) != len(cells):
+        raise SweepError("two cells of the sweep have the same parameters")
+    baseline_of = _baselines(cells)
+
+    store = ResultStore(output) if output is not None else None
+    done: dict[str, Row] = {}
+    if store is not None:
+        if resume:
+            done = {cid: row for cid, row in store.previous().items() if cid in order}
+        store.open(done[c.cell_id] for c in cells if c.cell_id in done)
+    todo = [cell for cell in cells if cell.cell_id not in done]
+    output_tokens, queries = workload.output_tokens, len(workload.queries)
+    todo.sort(key=lambda c: -estimated_cost(c, output_tokens, queries))  # stable: ties keep grid order
+
+    def ordered() -> list[Row]:
+        rows = sorted(done.values(), key=lambda row: order[row["cell_id"]])
+        return fill_speedups(rows, baseline_of)
+
+    try:
+        with make_executor(executor, jobs, workload, run_cell, address) as pool:
+            if progress is not None:
+                progress(len(done), len(cells), None)
+            for _, row in pool.run(todo):
+                done[row["cell_id"]] = row
+                if store is not None:
+                    store.append(row)
+                if progress is not None:
+                    progress(len(done), len(cells), row)
+    except BaseException:
+        if store is not None:
+            store.close(ordered())  # what is complete, atomically; the journal goes
+        raise
+    if store is not None:
+        return store.close(ordered())
+    return to_frame(ordered())
+
+
+def _check_configs(cells: Sequence[Cell]) -> None:
+    """Resolve every distinct engine config here, so a bad profile name or limit fails before any
+    worker starts (EngineConfigError, ProfileError)."""
+    from agentspec_sim.engine.config import resolve
+
+    for config in dict.fromkeys(cell.config for cell in cells):
+        resolve(config)
+
+
+def _baselines(cells: Sequence[Cell]) -> dict[str, str]:
+    """cell_id → the cell_id of its group's `normal` cell."""
+    normal = {cell.group: cell.cell_id for cell in cells if cell.spec.method == "normal"}
+    return {cell.cell_id: normal[cell.group] for cell in cells if cell.group in normal}

@@ -1,0 +1,220 @@
+"""`agentspec-sim sweep [TRACE] -o results.parquet`: every drafter configuration × max_num_seqs × hardware
+× model × seed, in parallel workers, resumable; also the options and the interrupt handling `plan` shares."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from agentspec_sim.cli.app import app
+from agentspec_sim.cli.common import trace_argument
+from agentspec_sim.cli.errors import UsageError, stderr
+
+FIGURE1 = "normal,ngram,ngram-v2,suffix,eagle3,agentspec"
+SIZES = "1,2,4,8,16,32,64,128,256"
+
+
+# Options `sweep` and `plan` share (factories: Typer reads each default object once per command).
+def drafter_option():
+    return typer.Option(FIGURE1, "--drafter", help="Comma-separated drafters by name (the paper's settings). "
+                        "`normal` always runs: it is every cell's speedup baseline.")
+
+
+def speculative_config_option():
+    return typer.Option([], "--speculative-config", help="A drafter as vLLM's --speculative-config JSON "
+                        "(repeatable).")
+
+
+def grid_option():
+    return typer.Option([], "--grid", help="KEY=V1,V2,… crossed with every drafter that accepts the key, e.g. "
+                        "num_speculative_tokens=1,3,5,8 (repeatable: the product).")
+
+
+def max_num_seqs_option():
+    return typer.Option(SIZES, "--max-num-seqs", help="Comma-separated max batch sizes.")
+
+
+def hardware_option():
+    return typer.Option("a100-80g", "--hardware", help="Comma-separated hardware profiles.")
+
+
+def model_option():
+    return typer.Option("qwen3-8b", "--model", help="Comma-separated model profiles (or config.json paths).")
+
+
+def seeds_option():
+    return typer.Option(1, "--seeds", help="Seeds 0 … N-1 for every cell.")
+
+
+def jobs_option():
+    return typer.Option(None, "--jobs", "-j", help="Worker processes (Ray: actors); default: one per CPU.")
+
+
+def executor_option():
+    return typer.Option("process", "--executor", help="Where cells run: process (local workers) or ray.")
+
+
+def address_option():
+    return typer.Option(None, "--address", help="Ray cluster address (ray:// or host:port); default: a local "
+                        "Ray instance.")
+
+
+def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.92,
+                  max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: int = 1,
+                  calibration: Path | None = None, rate: float | None = None, replicate: int = 1,
+                  think_time: float | None = None, no_prefix_caching: bool = False):
+    """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell)."""
+    from agentspec_sim.engine import EngineConfig, EngineConfigError
+
+    try:
+        return EngineConfig(max_num_batched_tokens=max_num_batched_tokens,
+                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                            num_kv_blocks=num_kv_blocks, tensor_parallel_size=tensor_parallel_size,
+                            calibration=str(calibration) if calibration else None, rate=rate,
+                            arrival="poisson" if rate is not None else "recorded", replicate=replicate,
+                            think_time=think_time, enable_prefix_caching=not no_prefix_caching)
+    except EngineConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so the sweep writes what is complete (like KeyboardInterrupt)."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[str], grid: list[str],
+                  max_num_seqs: str, hardware: str, model: str, seeds: int, engine, output: Path | None,
+                  resume: bool, jobs: int | None, executor: str, address: str | None, skip_bad_lines: bool,
+                  show_progress: bool = True):
+    """`run_sweep` with a progress bar; bad options → UsageError; Ctrl-C → exit 130, SIGTERM → 143, each
+    after writing the finished cells, with one line saying so."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentspec_sim.drafters.base import SpecConfigError
+    from agentspec_sim.engine import EngineConfigError, SimulationError
+    from agentspec_sim.sweep import SweepError, run_sweep
+    from agentspec_sim.sweep.cells import parse_grid, parse_int_list, parse_name_list
+
+    if seeds < 1:
+        raise UsageError(f"--seeds must be ≥ 1, got {seeds}")
+    try:
+        options = dict(drafters=parse_name_list(drafter, "--drafter"), speculative_configs=speculative_config,
+                       grid=dict(parse_grid(grid)), max_num_seqs=parse_int_list(max_num_seqs, "--max-num-seqs"),
+                       hardware=parse_name_list(hardware, "--hardware"), models=parse_name_list(model, "--model"),
+                       seeds=list(range(seeds)))
+    except SweepError as exc:
+        raise UsageError(str(exc)) from None
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                   transient=True, disable=not (show_progress and console.is_terminal))
+    task = bar.add_task("cells", total=None)
+    counts = {"done": 0, "total": 0}
+
+    def progress(done: int, total: int, row) -> None:
+        if row is None:
+            bar.start()  # only now: the workers are forked before the bar's refresh thread exists
+        counts.update(done=done, total=total)
+        bar.update(task, completed=done, total=total)
+
+    try:
+        with sigterm_raises():
+            return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
+                             address=address, skip_bad_lines=skip_bad_lines, progress=progress, **options)
+    except (SweepError, SpecConfigError, EngineConfigError, SimulationError) as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # a bad hardware/model profile name or file
+        if type(exc).__name__ != "ProfileError":
+            raise
+        raise UsageError(str(exc)) from None
+    except (KeyboardInterrupt, Terminated) as exc:
+        bar.stop()
+        code, what = (143, "terminated") if isinstance(exc, Terminated) else (130, "interrupted")
+        finished = f"{counts['done']} of {counts['total']} cells finished"
+        if output is not None:
+            finished += f" and written to {output}; rerun with --resume to finish"
+        stderr.print(f"{what}: {finished}")
+        raise typer.Exit(code) from None
+    finally:
+        bar.stop()
+
+
+@app.command()
+def sweep(
+    trace: Path | None = trace_argument(),
+    output: Path = typer.Option(..., "--output", "-o", help="Results parquet (one row per cell)."),
+    drafter: str = drafter_option(),
+    speculative_config: list[str] = speculative_config_option(),
+    grid: list[str] = grid_option(),
+    max_num_seqs: str = max_num_seqs_option(),
+    hardware: str = hardware_option(),
+    model: str = model_option(),
+    seeds: int = seeds_option(),
+    jobs: int | None = jobs_option(),
+    executor: str = executor_option(),
+    address: str | None = address_option(),
+    resume: bool = typer.Option(False, "--resume", help="Keep the cells an earlier (interrupted) run of this "
+                                "output finished; run only the rest."),
+    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="Token budget per "
+                                                      "step (default: vLLM's for the GPU)."),
+    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="Share of GPU memory vLLM "
+                                                 "may use."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context limit (default: the model's)."),
+    num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks", help="KV blocks (default: from GPU memory)."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="Fitted cost-profile file."),
+    rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, queries per second."),
+    replicate: int = typer.Option(1, "--replicate", help="Run N independent copies of every query."),
+    think_time: float | None = typer.Option(None, "--think-time", help="Seconds between a call's finish and the "
+                                            "next call of its query."),
+    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache."),
+    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no speedup table."),
+) -> None:
+    """Simulate every drafter configuration at every max batch size (× hardware × model × seed); write a
+    results parquet cell by cell (resumable with --resume)."""
+    engine = engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
+                           tensor_parallel_size, calibration, rate, replicate, think_time, no_prefix_caching)
+    frame = run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
+                          max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds, engine=engine,
+                          output=output, resume=resume, jobs=jobs, executor=executor, address=address,
+                          skip_bad_lines=skip_bad_lines, show_progress=not quiet)
+    if not quiet:
+        _render(frame, output)
+
+
+def _render(frame, output: Path) -> None:
+    import polars as pl
+
+    console = Console()
+    sizes = sorted(frame["max_num_seqs"].unique().to_list())
+    for (hardware, model), part in frame.group_by(["hardware", "model"], maintain_order=True):
+        table = Table(title=f"speedup · {hardware} · {model}", box=box.SIMPLE_HEAD, pad_edge=False,
+                      caption="vs normal, by max_num_seqs; mean over seeds")
+        table.add_column("drafter", no_wrap=True)
+        for size in sizes:
+            table.add_column(str(size), justify="right", no_wrap=True)
+        means = part.group_by(["drafter", "max_num_seqs"], maintain_order=True).agg(pl.col("speedup").mean())
+        lookup = {(r["drafter"], r["max_num_seqs"]): r["speedup"] for r in means.to_dicts()}
+        for label in dict.fromkeys(part["drafter"].to_list()):
+            cells = [lookup.get((label, size)) for size in sizes]
+            table.add_row(label, *("—" if v is None else f"{v:.2f}" for v in cells))
+        console.print(table)
+    console.print(f"{frame.height} cells in {output}")
