@@ -1,0 +1,170 @@
+"""`write_report`: sweep results (and optional step logs) → a Markdown report with PNG plots in one folder.
+
+One section per setting (trace, hardware, model) with the paper's views: speedup vs max batch size
+(Figure 1 / 9a), draft tokens per step vs the budget M(b) (Figure 3), query-latency CDF (Figure 8),
+drafting vs verification time (Table 5), rejection rates (Table 1); then one goodput table over all
+settings (Table 2's layout). Files are written atomically; the same inputs give identical files.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from agentspec_sim.atomic import atomic_text
+from agentspec_sim.report import plots, tables
+from agentspec_sim.report.results import SETTING, ResultsError, seed_means, workload_name
+
+STEP_LOG_COLUMNS = ("step", "drafter", "batch_size", "D")
+
+
+@dataclass
+class Report:
+    """What `write_report` wrote: the Markdown file and every PNG it links."""
+
+    markdown: Path
+    figures: list[Path] = field(default_factory=list)
+
+
+def _slug(*parts: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
+
+
+def _drafter_order(frame: pl.DataFrame) -> tuple[str, ...]:
+    names = list(dict.fromkeys(frame["drafter"].to_list()))
+    return tuple(["normal"] * ("normal" in names) + [n for n in names if n != "normal"])
+
+
+def _batch_for(setting: pl.DataFrame, batch: int | None, label: str) -> int:
+    sizes = setting["max_num_seqs"].unique().sort().to_list()
+    if batch is None:
+        return sizes[-1]
+    if batch not in sizes:
+        raise ResultsError(f"--batch-size {batch}: {label} has no cells at that max_num_seqs "
+                           f"(it has {', '.join(map(str, sizes))})")
+    return batch
+
+
+def load_step_logs(paths: Sequence[str | Path]) -> pl.DataFrame:
+    """One row per (log, drafter, engine step) with its batch size and draft tokens D, from `replay --steps` logs."""
+    frames = []
+    for index, path in enumerate(paths):
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        try:
+            frame = pl.read_parquet(path, columns=None)
+        except Exception as exc:  # polars raises several types for a damaged file
+            raise ResultsError(f"{path}: not a readable parquet step log ({type(exc).__name__}: {exc})") from None
+        missing = [c for c in STEP_LOG_COLUMNS if c not in frame.columns]
+        if missing:
+            raise ResultsError(f"{path}: missing column(s) {', '.join(missing)} (expected a `replay --steps` log)")
+        frames.append(frame.select(STEP_LOG_COLUMNS).unique(subset=["drafter", "step"], keep="first")
+                      .with_columns(pl.lit(index).alias("log")))
+    return pl.concat(frames).with_columns(pl.col("D").fill_null(0)).sort(["log", "drafter", "step"])
+
+
+def _budget_curve(hardware: str, model: str, largest: int) -> list[tuple[int, int]]:
+    from agentspec_sim.cost import build_cost_model
+
+    cost = build_cost_model(hardware=hardware, model=model)
+    points = sorted({1, largest, *[2**i for i in range(0, largest.bit_length() + 1) if 2**i <= largest]})
+    return [(b, cost.token_budget(b)) for b in points]
+
+
+def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | None = None,
+                 step_logs: Sequence[str | Path] = (), title: str = "agentspec-sim report",
+                 sources: Sequence[str] = ()) -> Report:
+    """Write `report.md` and its PNGs into `out_dir` from sweep `results` (the sweep schema).
+
+    `batch`: the max batch size of the CDF, the time breakdown and the goodput table (default: each
+    setting's largest). `step_logs`: `replay --steps` parquet files for a per-step Figure 3.
+    `sources`: how the results were made (shown verbatim under the title). Raises ResultsError when
+    `batch` is missing from a setting or a step log lacks its columns."""
+    out = Path(out_dir)
+    means = seed_means(results)
+    drafters = _drafter_order(results)
+    style = plots.Style(drafters)
+    report = Report(markdown=out / "report.md")
+    settings = means.select(SETTING).unique(maintain_order=True).rows()
+    seeds = sorted(set(results["seed"].to_list()))
+    lines = [f"# {title}", ""]
+    lines += [f"    {s}" for s in sources] + ([""] if sources else [])
+    lines += [f"{results.height} cells: {len(settings)} setting(s) × drafters {', '.join(drafters)} × max batch "
+              f"sizes {', '.join(map(str, sorted(set(results['max_num_seqs'].to_list()))))}; seeds "
+              f"{', '.join(map(str, seeds))} (metrics are means over seeds, latencies pooled). Speedup is goodput "
+              "over `normal`'s on the same trace, GPU, model and max batch size; rejection rate is the paper's "
+              "per-call mean of rejected / drafted tokens; times are simulated GPU time.", ""]
+    batches: dict[tuple[str, str, str], int] = {}
+    for trace, hardware, model in settings:
+        setting = means.filter((pl.col("trace") == trace) & (pl.col("hardware") == hardware)
+                               & (pl.col("model") == model))
+        name = workload_name(trace)
+        label = f"{name} · {model} · {hardware}"
+        chosen = _batch_for(setting, batch, f"{trace} on {hardware}/{model}")
+        batches[(trace, hardware, model)] = chosen
+        slug = _slug(name, hardware, model)
+        figures = [
+            ("Speedup vs max batch size (paper Figure 1 / 9a)",
+             plots.speedup_vs_batch(setting, style, f"Speedup vs max batch size — {label}",
+                                    out / f"speedup-{slug}.png")),
+            ("Draft tokens per step vs the budget M(b) (paper Figure 3)",
+             plots.drafts_vs_budget(setting, style, f"Draft tokens per step vs budget M(b) — {label}",
+                                    out / f"drafts-budget-{slug}.png")),
+            (f"Query latency CDF at max batch size {chosen} (paper Figure 8)",
+             plots.latency_cdf(setting, style, chosen, f"Query latency CDF, max batch {chosen} — {label}",
+                               out / f"latency-cdf-{slug}.png")),
+            (f"Drafting vs verification time at max batch size {chosen} (paper Table 5)",
+             plots.time_breakdown(setting, style, chosen, f"Time breakdown, max batch {chosen} — {label}",
+                                  out / f"time-breakdown-{slug}.png")),
+        ]
+        lines += [f"## {label}", "", f"Trace `{trace}`.", ""]
+        for caption, path in figures:
+            report.figures.append(path)
+            lines += [f"### {caption}", "", f"![{caption}]({path.name})", ""]
+        lines += ["Speedup per max batch size (the numbers behind the first plot):", "",
+                  tables.speedup_table(setting, drafters), "",
+                  "### Rejection rate (paper Table 1)", "", tables.rejection_table(setting, drafters), "",
+                  f"### Time breakdown at max batch size {chosen} (paper Table 5)", "",
+                  tables.breakdown_table(setting, drafters, chosen), ""]
+        latency = _latency_lines(setting, drafters, chosen)
+        if latency:
+            lines += [f"Query latency P50 / P90 / P99 (s) at max batch size {chosen}: {latency}.", ""]
+    lines += ["## Goodput (paper Table 2 layout)", "",
+              "Goodput in output tokens per second of simulated time at max batch size "
+              + ", ".join(f"{b} ({workload_name(t)})" for (t, _, _), b in sorted(batches.items()))
+              + "; best per workload in bold.", "", tables.goodput_table(means, batches, drafters), ""]
+    if step_logs:
+        per_step = load_step_logs(step_logs)
+        hardware, model = settings[0][1], settings[0][2]
+        largest = max(int(per_step["batch_size"].max() or 1), 1)
+        path = plots.step_drafts_vs_batch(per_step, _budget_curve(hardware, model, largest), style,
+                                          f"Draft tokens per engine step (step logs) — {model} · {hardware}",
+                                          out / "step-drafts-budget.png")
+        report.figures.append(path)
+        names = ", ".join(f"`{Path(p).name}`" for p in step_logs)
+        lines += ["## Draft tokens per engine step from step logs (paper Figure 3)", "",
+                  f"From {names}: engine steps binned by their real batch size (powers of two); M(b) for "
+                  f"{model} on {hardware}.", "", f"![Draft tokens per engine step]({path.name})", ""]
+    with atomic_text(report.markdown) as handle:
+        handle.write("\n".join(lines).rstrip() + "\n")
+    return report
+
+
+def _latency_lines(setting: pl.DataFrame, drafters: Sequence[str], batch: int) -> str:
+    import numpy as np
+
+    parts = []
+    for drafter in drafters:
+        row = setting.filter((pl.col("drafter") == drafter) & (pl.col("max_num_seqs") == batch))
+        if row.height == 0:
+            continue
+        values = np.asarray(row["query_latencies_s"][0].to_list(), dtype=np.float64)
+        if values.size:
+            p50, p90, p99 = np.percentile(values, (50, 90, 99))
+            parts.append(f"{drafter} {p50:,.1f} / {p90:,.1f} / {p99:,.1f}")
+    return "; ".join(parts)

@@ -1,0 +1,38 @@
+"""`agentspec-sim report RESULTS…`: a Markdown report with PNG plots from a sweep's results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from agentspec_sim.cli.app import app
+from agentspec_sim.cli.errors import UsageError
+
+
+@app.command()
+def report(
+    results: list[Path] = typer.Argument(..., metavar="RESULTS...", help="Sweep results (.parquet or .jsonl), one "
+                                         "or more; cells from several files are combined."),
+    output: Path = typer.Option(Path("report"), "--output", "-o", help="Folder for report.md and its PNGs."),
+    steps: list[Path] = typer.Option([], "--steps", help="A `replay --steps` log (parquet) for the per-step "
+                                     "draft-token plot (repeatable)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Max batch size of the latency CDF, the time "
+                                          "breakdown and the goodput table (default: each trace's largest)."),
+    title: str = typer.Option("agentspec-sim report", "--title", help="The report's heading."),
+) -> None:
+    """Write a Markdown report with plots: speedup vs batch size, drafts vs budget, latency CDF, time breakdown."""
+    from agentspec_sim.report.build import write_report
+    from agentspec_sim.report.results import ResultsError, load_results
+
+    if batch_size is not None and batch_size < 1:
+        raise UsageError(f"--batch-size must be ≥ 1, got {batch_size}")
+    try:
+        frame = load_results(results)
+        written = write_report(frame, output, batch=batch_size, step_logs=steps, title=title,
+                               sources=[f"agentspec-sim report {' '.join(str(p) for p in results)}"])
+    except ResultsError as exc:
+        raise UsageError(str(exc)) from None
+    console = Console()
+    console.print(f"wrote {written.markdown} and {len(written.figures)} plot(s) to {output}")
