@@ -70,7 +70,7 @@ def acceptance(
     try:
         result, rows = calibrate_file(file, method=method, model=model, k=k, train_categories=train,
                                       features=workload, coefficients=coefficients)
-    except (CalibrationError, json.JSONDecodeError, KeyError) as exc:
+    except (CalibrationError, json.JSONDecodeError, KeyError, UnicodeDecodeError) as exc:
         raise UsageError(f"{file}: {exc}") from None
     document = result.params.to_json()
     document["calibration"]["report"] = [r.to_json() for r in rows]

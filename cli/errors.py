@@ -58,27 +58,36 @@ def debug_enabled() -> bool:
     return "--debug" in sys.argv or os.environ.get("AGENTSPEC_SIM_DEBUG") == "1"
 
 
-def _on_signal(signum: int, frame: object) -> None:
-    # Once: the cleanup that follows (atomic writes, partial results) must not be cut short.
-    for sig in HANDLED_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    raise Interrupted(signum)
+class _Signals:
+    """The handler SIGINT and SIGTERM get inside `interrupt_signals`; keeps the `Interrupted` it raised,
+    since Typer turns a KeyboardInterrupt into a plain exit code 130 and drops the exception."""
+
+    def __init__(self) -> None:
+        self.raised: Interrupted | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        # Once: the cleanup that follows (atomic writes, partial results) must not be cut short.
+        for sig in HANDLED_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        self.raised = Interrupted(signum)
+        raise self.raised
 
 
 @contextlib.contextmanager
-def interrupt_signals() -> Iterator[None]:
+def interrupt_signals() -> Iterator[_Signals]:
     """Within the block SIGINT and SIGTERM raise `Interrupted`; the previous handlers come back after.
-    A no-op outside the main thread (only it may set handlers)."""
+    Outside the main thread (only it may set handlers) nothing is installed."""
+    handler = _Signals()
     try:
-        previous = {sig: signal.signal(sig, _on_signal) for sig in HANDLED_SIGNALS}
+        previous = {sig: signal.signal(sig, handler) for sig in HANDLED_SIGNALS}
     except ValueError:  # not the main thread
-        yield
+        yield handler
         return
     try:
-        yield
+        yield handler
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def exit_code_for_signal(signum: int) -> int:
@@ -87,20 +96,30 @@ def exit_code_for_signal(signum: int) -> int:
 
 
 def run_guarded(app: typer.Typer) -> int:
-    """Run the Typer app: expected failures print `error: …` and return 2; SIGINT/SIGTERM return 130/143."""
+    """Run the Typer app: expected failures print `error: …` and return 2; SIGINT/SIGTERM print one line
+    (with what the command wrote before exiting) and return 130/143."""
     args = [a for a in sys.argv[1:] if a != "--debug"]
+    interrupt: BaseException | None = None
     try:
-        with interrupt_signals():
-            # standalone_mode=False: click returns a typer.Exit code instead of raising it.
-            code = app(args=args, prog_name="agentspec-sim", standalone_mode=False)
+        with interrupt_signals() as signals:
+            code = _run(app, args)
+        interrupt = signals.raised
+    except KeyboardInterrupt as exc:  # raised outside the command (e.g. while loading the app)
+        interrupt = exc
+    if interrupt is None:
+        return code
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    note = getattr(interrupt, "note", None)
+    stderr.print(f"{what}; {note}" if note else what, markup=False)
+    return exit_code_for_signal(signum)
+
+
+def _run(app: typer.Typer, args: list[str]) -> int:
+    try:
+        app(args=args, prog_name="agentspec-sim", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
-    except KeyboardInterrupt as exc:
-        signum = getattr(exc, "signum", signal.SIGINT)
-        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
-        note = getattr(exc, "note", None)
-        stderr.print(f"{what}; {note}" if note else what, markup=False)
-        return exit_code_for_signal(signum)
     except MemoryError:
         if debug_enabled():
             traceback.print_exc()
@@ -121,7 +140,7 @@ def run_guarded(app: typer.Typer) -> int:
             stderr.print("aborted")
             return 130
         raise
-    return code if isinstance(code, int) else 0
+    return 0
 
 
 def _message(exc: BaseException) -> str:

@@ -24,8 +24,11 @@ def inspect(
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed lines (and count them)."),
 ) -> None:
     """Calls, queries, token totals and distributions, context-limit violations, repetition profile."""
+    from agentspec_sim.cli.errors import UsageError
     from agentspec_sim.trace.stats import trace_stats
 
+    if max_model_len < 1:
+        raise UsageError(f"--max-model-len: must be ≥ 1, got {max_model_len}")
     path, workload = load_workload(trace, skip_bad_lines)
     stats = trace_stats(workload, max_model_len)
     stats["trace"] = str(path)

@@ -52,6 +52,7 @@ def replay(
     from agentspec_sim.drafters.base import SpecConfigError, parse_drafter, parse_drafter_list
     from agentspec_sim.engine import EngineConfig, EngineConfigError, SimulationError
 
+    _check_options(seed, rate, think_time, output, steps)
     try:
         specs = parse_drafter_list(drafter) + [parse_drafter(text) for text in speculative_config]
         config = EngineConfig(
@@ -65,8 +66,19 @@ def replay(
     except (SpecConfigError, EngineConfigError) as exc:
         raise UsageError(str(exc)) from None
     path, workload = load_workload(trace, skip_bad_lines)
+    finished: list = []
+
+    def keep(result, summary) -> None:
+        finished.append((result, summary))
+        if not as_json:  # one line per finished run: progress that also shows in logs (no terminal)
+            Console(stderr=True, highlight=False).print(
+                f"finished {summary.drafter}: {summary.calls:,} calls in {result.wall_s:.1f} s", markup=False)
+
     try:
-        runs = _run(workload, specs, config, show_progress=not as_json)
+        runs = _run(workload, specs, config, show_progress=not as_json, on_result=keep)
+    except KeyboardInterrupt as exc:
+        exc.note = _write_finished(path, config, finished, output, steps)  # type: ignore[attr-defined]
+        raise
     except (SpecConfigError, EngineConfigError, SimulationError) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # a bad hardware/model profile name or file
@@ -88,7 +100,49 @@ def replay(
     _render(path, runs)
 
 
-def _run(workload, specs, config, show_progress: bool):
+def _check_options(seed: int, rate: float | None, think_time: float | None, output: Path | None,
+                   steps: Path | None) -> None:
+    """What EngineConfig does not check, and the output paths, before any work starts."""
+    import math
+
+    from agentspec_sim.atomic import check_writable
+
+    if seed < 0:
+        raise UsageError(f"--seed: must be ≥ 0, got {seed}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise UsageError(f"--rate: must be a finite number of queries per second > 0, got {rate}")
+    if think_time is not None and not math.isfinite(think_time):
+        raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
+    if output is not None and steps is not None and output.resolve() == steps.resolve():
+        raise UsageError(f"--output and --steps name the same file {output}")
+    for target in (output, steps):
+        if target is not None:
+            check_writable(target)
+
+
+def _write_finished(path: Path, config, finished: list, output: Path | None, steps: Path | None) -> str:
+    """After an interrupt: write the runs that finished (the JSON marked "interrupted"); say what was written."""
+    names = ", ".join(s.drafter for _, s in finished)
+    if not finished:
+        return "no run had finished; nothing written"
+    wrote = []
+    if steps is not None:
+        _write_steps(steps, [r for r, _ in finished])
+        wrote.append(str(steps))
+    if output is not None:
+        from agentspec_sim.atomic import atomic_text
+
+        document = {"trace": str(path), "config": _config_dict(config), "interrupted": True,
+                    "runs": [s.to_dict() for _, s in finished]}
+        with atomic_text(output) as out:
+            out.write(json.dumps(document, indent=2) + "\n")
+        wrote.append(str(output))
+    if not wrote:
+        return f"finished runs: {names} (nothing written: no --output or --steps)"
+    return f"wrote the {len(finished)} finished run(s) ({names}) to {' and '.join(wrote)}"
+
+
+def _run(workload, specs, config, show_progress: bool, on_result=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentspec_sim.engine.run import compare
@@ -103,7 +157,7 @@ def _run(workload, specs, config, show_progress: bool):
                 tasks[name] = bar.add_task(f"{name} calls", total=total)
             bar.update(tasks[name], completed=done)
 
-        return compare(workload, specs, config, progress=report)
+        return compare(workload, specs, config, progress=report, on_result=on_result)
 
 
 def _config_dict(config) -> dict:
