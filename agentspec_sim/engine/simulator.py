@@ -46,6 +46,7 @@ from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
 from agentspec_sim.engine.batched import BATCHED
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
+from agentspec_sim.engine.invariants import check_run
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
 from agentspec_sim.engine.request import (
     FINISHED,
@@ -234,6 +235,8 @@ class Simulator:
             handlers[kind](payload)
         if self.scheduler.has_work():
             raise SimulationError("the event queue ran dry with calls still waiting or running")
+        if self.config.check_invariants:
+            check_run(self)  # CLOCK, CAUSALITY, WORK, DONE over the whole log (engine/invariants.py)
         return self._result(wallclock.perf_counter() - started)
 
     def _on_arrive(self, payload: tuple[_QueryRun, int]) -> None:
