@@ -151,9 +151,10 @@ def _render(console: Console, result) -> None:
                       _rel(b["speedup"], c["speedup"]), f"[{style}]{d.status}[/]" if style else d.status)
     console.print(table)
     for d in result.failed:
-        console.print(f"  {d.trace} · max_num_seqs {d.max_num_seqs} · {d.drafter}: {'; '.join(d.regressions)}")
+        console.print(f"  {d.trace} · max_num_seqs {d.max_num_seqs} · {d.drafter}: {'; '.join(d.regressions)}",
+                      soft_wrap=True)
     for line in result.unexpected:
-        console.print(f"  not in the baseline (run --update to record): {line}")
+        console.print(f"  not in the baseline (run --update to record): {line}", soft_wrap=True)
 
 
 def _rel(old: float | None, new: float | None) -> str:

@@ -117,7 +117,8 @@ def run_guarded(app: typer.Typer) -> int:
 
 def _run(app: typer.Typer, args: list[str]) -> int:
     try:
-        app(args=args, prog_name="agentspec-sim", standalone_mode=False)
+        # standalone_mode=False: click returns a command's typer.Exit code instead of raising it.
+        code = app(args=args, prog_name="agentspec-sim", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
     except MemoryError:
@@ -140,7 +141,7 @@ def _run(app: typer.Typer, args: list[str]) -> int:
             stderr.print("aborted")
             return 130
         raise
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def _message(exc: BaseException) -> str:
