@@ -334,7 +334,7 @@ def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineCon
     ids, pos, ctx, sched, emitted = (frame[c].to_list() if c == "call_id" else frame[c].to_numpy()
                                      for c in ("call_id", "position", "context_len", "scheduled_tokens", "emitted"))
     drafts = frame["draft"].to_list()
-    prompts: dict[str, np.ndarray] = {}
+    prompts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # call → (prompt, prompt + output), int32
     target = {cid: min(c.output_len, max_len - c.prompt_len) for cid, c in calls.items()}
     started: set[str] = set()
     finished: set[str] = set()
@@ -387,13 +387,14 @@ def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineCon
             for i in rows:
                 c = calls[ids[i]]
                 if ids[i] not in prompts:
-                    prompts[ids[i]] = np.ascontiguousarray(c.prompt_tokens, dtype=np.int32)
+                    prompts[ids[i]] = (np.ascontiguousarray(c.prompt_tokens, dtype=np.int32),
+                                       np.concatenate([c.prompt_tokens, c.output_tokens]).astype(np.int32))
+                prompt, whole = prompts[ids[i]]
                 e = int(emitted[i])
                 done = int(pos[i]) + e
                 row_ids.append(ids[i])
-                row_prompts.append(prompts[ids[i]])
-                row_tokens.append(np.ascontiguousarray(np.concatenate([c.prompt_tokens, c.output_tokens[:done]]),
-                                                       dtype=np.int32))
+                row_prompts.append(prompt)
+                row_tokens.append(whole[:c.prompt_len + done])
                 row_sampled.append(c.output_tokens[done - e:done].tolist() if e else [])
             theirs = ref.propose(row_ids, row_prompts, row_tokens, row_sampled)
         for j, i in enumerate(rows):
@@ -418,6 +419,9 @@ def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineCon
             expect_next[cid] = ("prefix", draft)
             if ref is not None and draft != list(theirs[j]):
                 res.problem(f"step {step}: {cid} (position {int(pos[i])}): ours {draft} ≠ vLLM {list(theirs[j])}")
+        for i in rows:
+            if emitted[i] and pos[i] + emitted[i] >= target[ids[i]]:
+                prompts.pop(ids[i], None)  # finished: its tokens are not needed again
         if progress is not None:
             progress(step, res.steps)
     res.wall_reference_s = time.perf_counter() - t0

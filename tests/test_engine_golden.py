@@ -7,7 +7,9 @@ the step log and the engine-step log (each column's numpy bytes; list columns as
 values plus the list lengths; strings joined; nulls as a mask), the per-call and per-query frames,
 and `summarize(...).to_dict()` (wall_s dropped, floats rounded to 12 significant digits).
 
-The cases cover: normal and ngram; max_num_seqs 1, 8, 32, 256; a KV cache small enough to force
+The cases cover: normal and ngram (and suffix, whose digests come from the engine that drives it per
+step as vLLM's V1 runner does, not from the reference engine); max_num_seqs 1, 8, 32, 256; a KV
+cache small enough to force
 preemption (with the runtime invariant checks on); replicate=2 with Poisson arrivals and think
 time; prefix caching off; a max_num_batched_tokens small enough to truncate drafts; a
 max_model_len that refuses and truncates calls; a batch-size draft schedule with
@@ -66,6 +68,11 @@ CASES: dict[str, tuple] = {
     "budget48-ngram": (8, 8, "ngram", {"max_num_seqs": 32, "max_num_batched_tokens": 48}, A100),
     "maxlen-ngram": (6, 10, "ngram", {"max_num_seqs": 32, "max_model_len": 5000, "arrival": "zero"}, A100),
     "schedule-ngram": (6, 8, NGRAM_SCHEDULE, {"max_num_seqs": 32, "arrival": "zero"}, A100),
+    # suffix (added with the per-step driving of docs/suffix-decoding.md; digests from that engine):
+    # truncated calls and steps where vLLM skips the proposer; preemptions (stops and restarts).
+    "maxlen-suffix": (6, 10, "suffix", {"max_num_seqs": 32, "max_model_len": 5000, "arrival": "zero"}, A100),
+    "tinykv-suffix": (LONG_OUTPUTS, 4, "suffix", {"max_num_seqs": 16, "num_kv_blocks": 1100, "arrival": "zero",
+                                                  "check_invariants": True}, A100),
     "moe-tp2-normal": (4, 8, "normal", {"max_num_seqs": 64, "hardware": "h100-80g", "model": "gpt-oss-20b",
                                         "tensor_parallel_size": 2}, ("h100-80g", "gpt-oss-20b", 2)),
     "moe-tp2-ngram": (4, 8, "ngram", {"max_num_seqs": 64, "hardware": "h100-80g", "model": "gpt-oss-20b",
@@ -74,6 +81,20 @@ CASES: dict[str, tuple] = {
 
 # Computed with the reference engine (see the module docstring).
 EXPECTED: dict[str, dict[str, str]] = {
+    "maxlen-suffix": {
+        "steps": "08268d0aabc96d3d6272afb14c4f0a84",
+        "engine_steps": "9b43c0076c3bab615026c9164bef1f29",
+        "calls": "c2f3a7c5cbbf75c2b9c900648da996e5",
+        "queries": "62dcfa63d45a7a653a1c3a315cc49cf2",
+        "summary": "7f962af3ee3cf2ba27dd298e9d11ae55"
+    },
+    "tinykv-suffix": {
+        "steps": "af8686cac95500367989f2233f402d38",
+        "engine_steps": "569ff10f11be4fcf5a73124a707868ad",
+        "calls": "f6d9cb70ec3e3d4898fa63b57aa5e06d",
+        "queries": "82c2dd5fdde14f259039f44ca3bdf91a",
+        "summary": "6a7abe8e983fd70cc5ef66def2dbf3bc"
+    },
     "q12-normal-256": {
         "steps": "460954c7be9a1918e7fb626dc5decbc9",
         "engine_steps": "a117f4fe99da725ec087c4831b5b287e",
