@@ -93,7 +93,7 @@ def test_table_growth_and_rebuild_keep_the_drafts(monkeypatch):
         lengths += rng.integers(1, 20, offs.shape[0])
     index = drafter._prompt_index
     assert index.rebuilds > 0  # the table was emptied at its cap and rebuilt on demand
-    assert index.e_hash.shape[0] >= 256
+    assert index.entries.shape[0] >= 256
 
 
 def test_one_history_longer_than_the_table_grows_past_the_cap(monkeypatch):

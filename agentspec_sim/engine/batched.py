@@ -72,12 +72,12 @@ def _ngram_rows_scan(tokens, starts, lengths, max_lens, min_n, max_n, draft_star
 
 @njit(cache=True, nogil=True, inline="always")
 def _gram_hash(tokens, end, n, off):
-    """64-bit hash of (region offset, n, tokens[end − n + 1 … end]); never 0 (0 marks an empty slot)."""
+    """64-bit hash of (region offset, n, tokens[end − n + 1 … end]); odd, so never 0 (0 marks an empty slot)."""
     h = (np.uint64(off) * _MIX) ^ np.uint64(n)
     for j in range(end - n + 1, end + 1):
         h = (h ^ np.uint64(tokens[j])) * _MIX2
         h ^= h >> np.uint64(29)
-    return h | np.uint64(1)
+    return np.int64(h | np.uint64(1))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -89,108 +89,119 @@ def _same_gram(tokens, a, b, n):
 
 
 @njit(cache=True, nogil=True)
-def _find(tokens, e_hash, e_off, e_val, off, n, end):
+def _find(tokens, entries, off, n, end):
     """End of the first occurrence of the n-gram ending at `end` in region `off`, or −1 if not indexed."""
-    mask = np.uint64(e_hash.shape[0] - 1)
+    mask = entries.shape[0] - 1
     h = _gram_hash(tokens, end, n, off)
-    s = h & mask
-    while e_hash[s] != 0:
-        if e_hash[s] == h and e_off[s] == off and (e_val[s] & 255) == n and _same_gram(tokens, e_val[s] >> 8, end, n):
-            return e_val[s] >> 8
-        s = (s + np.uint64(1)) & mask
+    s = (h >> 1) & mask
+    while entries[s, 0] != 0:
+        e = entries[s]
+        if e[0] == h and e[1] == off and (e[2] & 255) == n and _same_gram(tokens, e[2] >> 8, end, n):
+            return e[2] >> 8
+        s = (s + 1) & mask
     return -1
 
 
 @njit(cache=True, nogil=True)
-def _insert(tokens, e_hash, e_off, e_val, off, n, end):
+def _insert(tokens, entries, off, n, end):
     """Add the n-gram ending at `end` of region `off` unless already present (earlier ends come first)."""
-    mask = np.uint64(e_hash.shape[0] - 1)
+    mask = entries.shape[0] - 1
     h = _gram_hash(tokens, end, n, off)
-    s = h & mask
-    while e_hash[s] != 0:
-        if e_hash[s] == h and e_off[s] == off and (e_val[s] & 255) == n and _same_gram(tokens, e_val[s] >> 8, end, n):
+    s = (h >> 1) & mask
+    while entries[s, 0] != 0:
+        e = entries[s]
+        if e[0] == h and e[1] == off and (e[2] & 255) == n and _same_gram(tokens, e[2] >> 8, end, n):
             return 0
-        s = (s + np.uint64(1)) & mask
-    e_hash[s] = h
-    e_off[s] = off
-    e_val[s] = (end << 8) | n
+        s = (s + 1) & mask
+    entries[s, 0] = h
+    entries[s, 1] = off
+    entries[s, 2] = (end << 8) | n
     return 1
 
 
 @njit(cache=True, nogil=True)
-def _region(r_off, r_upto, off):
-    """Slot of region `off` in the region table (inserted with upto = 0 if new; the caller keeps it below half full)."""
-    mask = r_off.shape[0] - 1
+def _region(regions, off):
+    """Row of region `off` in the region table ([offset, upto], offset −1: empty), inserted with upto = 0
+    if new (the caller keeps the table below half full); second value: whether it was new."""
+    mask = regions.shape[0] - 1
     s = (off * 0x9E3779B1) & mask
-    while r_off[s] != -1:
-        if r_off[s] == off:
+    while regions[s, 0] != -1:
+        if regions[s, 0] == off:
             return s, False
         s = (s + 1) & mask
-    r_off[s] = off
-    r_upto[s] = 0
+    regions[s, 0] = off
+    regions[s, 1] = 0
     return s, True
 
 
 @njit(cache=True, nogil=True)
-def _ngram_rows_indexed(tokens, starts, lengths, max_lens, min_n, max_n, draft_start, draft_len,
-                        e_hash, e_off, e_val, r_off, r_upto, counts, first_row):
-    """`_ngram_rows_scan`'s drafts from the incremental index, rows first_row …; returns the row it
-    stopped at (all rows: done). It stops before a row whose entries would fill the table past
-    half (counts[2] = how many it needs) or when the region table is half full (counts[2] =
-    NEED_REGIONS); the caller makes room and calls again from that row. counts = [entries, regions, need]."""
+def _ngram_rows_indexed(tokens, starts, lengths, max_lens, min_n, max_n, drafts, entries, regions, counts,
+                        first_row):
+    """`_ngram_rows_scan`'s drafts (drafts[:, i] = start, length) from the incremental index, rows
+    first_row …; returns the row it stopped at (all rows: done). It stops before a row whose entries
+    would fill the table past half (counts[2] = how many it needs) or when the region table is half
+    full (counts[2] = NEED_REGIONS); the caller makes room and calls again from that row.
+    counts = [entries, regions, need]."""
     span = max_n - min_n + 1
     for i in range(first_row, starts.shape[0]):
         off, length = starts[i], lengths[i]
-        draft_start[i] = off
-        draft_len[i] = 0
+        drafts[0, i] = off
+        drafts[1, i] = 0
         if max_lens[i] <= 0:
             continue
-        if 2 * (counts[1] + 1) > r_off.shape[0]:
+        if 2 * (counts[1] + 1) > regions.shape[0]:
             counts[2] = NEED_REGIONS
             return i
-        slot, new = _region(r_off, r_upto, off)
+        slot, new = _region(regions, off)
         if new:
             counts[1] += 1
-        upto = r_upto[slot]
+        upto = regions[slot, 1]
         if upto < length - 1:  # index the n-grams ending at the positions appended since
             need = (length - 1 - upto) * span
-            if 2 * (counts[0] + need) > e_hash.shape[0]:
+            if 2 * (counts[0] + need) > entries.shape[0]:
                 counts[2] = need
                 return i
             added = 0
             for e in range(upto, length - 1):
                 for n in range(min_n, min(max_n, e + 1) + 1):
-                    added += _insert(tokens, e_hash, e_off, e_val, off, n, off + e)
+                    added += _insert(tokens, entries, off, n, off + e)
             counts[0] += added
-            r_upto[slot] = length - 1
+            regions[slot, 1] = length - 1
         last = off + length - 1
         for n in range(min(max_n, length - 1), min_n - 1, -1):
-            end = _find(tokens, e_hash, e_off, e_val, off, n, last)
+            end = _find(tokens, entries, off, n, last)
             if 0 <= end <= last - 1:
-                start = end + 1 - off
-                draft_start[i] = end + 1
-                draft_len[i] = min(max_lens[i], length - start)
+                drafts[0, i] = end + 1
+                drafts[1, i] = min(max_lens[i], off + length - end - 1)
                 break
     return starts.shape[0]
 
 
 @njit(cache=True, nogil=True)
-def _rehash(tokens, e_hash, e_off, e_val, n_hash, n_off, n_val):
-    for s in range(e_hash.shape[0]):
-        if e_hash[s] != 0:
-            mask = np.uint64(n_hash.shape[0] - 1)
-            t = e_hash[s] & mask
-            while n_hash[t] != 0:
-                t = (t + np.uint64(1)) & mask
-            n_hash[t], n_off[t], n_val[t] = e_hash[s], e_off[s], e_val[s]
+def _rehash(entries, grown):
+    mask = grown.shape[0] - 1
+    for s in range(entries.shape[0]):
+        if entries[s, 0] != 0:
+            t = (entries[s, 0] >> 1) & mask
+            while grown[t, 0] != 0:
+                t = (t + 1) & mask
+            grown[t] = entries[s]
 
 
 @njit(cache=True, nogil=True)
-def _rehash_regions(r_off, r_upto, n_off, n_upto):
-    for s in range(r_off.shape[0]):
-        if r_off[s] != -1:
-            slot, _ = _region(n_off, n_upto, r_off[s])
-            n_upto[slot] = r_upto[s]
+def _rehash_regions(regions, grown):
+    for s in range(regions.shape[0]):
+        if regions[s, 0] != -1:
+            slot, _ = _region(grown, regions[s, 0])
+            grown[slot, 1] = regions[s, 1]
+
+
+def _filled(shape: tuple[int, int], value: int) -> np.ndarray:
+    # Written once, in order: on some VMs a never-written page read at random costs ~100 ns per
+    # element (engine/request.py `zeros`), and the table is read at random.
+    out = np.empty(shape, dtype=np.int64)
+    out.fill(value)
+    return out
 
 
 class NgramIndex:
@@ -204,77 +215,64 @@ class NgramIndex:
         self.min_n, self.max_n = min_n, max_n
         self.counts = np.zeros(3, dtype=np.int64)
         self.rebuilds = 0  # times the table was emptied at max_capacity (for benchmarks)
-        self._allocate(self.initial_capacity)
-        self._allocate_regions(64)
+        # Sized for the arena up front where it fits (an arena's distinct n-grams: about half its tokens).
+        capacity = self.initial_capacity
+        while capacity < min(self.max_capacity, tokens.shape[0] * (max_n - min_n + 1)):
+            capacity *= 2
+        self.entries = _filled((capacity, 3), 0)
+        self.regions = _filled((64, 2), -1)
 
     def serves(self, tokens: np.ndarray, min_n: int, max_n: int) -> bool:
         return self.arena() is tokens and (self.min_n, self.max_n) == (min_n, max_n)
 
-    def _allocate(self, capacity: int) -> None:
-        self.e_hash = np.zeros(capacity, dtype=np.uint64)
-        self.e_off = np.zeros(capacity, dtype=np.int64)
-        self.e_val = np.zeros(capacity, dtype=np.int64)
-        self.counts[0] = 0
-
-    def _allocate_regions(self, capacity: int) -> None:
-        self.r_off = np.full(capacity, -1, dtype=np.int64)
-        self.r_upto = np.zeros(capacity, dtype=np.int64)
-        self.counts[1] = 0
-
-    def _make_room(self, tokens: np.ndarray) -> None:
+    def _make_room(self) -> None:
         need = int(self.counts[2])
         if need == NEED_REGIONS:
-            old_off, old_upto = self.r_off, self.r_upto
-            self._allocate_regions(2 * old_off.shape[0])
-            _rehash_regions(old_off, old_upto, self.r_off, self.r_upto)
-            self.counts[1] = int(np.count_nonzero(self.r_off != -1))
+            grown = _filled((2 * self.regions.shape[0], 2), -1)
+            _rehash_regions(self.regions, grown)
+            self.regions = grown
             return
-        capacity = self.e_hash.shape[0]
+        capacity = self.entries.shape[0]
+        entries = int(self.counts[0])
         if capacity < self.max_capacity:
-            old = self.e_hash, self.e_off, self.e_val
-            entries = int(self.counts[0])
             while 2 * (entries + need) > capacity:
                 capacity *= 2
-            self._allocate(capacity)
-            _rehash(tokens, *old, self.e_hash, self.e_off, self.e_val)
-            self.counts[0] = entries
+            grown = _filled((capacity, 3), 0)
+            _rehash(self.entries, grown)
+            self.entries = grown
             return
         # Full: forget everything; each region is re-indexed from its start when it next proposes.
         self.rebuilds += 1
         while 2 * need > capacity:  # one history longer than the whole table: let it grow past the cap
             capacity *= 2
-        self._allocate(capacity)
-        self._allocate_regions(self.r_off.shape[0])
+        self.entries = _filled((capacity, 3), 0)
+        self.regions = _filled(self.regions.shape, -1)
+        self.counts[:2] = 0
 
     def propose(self, tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_lens: np.ndarray,
-                draft_start: np.ndarray, draft_len: np.ndarray) -> None:
+                drafts: np.ndarray) -> None:
         row = 0
         while True:
-            row = _ngram_rows_indexed(tokens, starts, lengths, max_lens, self.min_n, self.max_n, draft_start,
-                                      draft_len, self.e_hash, self.e_off, self.e_val, self.r_off, self.r_upto,
-                                      self.counts, row)
+            row = _ngram_rows_indexed(tokens, starts, lengths, max_lens, self.min_n, self.max_n, drafts,
+                                      self.entries, self.regions, self.counts, row)
             if row == starts.shape[0]:
                 return
-            self._make_room(tokens)
+            self._make_room()
 
 
 def propose_ngram_rows(drafter: ngram.NgramDrafter, tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                        max_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(draft start, draft length) in `tokens` of each row's `NgramDrafter.propose` draft."""
-    draft_start = np.empty(starts.shape[0], dtype=np.int64)
-    draft_len = np.empty(starts.shape[0], dtype=np.int64)
-    starts = starts.astype(np.int64, copy=False)
-    lengths = lengths.astype(np.int64, copy=False)
-    max_lens = max_lens.astype(np.int64, copy=False)
     lo, hi = drafter.min_n, drafter.max_n
     if hi > _MAX_INDEXED_N:
-        _ngram_rows_scan(tokens, starts, lengths, max_lens, lo, hi, draft_start, draft_len)
-        return draft_start, draft_len
+        return propose_ngram_rows_scan(drafter, tokens, starts, lengths, max_lens)
     index = getattr(drafter, "_prompt_index", None)
     if index is None or not index.serves(tokens, lo, hi):
         index = drafter._prompt_index = NgramIndex(tokens, lo, hi)
-    index.propose(tokens, starts, lengths, max_lens, draft_start, draft_len)
-    return draft_start, draft_len
+    drafts = np.empty((2, starts.shape[0]), dtype=np.int64)
+    index.propose(tokens, starts.astype(np.int64, copy=False), lengths.astype(np.int64, copy=False),
+                  max_lens.astype(np.int64, copy=False), drafts)
+    return drafts[0], drafts[1]
 
 
 def propose_ngram_rows_scan(drafter: ngram.NgramDrafter, tokens: np.ndarray, starts: np.ndarray,
