@@ -16,8 +16,9 @@ How the engine's calls map onto that order: `observe` only queues the tokens; `p
 applies the queue up to each row's own tokens, then drafts that row, then applies the rest (rows
 that finished or have no budget). `finish_call` ends the call (its response stays cached). A call
 that was active but not observed between two `propose` calls was absent from a step's batch: it is
-stopped, and restarted on its next `observe` (exact when `propose` runs once per engine step, also
-with no rows).
+stopped, and restarted on its next `observe`. That is exact because the engine calls `propose`
+once after every step vLLM runs the proposer in, also with no rows (`driven_per_step`:
+`Simulator._suffix_step`; docs/suffix-decoding.md, "How the engine drives it").
 
 State: one `SuffixForest` arena holding the global tree and the prompt trees. A finished call's
 prompt tree is kept (LRU, bounded) and, when it holds exactly a prefix of a later call's prompt —
