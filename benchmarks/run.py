@@ -1,0 +1,337 @@
+"""The simulator's speed, in one script: prints tables and writes benchmarks/results.json.
+
+Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic] [--trace PATH]… [--queries N]
+                                [--drafters normal,ngram,suffix,agentspec] [--seqs 1,32,256]
+                                [--scale reflexion:1M,3M,10M coding:1M] [--scale-drafter agentspec]
+                                [--sweep-jobs 1,2] [--sweep-queries N] [--out benchmarks/results.json]
+
+Sections (each runs only when named; results.json keeps the sections not run this time):
+
+- engine: every (trace, drafter, max_num_seqs) simulated in a fresh child process, all queries
+  arriving at t = 0, after a one-query warm-up (imports, numba). Per run: wall seconds of
+  `simulate` and its CPU seconds (steadier on a shared machine), simulated output tokens per wall
+  and per CPU second, engine steps and call-steps, the drafter's
+  own time (every hook the drafter overrides and the engine's batched proposer, timed in place):
+  µs per proposing call-step, µs per observed call-step, ms per call start (`start_call`: prompt
+  indexing), the engine's overhead per step (wall minus drafter time, per step), the child's peak RSS.
+- scale: synthetic traces (`agentspec_sim.trace.synth`, seed 0, cached in the temp dir)
+  of N output tokens resampled from a bundled trace, replayed with `--scale-drafter` at max_num_seqs
+  256 in a child each: load seconds, simulate seconds, tokens per second, peak RSS.
+- sweep: wall time of `agentspec-sim sweep TRACE --max-num-seqs 1,2,4,…,256 -j J` (the Figure-1
+  drafters, one seed) for each J in --sweep-jobs; --sweep-queries N sweeps the first N queries only.
+- arctic: benchmarks/suffix_vs_arctic.py (suffix vs ArcticInference's C++ per call-step and per call
+  start) when arctic-inference is installed; otherwise recorded as skipped.
+
+Timings on a shared machine are noisy: the load average at each run is recorded with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+HOOKS = ("propose", "observe", "start_call", "finish_call", "begin_step")
+FIGURE1_SEQS = "1,2,4,8,16,32,64,128,256"
+
+
+# -- child side ---------------------------------------------------------------------------------------
+class DrafterClock:
+    """Wraps a drafter class's own hooks (only those it overrides: the engine skips the others) and the
+    engine's batched proposer for it, summing seconds and rows per hook."""
+
+    def __init__(self, kind: type) -> None:
+        from agentspec_sim.drafters.base import BaseDrafter
+        from agentspec_sim.engine import batched
+
+        self.seconds = dict.fromkeys(HOOKS, 0.0)
+        self.rows = dict.fromkeys(HOOKS, 0)
+        for name in HOOKS:
+            own = getattr(kind, name, None)
+            if own is not None and own is not getattr(BaseDrafter, name, None):
+                setattr(kind, name, self._timed(name, own, method=True))
+        if kind in batched.BATCHED:
+            batched.BATCHED[kind] = self._timed("propose", batched.BATCHED[kind], method=False)
+
+    def _timed(self, name: str, fn, method: bool):
+        clock = time.perf_counter
+
+        def timed(*args, **kwargs):
+            t0 = clock()
+            out = fn(*args, **kwargs)
+            self.seconds[name] += clock() - t0
+            # propose(rows, max_lens) / batched(drafter, tokens, starts, …): one row per call-step
+            if name == "propose":
+                self.rows[name] += len(args[1]) if method else len(args[2])
+            else:
+                self.rows[name] += 1
+            return out
+
+        return timed
+
+    def per_row_us(self, name: str) -> float | None:
+        return self.seconds[name] / self.rows[name] * 1e6 if self.rows[name] else None
+
+
+def _load(trace: str | None, queries: int | None):
+    from agentspec_sim import load_trace
+    from agentspec_sim.trace.bundled import default_trace_path
+
+    path = Path(trace) if trace else default_trace_path()
+    t0 = time.perf_counter()
+    workload = load_trace(path)
+    load_s = time.perf_counter() - t0
+    if queries:
+        workload = replace(workload, queries=workload.queries[:queries])
+    return path, workload, load_s
+
+
+def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, hardware: str) -> dict:
+    """One simulation in this process, with the drafter's hooks timed; returns its measurements."""
+    from agentspec_sim import EngineConfig, simulate
+    from agentspec_sim.cost import build_cost_model
+    from agentspec_sim.drafters.base import make_drafter, parse_drafter
+    from agentspec_sim.metrics import summarize
+
+    _, workload, load_s = _load(trace, queries)
+    cost = build_cost_model(hardware, "qwen3-8b")
+    # Warm-up: numba compilation and imports are not the engine's speed.
+    simulate(replace(workload, queries=workload.queries[:1]), drafter, EngineConfig(hardware=hardware), cost)
+    clock = DrafterClock(type(make_drafter(parse_drafter(drafter))))
+    config = EngineConfig(max_num_seqs=seqs, hardware=hardware, arrival="zero")
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = simulate(workload, drafter, config, cost)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s = summarize(result)
+    drafting = sum(clock.seconds.values())
+    return {
+        "drafter": drafter, "max_num_seqs": seqs, "load_s": load_s, "wall_s": wall, "output_tokens": s.output_tokens,
+        "tokens_per_s": s.output_tokens / wall, "cpu_s": cpu, "tokens_per_cpu_s": s.output_tokens / cpu,
+        "engine_steps": s.steps,
+        "call_steps": int(result.engine_steps["batch_size"].sum()),
+        "us_per_step": wall / s.steps * 1e6, "engine_us_per_step": (wall - drafting) / s.steps * 1e6,
+        "drafter_s": drafting, "propose_us_per_call_step": clock.per_row_us("propose"),
+        "observe_us_per_call_step": clock.per_row_us("observe"),
+        "start_ms_per_call": (clock.per_row_us("start_call") or 0) / 1e3 if clock.rows["start_call"] else None,
+        "finish_ms_per_call": (clock.per_row_us("finish_call") or 0) / 1e3 if clock.rows["finish_call"] else None,
+        "batch_size_mean": s.batch_size_mean, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "simulated_s": s.simulated_s, "goodput_tok_s": s.goodput_tok_s, "preemptions": s.preemptions,
+        "load_average": os.getloadavg()[0],
+    }
+
+
+# -- parent side --------------------------------------------------------------------------------------
+def _child(args: list[str], timeout: float | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--child", *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _fmt(value, spec: str = ",.1f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def section_engine(args, console) -> dict:
+    from rich.table import Table
+
+    traces = args.trace or [None]
+    runs = []
+    for trace in traces:
+        for seqs in (int(s) for s in args.seqs.split(",")):
+            for drafter in args.drafters.split(","):
+                child = ["engine", drafter, str(seqs), "--hardware", args.hardware]
+                if trace:
+                    child += ["--trace", trace]
+                if args.queries:
+                    child += ["--queries", str(args.queries)]
+                r = _child(child)
+                r["trace"] = Path(trace).name if trace else "default.jsonl.zst"
+                runs.append(r)
+                console.print(f"engine: {r['trace']} {drafter} @ {seqs}: {r['wall_s']:.1f} s wall, "
+                              f"{r['cpu_s']:.1f} s CPU, {r['tokens_per_cpu_s']:,.0f} tok / CPU s")
+    table = Table(title="engine speed (all queries at t = 0; one child process per run)")
+    for name in ("trace", "drafter", "seqs", "steps", "call-steps", "wall s", "CPU s", "sim tok / CPU s", "µs / step",
+                 "engine µs / step", "propose µs / call-step", "observe µs / call-step", "start ms / call",
+                 "peak RSS MiB"):
+        table.add_column(name, justify="left" if name in ("trace", "drafter") else "right")
+    for r in runs:
+        table.add_row(r["trace"], r["drafter"], str(r["max_num_seqs"]), f"{r['engine_steps']:,}",
+                      f"{r['call_steps']:,}", f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}",
+                      f"{r['tokens_per_cpu_s']:,.0f}", f"{r['us_per_step']:.1f}", f"{r['engine_us_per_step']:.1f}",
+                      _fmt(r["propose_us_per_call_step"], ".2f"), _fmt(r["observe_us_per_call_step"], ".2f"),
+                      _fmt(r["start_ms_per_call"], ".3f"), f"{r['peak_rss_mib']:,.0f}")
+    console.print(table)
+    return {"hardware": args.hardware, "model": "qwen3-8b", "queries": args.queries, "runs": runs}
+
+
+def _parse_scale(items: list[str]) -> list[tuple[str, int]]:
+    out = []
+    for item in items:
+        name, sizes = item.split(":")
+        for size in sizes.split(","):
+            mult = {"k": 1_000, "M": 1_000_000}.get(size[-1], 1)
+            out.append((name, int(float(size.rstrip("kM")) * mult)))
+    return out
+
+
+def synth_trace(name: str, tokens: int) -> Path:
+    """<temp dir>/agentspec-sim-synth/<name>-<tokens>.jsonl.zst, made once (seed 0)."""
+    from agentspec_sim.trace.bundled import bundled_trace
+    from agentspec_sim.trace.io import load_trace, write_trace
+    from agentspec_sim.trace.synth import synthesize
+
+    out = Path(tempfile.gettempdir()) / "agentspec-sim-synth" / f"{name}-{tokens}.jsonl.zst"
+    if not out.exists():
+        out.parent.mkdir(exist_ok=True)
+        source = bundled_trace(f"{'default' if name == 'coding' else name}.jsonl.zst")
+        write_trace(synthesize(load_trace(source), output_tokens=tokens, seed=0), out)
+    return out
+
+
+def section_scale(args, console) -> dict:
+    from rich.table import Table
+
+    runs = []
+    for name, tokens in _parse_scale(args.scale):
+        t0 = time.perf_counter()
+        path = synth_trace(name, tokens)
+        made = time.perf_counter() - t0
+        r = _child(["engine", args.scale_drafter, "256", "--hardware", args.hardware, "--trace", str(path)])
+        r.update(source=name, target_tokens=tokens, synth_s=made, trace_mib=path.stat().st_size / 2**20)
+        runs.append(r)
+        console.print(f"scale: {name} {tokens:,}: load {r['load_s']:.1f} s, simulate {r['wall_s']:.1f} s, "
+                      f"RSS {r['peak_rss_mib']:,.0f} MiB")
+    table = Table(title=f"scale: synthetic traces replayed with {args.scale_drafter} at max_num_seqs 256")
+    for col in ("from", "output tokens", "call-steps", "file MiB", "load s", "simulate s", "CPU s", "sim tok / CPU s",
+                "CPU s per M tokens", "peak RSS MiB"):
+        table.add_column(col, justify="left" if col == "from" else "right")
+    for r in runs:
+        table.add_row(r["source"], f"{r['output_tokens']:,}", f"{r['call_steps']:,}", f"{r['trace_mib']:.0f}",
+                      f"{r['load_s']:.1f}", f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}", f"{r['tokens_per_cpu_s']:,.0f}",
+                      f"{r['cpu_s'] / r['output_tokens'] * 1e6:.1f}", f"{r['peak_rss_mib']:,.0f}")
+    console.print(table)
+    return {"drafter": args.scale_drafter, "max_num_seqs": 256, "runs": runs}
+
+
+def section_sweep(args, console) -> dict:
+    from agentspec_sim.trace.bundled import default_trace_path
+    from agentspec_sim.trace.io import load_trace, write_trace
+
+    trace = Path(args.trace[0]) if args.trace else default_trace_path()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.sweep_queries:
+            w = load_trace(trace)
+            trace_used = Path(tmp) / "subset.jsonl.zst"
+            write_trace(replace(w, queries=w.queries[:args.sweep_queries]), trace_used)
+        else:
+            trace_used = trace
+        for jobs in (int(j) for j in args.sweep_jobs.split(",")):
+            out = Path(tmp) / f"sweep-{jobs}.parquet"
+            cmd = [sys.executable, "-m", "agentspec_sim.cli", "sweep", str(trace_used), "--max-num-seqs",
+                   FIGURE1_SEQS, "-j", str(jobs), "-o", str(out), "-q"]
+            t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+            if done.returncode != 0:
+                raise SystemExit(f"sweep -j {jobs} failed: {done.stderr.strip().splitlines()[-1:]}")
+            import polars as pl
+
+            cells = pl.read_parquet(out).height
+            runs.append({"jobs": jobs, "wall_s": wall, "cpu_s": cpu, "cells": cells,
+                         "load_average": os.getloadavg()[0]})
+            console.print(f"sweep -j {jobs}: {cells} cells in {wall:.1f} s wall ({cpu:.1f} s CPU in all processes)")
+    return {"trace": trace.name, "queries": args.sweep_queries, "max_num_seqs": FIGURE1_SEQS, "runs": runs}
+
+
+def section_arctic(args, console) -> dict:
+    try:
+        import arctic_inference  # noqa: F401
+    except ImportError:
+        console.print("arctic: arctic-inference is not installed; skipped (see docs/suffix-decoding.md)")
+        return {"skipped": "arctic-inference not installed"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "arctic.json"
+        cmd = [sys.executable, str(HERE / "suffix_vs_arctic.py"), "--json", str(out)]
+        if args.queries:
+            cmd += ["--queries", str(args.queries)]
+        subprocess.run(cmd, check=True)
+        return json.loads(out.read_text())
+
+
+SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_sweep, "arctic": section_arctic}
+
+
+def child_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=["engine"])
+    parser.add_argument("drafter")
+    parser.add_argument("seqs", type=int)
+    parser.add_argument("--trace", default=None)
+    parser.add_argument("--queries", type=int, default=None)
+    parser.add_argument("--hardware", default="a100-80g")
+    a = parser.parse_args(argv)
+    print(json.dumps(run_one(a.trace, a.queries, a.drafter, a.seqs, a.hardware)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        child_main(argv[1:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="engine", help="comma-separated: " + ",".join(SECTIONS))
+    parser.add_argument("--trace", action="append", default=[], help="trace for engine/sweep (repeatable; "
+                        "default: the bundled default trace)")
+    parser.add_argument("--queries", type=int, default=None, help="engine: keep only the first N queries")
+    parser.add_argument("--drafters", default="normal,ngram,suffix,agentspec")
+    parser.add_argument("--seqs", default="1,32,256", help="max_num_seqs values (comma-separated)")
+    parser.add_argument("--hardware", default="a100-80g")
+    parser.add_argument("--scale", nargs="*", default=["reflexion:1M,3M,10M", "coding:1M"],
+                        help="NAME:TOKENS,… synthetic traces from bundled NAME (coding = the default trace)")
+    parser.add_argument("--scale-drafter", default="agentspec")
+    parser.add_argument("--sweep-jobs", default="1,2")
+    parser.add_argument("--sweep-queries", type=int, default=None, help="sweep only the first N queries")
+    parser.add_argument("--out", type=Path, default=HERE / "results.json", help="JSON results file")
+    args = parser.parse_args(argv)
+    sections = args.sections.split(",")
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+
+    from rich.console import Console
+
+    from agentspec_sim.atomic import write_bytes_atomic
+
+    console = Console(width=200)
+    document = {}
+    if args.out.exists():
+        try:
+            document = json.loads(args.out.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            document = {}
+        if "sections" not in document:  # an older single-section file: start afresh
+            document = {}
+    document.setdefault("sections", {})
+    for name in sections:
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        result = SECTIONS[name](args, console)
+        result.update(measured_at=started, python=platform.python_version(), machine=platform.machine(),
+                      cpus=os.cpu_count())
+        document["sections"][name] = result
+        write_bytes_atomic(args.out, (json.dumps(document, indent=2) + "\n").encode("utf-8"))
+
+
+if __name__ == "__main__":
+    main()
