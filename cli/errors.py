@@ -127,21 +127,36 @@ def _run(app: typer.Typer, args: list[str]) -> int:
         stderr.print("[bold red]error:[/] out of memory (the trace or run is too large for this machine)", markup=True)
         return 2
     except Exception as exc:
-        import click
-
         if _is_expected(exc):
             if debug_enabled():
                 traceback.print_exc()
             stderr.print(f"[bold red]error:[/] {escape(_message(exc))}", markup=True)
             return 2
-        if isinstance(exc, click.exceptions.ClickException):  # click usage errors and the like
+        usage, abort = _click_exceptions()
+        if isinstance(exc, usage):  # a bad option value, an unknown option…: click's own message
             exc.show()
             return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, abort):
             stderr.print("aborted")
             return 130
         raise
     return code if isinstance(code, int) else 0
+
+
+def _click_exceptions() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(usage errors, aborts) of click and of the copy of click that Typer ≥ 0.20 vendors as typer._click."""
+    usage: list[type[BaseException]] = []
+    abort: list[type[BaseException]] = [typer.Abort]
+    with contextlib.suppress(ImportError):
+        import click
+
+        usage.append(click.exceptions.ClickException)
+        abort.append(click.exceptions.Abort)
+    with contextlib.suppress(ImportError):
+        from typer._click.exceptions import ClickException  # type: ignore[import-not-found]
+
+        usage.append(ClickException)
+    return tuple(usage), tuple(abort)
 
 
 def _message(exc: BaseException) -> str:

@@ -66,6 +66,14 @@ def replay(
     except (SpecConfigError, EngineConfigError) as exc:
         raise UsageError(str(exc)) from None
     path, workload = load_workload(trace, skip_bad_lines)
+    try:  # what a drafter needs from the run (its draft network, the tokenizer): known before any run starts
+        from agentspec_sim.engine.run import bind_engine_context
+
+        for spec in specs:
+            bind_engine_context(spec, config, workload)
+        _check_draft_networks(specs, config)
+    except (SpecConfigError, EngineConfigError) as exc:
+        raise UsageError(str(exc)) from None
     finished: list = []
 
     def keep(result, summary) -> None:
@@ -118,6 +126,28 @@ def _check_options(seed: int, rate: float | None, think_time: float | None, outp
     for target in (output, steps):
         if target is not None:
             check_writable(target)
+
+
+def _check_draft_networks(specs, config) -> None:
+    """A model-based drafter (eagle3, mtp) needs its draft network in the target model's profile: say so
+    before the `normal` run rather than after it."""
+    import numpy as np
+
+    from agentspec_sim.drafters.base import drafter_class
+    from agentspec_sim.drafters.model_based import ModelBasedDrafter
+
+    needy = [s for s in specs if issubclass(drafter_class(s.method), ModelBasedDrafter)]
+    if not needy:
+        return
+    from agentspec_sim.cost import build_cost_model
+
+    try:
+        cost = build_cost_model(hardware=config.hardware, model=config.model,
+                                tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+        for spec in needy:
+            cost.draft_model_time(1, max(1, spec.num_speculative_tokens), np.ones(1, dtype=np.int64), kind=spec.method)
+    except ValueError as exc:  # a profile that does not load, or no such draft network
+        raise UsageError(f"method {spec.method!r}: {exc}" if "draft network" in str(exc) else str(exc)) from None
 
 
 def _write_finished(path: Path, config, finished: list, output: Path | None, steps: Path | None) -> str:

@@ -118,10 +118,6 @@ def _text_size(path: Path, available: int) -> int:
     kind = compression_of(path)
     if kind is None:
         return size
-    if kind == "gz":
-        with open(path, "rb") as f:  # the gzip trailer holds the size modulo 2^32
-            f.seek(max(0, size - 4))
-            return max(size, int.from_bytes(f.read(4), "little"))
     if kind == "zst":
         import zstandard
 
