@@ -51,7 +51,7 @@ def check(
             old, new = _update(lib, baseline, traces or [], drafter, max_num_seqs, hardware, model, err)
             result = lib.compare_cells(old.cells if old else [], new.cells, tolerance, goodput_tolerance)
             if old is not None:
-                _render(console, result)
+                _render(console, result, updating=True)
             lib.save_baseline(new, baseline)
             if junit is not None:
                 lib.write_junit(lib.compare_cells(new.cells, new.cells, tolerance, goodput_tolerance), junit)
@@ -132,28 +132,28 @@ def _num(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "—" if value is None else f"{value * scale:{spec}}"
 
 
-def _render(console: Console, result) -> None:
+def _render(console: Console, result, updating: bool = False) -> None:
     # Current values with their change from the baseline: fits an 80-column terminal.
     table = Table(title="check: now vs baseline", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0), caption=(
-        "reject: call-mean rejection rate (%), Δpp vs baseline\ngoodput: tok/s · Δ%: relative change"))
+        "reject: call-mean rejection rate (%), Δpp vs baseline\ntok/s: goodput · Δ%: relative change"))
     for name, justify in (("trace", "left"), ("b", "right"), ("drafter", "left"), ("reject", "right"),
-                          ("Δpp", "right"), ("goodput", "right"), ("Δ%", "right"), ("speedup", "right"),
+                          ("Δpp", "right"), ("tok/s", "right"), ("Δ%", "right"), ("speedup", "right"),
                           ("Δ%", "right"), ("status", "left")):
         table.add_column(name, justify=justify, no_wrap=True)
     for d in result.diffs:
         b, c = d.baseline, d.current
         d_rej = (_num(c["rejection_rate"] - b["rejection_rate"], "+.2f", 100)
                  if None not in (b["rejection_rate"], c["rejection_rate"]) else "—")
-        style = {"REGRESSION": "bold red", "improved": "green"}.get(d.status, "")
+        style, status = {"REGRESSION": ("bold red", "FAIL"), "improved": ("green", "better")}.get(d.status, ("", "ok"))
         table.add_row(Path(d.trace).name.split(".")[0], str(d.max_num_seqs), d.drafter,
                       _num(c["rejection_rate"], ".1f", 100), d_rej, _num(c["goodput_tok_s"], ",.0f"),
                       _rel(b["goodput_tok_s"], c["goodput_tok_s"]), _num(c["speedup"], ".3f"),
-                      _rel(b["speedup"], c["speedup"]), f"[{style}]{d.status}[/]" if style else d.status)
+                      _rel(b["speedup"], c["speedup"]), f"[{style}]{status}[/]" if style else status)
     console.print(table)
     for d in result.failed:
         console.print(f"  {d.trace} · max_num_seqs {d.max_num_seqs} · {d.drafter}: {'; '.join(d.regressions)}",
                       soft_wrap=True)
-    for line in result.unexpected:
+    for line in [] if updating else result.unexpected:
         console.print(f"  not in the baseline (run --update to record): {line}", soft_wrap=True)
 
 

@@ -86,7 +86,7 @@ def test_rejection_rate_regression_fails_with_exit_1(setup, monkeypatch, tmp_pat
     junit = tmp_path / "check.xml"
     assert run(monkeypatch, "--baseline", str(baseline), "--junit", str(junit)) == 1
     out = capsys.readouterr().out
-    assert "REGRESSION" in out and "rejection rate +2.00 pp > 1.00 pp" in out
+    assert "FAIL" in out and "rejection rate +2.00 pp > 1.00 pp" in out
     suite = ElementTree.parse(junit).getroot()
     failures = suite.findall("testcase/failure")
     assert suite.get("failures") == "2" and len(failures) == 2
@@ -109,7 +109,7 @@ def test_speedup_regression_and_improvement(setup, monkeypatch, capsys):
     _, baseline = setup
     _edit(baseline, "ngram", speedup=lambda s: s * 0.9)  # now 11% faster than recorded: improved, not failed
     assert run(monkeypatch, "--baseline", str(baseline)) == 0
-    assert "improved" in capsys.readouterr().out
+    assert "better" in capsys.readouterr().out
     _edit(baseline, "ngram", speedup=lambda s: s / 0.9 * 1.1)
     assert run(monkeypatch, "--baseline", str(baseline)) == 1
 
