@@ -190,3 +190,16 @@ def test_compare_cells_edges():
     assert compare_cells(base, []).failed[0].regressions == ("cell no longer produced",)
     extra = [*base, dict(base[0], drafter="new")]
     assert compare_cells(base, extra).unexpected == ["t · max_num_seqs 1 · new"]
+
+
+def test_committed_ci_baseline_matches_the_bundled_traces():
+    """The baseline .ci/run checks is valid and records the bundled traces as they are (no run needed)."""
+    from pathlib import Path
+
+    from agentspec_sim.report.check import resolve_traces
+
+    path = Path(__file__).resolve().parent.parent / "reports" / "baseline.json"
+    baseline = load_baseline(path)
+    pairs = resolve_traces(baseline, path)
+    assert [p.name for _, p in pairs] == ["swe-agent.jsonl.zst", "reflexion.jsonl.zst"]
+    assert len(baseline.cells) == len(pairs) * len(baseline.max_num_seqs) * (len(baseline.drafters) + 1)
