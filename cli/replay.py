@@ -94,7 +94,7 @@ def replay(
             raise
         raise UsageError(str(exc)) from None
 
-    document = {"trace": str(path), "config": _config_dict(config), "runs": [s.to_dict() for _, s in runs]}
+    document = {"trace": str(path), "config": _config_dict(config), "runs": [_run_dict(s) for _, s in runs]}
     if steps is not None:
         _write_steps(steps, [r for r, _ in runs])
     if output is not None:
@@ -163,7 +163,7 @@ def _write_finished(path: Path, config, finished: list, output: Path | None, ste
         from agentspec_sim.atomic import atomic_text
 
         document = {"trace": str(path), "config": _config_dict(config), "interrupted": True,
-                    "runs": [s.to_dict() for _, s in finished]}
+                    "runs": [_run_dict(s) for _, s in finished]}
         with atomic_text(output) as out:
             out.write(json.dumps(document, indent=2) + "\n")
         wrote.append(str(output))
@@ -188,6 +188,12 @@ def _run(workload, specs, config, show_progress: bool, on_result=None):
             bar.update(tasks[name], completed=done)
 
         return compare(workload, specs, config, progress=report, on_result=on_result)
+
+
+def _run_dict(summary) -> dict:
+    """A run's summary for the JSON document, without the host's wall-clock time (it is on stderr): the same
+    trace, config and seed give a byte-identical document."""
+    return {k: v for k, v in summary.to_dict().items() if k != "wall_s"}
 
 
 def _config_dict(config) -> dict:
