@@ -194,3 +194,74 @@ def test_a_call_alone_that_preempts_itself_is_rescheduled():
     engine = config(max_num_seqs=1, max_num_batched_tokens=8, block_size=2, max_model_len=24, num_kv_blocks=5)
     result = simulate(trace, spec_for("ngram", 2), engine, ConstantCost(1e-3))
     assert result.calls["output_len"].to_list() == [7] and result.num_preemptions >= 1
+
+
+# -- the whole-run checks themselves (engine/invariants.py): each catches the violation it names ----
+def test_clock_check_catches_overlap_zero_steps_and_nan():
+    from agentspec_sim.engine.invariants import check_clock
+    from agentspec_sim.engine.scheduler import SimulationError
+
+    check_clock(np.array([0.0, 1.0, 2.5]), np.array([1.0, 1.5, 0.1]))
+    for start, dur in (([0.0, 0.5], [1.0, 1.0]), ([0.0, 1.0], [1.0, 0.0]), ([0.0, np.nan], [1.0, 1.0])):
+        with pytest.raises(SimulationError, match="CLOCK"):
+            check_clock(np.array(start), np.array(dur))
+
+
+def test_work_conservation_check_catches_an_idle_engine_with_waiting_calls():
+    from agentspec_sim.engine.invariants import check_work_conservation
+    from agentspec_sim.engine.scheduler import SimulationError
+
+    start, dur = np.array([0.0, 1.0, 5.0]), np.array([1.0, 1.0, 1.0])
+    check_work_conservation(start, dur, np.array([3, 0, 0]))  # idle 2 → 5 with nobody waiting: fine
+    with pytest.raises(SimulationError, match=r"idled from 2\.0 s to 5\.0 s after step 1 while 2 call"):
+        check_work_conservation(start, dur, np.array([0, 2, 0]))
+    with pytest.raises(SimulationError, match="still wait after the last step"):
+        check_work_conservation(start, dur, np.array([0, 0, 1]))
+
+
+def test_causality_check_catches_early_starts_and_early_successors():
+    from agentspec_sim.engine.invariants import check_causality, first_scheduled
+    from agentspec_sim.engine.request import S_FINISHED
+    from agentspec_sim.engine.scheduler import SimulationError
+
+    ids = ["a", "b"]
+    status = np.array([S_FINISHED, S_FINISHED])
+    pred = np.array([-1, 0])
+    scheduled = first_scheduled(np.array([0, 0, 1]), np.array([0, 1, 2]), np.array([0.0, 1.0, 3.0]), 2)
+    assert scheduled.tolist() == [0.0, 3.0]
+    good = dict(arrival_s=np.array([0.0, 2.0]), scheduled_s=scheduled, first_token_s=np.array([1.0, 4.0]),
+                finish_s=np.array([2.0, 5.0]))
+    check_causality(ids, **good, status=status, predecessor=pred)
+    broken = [("arrival_s", [0.0, 3.5], "before it arrives"), ("first_token_s", [1.0, 2.0], "before its first step"),
+              ("finish_s", [2.0, 3.5], "before its first token"), ("arrival_s", [0.0, 1.5], "before the call before")]
+    for name, values, what in broken:
+        with pytest.raises(SimulationError, match=what):
+            check_causality(ids, **{**good, name: np.array(values)}, status=status, predecessor=pred)
+
+
+def test_completion_check_catches_open_short_and_ghost_calls():
+    from agentspec_sim.engine.invariants import check_completion
+    from agentspec_sim.engine.request import S_FINISHED, S_RUNNING, S_SKIPPED
+    from agentspec_sim.engine.scheduler import SimulationError
+
+    t = np.array([0.0, np.nan])
+    ok = dict(status=np.array([S_FINISHED, S_SKIPPED]), emitted=np.array([5, 0]), target=np.array([5, 3]),
+              arrival_s=t, first_token_s=np.array([1.0, np.nan]), finish_s=np.array([2.0, np.nan]))
+    check_completion(["a", "b"], **ok)
+    for change, what in ((dict(status=np.array([S_RUNNING, S_SKIPPED])), "still running"),
+                         (dict(emitted=np.array([4, 0])), "finished with 4 tokens"),
+                         (dict(finish_s=np.array([np.nan, np.nan])), "lacks an arrival"),
+                         (dict(arrival_s=np.array([0.0, 1.0])), "skipped call 'b' arrived")):
+        with pytest.raises(SimulationError, match=what):
+            check_completion(["a", "b"], **{**ok, **change})
+
+
+def test_check_run_runs_exactly_when_the_flag_is_on(monkeypatch):
+    from agentspec_sim.engine import simulator
+
+    seen = []
+    monkeypatch.setattr(simulator, "check_run", lambda sim: seen.append(sim.config.check_invariants))
+    trace = workload([call("c", [1, 2, 3], [4, 5])])
+    simulate(trace, "ngram", config(), ConstantCost())
+    simulate(trace, "ngram", config(check_invariants=False), ConstantCost())
+    assert seen == [True]
