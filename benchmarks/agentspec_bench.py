@@ -8,7 +8,7 @@ each allowed k tokens). Only the drafter's own time is measured. The paper's cla
 2 ms of drafting per engine step (§5.6).
 
 Usage: python benchmarks/agentspec_bench.py [--trace PATH] [--queries N] [--concurrency 1,16,64,256]
-       [--drafters agentspec,agentspec-s,agentspec-n,agentspec-r,ngram,suffix] [--json out.json]
+       [--drafters agentspec,agentspec-s,agentspec-n,agentspec-r,agentspec+,ngram,suffix] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agentspec_sim.cost import build_cost_model
 from agentspec_sim.drafters.base import make_drafter, parse_drafter
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.trace.io import load_trace
@@ -31,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def replay(queries: list, spec, concurrency: int) -> dict:
     drafter = make_drafter(spec)
+    if hasattr(drafter, "bind_cost_model"):  # agentspec+ sizes drafts by M(b): the engine's cost model
+        drafter.bind_cost_model(build_cost_model("a100-80g", "qwen3-8b"))
     k = spec.num_speculative_tokens
     waiting = deque(sorted(q.calls, key=lambda c: c.seq) for q in queries)
     active: list[list] = []  # [calls left of the query, CallState, draft]
@@ -103,7 +106,7 @@ def main() -> None:
     ap.add_argument("--trace", default=str(ROOT / "traces" / "reflexion.jsonl.zst"))
     ap.add_argument("--queries", type=int, default=200, help="the first N queries (every query when 0)")
     ap.add_argument("--concurrency", default="1,16,64,256")
-    ap.add_argument("--drafters", default="agentspec,agentspec-s,agentspec-n,agentspec-r,ngram,suffix")
+    ap.add_argument("--drafters", default="agentspec,agentspec-s,agentspec-n,agentspec-r,agentspec+,ngram,suffix")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     wl = load_trace(args.trace)

@@ -7,7 +7,8 @@
 DIR/TRACE_bB_rR_SET.json` for every grid point whose file is missing (so an interrupted grid
 resumes), under `nice -n 10`. The grid (`GRID`): each bundled agent trace at the max batch sizes
 its concurrency can fill, with `--replicate R` = ⌈B / queries⌉ copies where one copy cannot fill B;
-the big coding trace (`default`) only at 1, 32 and 256. Drafter sets (`SETS`): `base` = every
+the big coding trace at 256 (`default`, the whole trace) and, on every 12th of its queries
+(`default-12th`, written into DIR by `run`), at 1 and 32. Drafter sets: `base` = every
 drafter and the AgentSpec ablations S/R/N, `plus` = `agentspec+`, `ablate` = `agentspec+` with each
 part switched off (labelled by `ABLATIONS`). `tables` reads whatever files exist: rejection rates
 beside the paper's Table 1, speedups per max batch size, and the two ablation tables.
@@ -25,13 +26,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = {"reflexion": 965, "gaia": 8, "deep-research": 1, "swe-agent": 3, "default": 252}  # queries
+TRACES = {"reflexion": 965, "gaia": 8, "deep-research": 1, "swe-agent": 3, "default-12th": 21, "default": 252}
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-DEFAULT_BATCHES = (1, 32, 256)
-# deep-research has one query: 256 copies are 3 M output tokens, the size of the coding trace;
-# its grid stops at 64 to stay affordable on a 2-core machine.
-MAX_BATCH = {"deep-research": 64}
+# The coding trace (2.2 M output tokens) costs minutes per drafter: the whole trace at 256 only,
+# every 12th query at 1 and 32. deep-research has one query: 256 copies would be 3 M tokens, so its
+# grid stops at 16 copies to stay affordable on a shared 2-core machine.
+ONLY_BATCHES = {"default": (256,), "default-12th": (1, 32)}
+MAX_BATCH = {"deep-research": 16}
+SUBSETS = {"default-12th": ("default", 12)}  # name → (bundled trace, every n-th query)
 BASE = ("ngram", "suffix", "eagle3", "agentspec", "agentspec-s", "agentspec-n", "agentspec-r", "agspec")
+# The whole coding trace: the drafters of the main tables only (the S/R/N ablation runs on its subset).
+BASE_FOR = {"default": ("ngram", "suffix", "eagle3", "agentspec", "agspec")}
 ABLATIONS: dict[str, dict] = {
     "− structure": {"structure": False},
     "− workspace": {"corpora": ["session", "global"]},
@@ -40,6 +45,8 @@ ABLATIONS: dict[str, dict] = {
     "− M(b) (α budget)": {"budget": "alpha"},
     "− allocation (fixed k)": {"budget": "none"},
     "− controller": {"controller": False},
+    "− short matches (min 3)": {"min_match_len": 3},
+    "− redundancy select": {"select": "priority"},
 }
 PAPER_TABLE1 = {"eagle3": 0.533, "ngram": 0.887, "suffix": 0.659, "agentspec": 0.264}
 
@@ -49,20 +56,35 @@ def grid(traces: list[str]) -> list[tuple[str, int, int]]:
     points = []
     for trace in traces:
         queries = TRACES[trace]
-        batches = DEFAULT_BATCHES if trace == "default" else BATCHES
+        batches = ONLY_BATCHES.get(trace, BATCHES)
         for b in batches:
             if b > MAX_BATCH.get(trace, 256):
                 continue
             # reflexion (965 queries) and default (252) fill 256 alone; replicate only what cannot.
-            points.append((trace, b, max(1, math.ceil(b / queries))))
+            points.append((trace, b, 1 if queries >= 0.9 * b else math.ceil(b / queries)))
     return points
 
 
+def trace_path(trace: str, out_dir: Path) -> Path:
+    """The bundled trace, or the subset `SUBSETS` names (written into `out_dir` once)."""
+    if trace not in SUBSETS:
+        return ROOT / "traces" / f"{trace}.jsonl.zst"
+    path = out_dir / f"{trace}.jsonl.zst"
+    if not path.exists():
+        from agentspec_sim.trace.io import load_trace, write_trace
+        from agentspec_sim.trace.schema import Workload
+
+        source, every = SUBSETS[trace]
+        workload = load_trace(ROOT / "traces" / f"{source}.jsonl.zst")
+        write_trace(Workload(workload.meta, workload.queries[::every]), path)
+    return path
+
+
 def replay_args(trace: str, b: int, r: int, which: str, out: Path) -> list[str]:
-    cmd = ["nice", "-n", "10", "agentspec-sim", "replay", str(ROOT / "traces" / f"{trace}.jsonl.zst"),
+    cmd = ["nice", "-n", "10", "agentspec-sim", "replay", str(trace_path(trace, out.parent)),
            "--max-num-seqs", str(b), "--replicate", str(r), "--json", "-o", str(out)]
     if which == "base":
-        return [*cmd, "--drafter", ",".join(BASE)]
+        return [*cmd, "--drafter", ",".join(BASE_FOR.get(trace, BASE))]
     if which == "plus":
         return [*cmd, "--drafter", "agentspec+"]
     if which == "ablate":
@@ -78,8 +100,10 @@ def run(args: argparse.Namespace) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for which in args.sets.split(","):
         for trace, b, r in grid(args.traces.split(",")):
-            if which == "ablate" and b not in (1, 32, 256):
-                continue  # the ablation runs at small, middle and large batches
+            if which == "ablate" and (b not in (1, 32, 256) or trace == "default"):
+                continue  # the ablation runs at small, middle and large batches (coding trace: its subset)
+            if which == "ablate" and b == 1 and not args.ablate_b1:
+                continue
             out = out_dir / f"{trace}_b{b}_r{r}_{which}.json"
             if out.exists():
                 continue
@@ -191,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--traces", default="swe-agent,gaia,deep-research,reflexion,default")
     p.add_argument("--sets", default="base,plus,ablate")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--ablate-b1", action="store_true", help="also run the ablation at max_num_seqs 1")
     p.set_defaults(func=run)
     p = sub.add_parser("tables", help="Markdown tables from the result files")
     p.add_argument("dir")

@@ -55,6 +55,7 @@ from agentspec_sim.drafters.agentspec import (
     Candidates,
     History,
     allocate,
+    redundancy_score,
 )
 from agentspec_sim.drafters.agspec import (
     FORMS,
@@ -66,7 +67,7 @@ from agentspec_sim.drafters.agspec import (
     read_cap_file,
 )
 from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
-from agentspec_sim.drafters.block_index import META_C, META_CT, META_FIELDS, META_N, META_P
+from agentspec_sim.drafters.block_index import META_C, META_CT, META_FIELDS, META_MATCH, META_N, META_P
 from agentspec_sim.drafters.corpus_index import NGramIndex, continuation_len, lookup
 
 if TYPE_CHECKING:
@@ -76,16 +77,20 @@ if TYPE_CHECKING:
 CORPORA = ("session", "workspace", "global")
 SESSION, WORKSPACE, GLOBAL = range(3)
 BUDGET_MODES = ("token_budget", "alpha", "none")
+SELECT_MODES = ("priority", "redundancy")
 PARTS_DEFAULTS: dict[str, Any] = {
     "structure": True,
     "corpora": CORPORA,
     "forms": "emission",
     "forms_when_absent": "all",
+    "select": "redundancy",
     "role_caps": None,
     "controller": True,
 }
-DEFAULTS: dict[str, Any] = {**MATCH_DEFAULTS, **BUDGET_DEFAULTS, "budget": "token_budget", "tokenizer": "qwen3",
-                            **PARTS_DEFAULTS}
+# min_match_len 2 with CT* only after 3-token matches (ct_min_match): short matches draft from M(b)'s
+# shares at small batches and not at large ones (docs/agentspec.md §10 has the measurements).
+DEFAULTS: dict[str, Any] = {**MATCH_DEFAULTS, "min_match_len": 2, "ct_min_match": 3, **BUDGET_DEFAULTS,
+                            "budget": "token_budget", "tokenizer": "qwen3", **PARTS_DEFAULTS}
 WORKSPACE_CANDIDATES = 256  # occurrences a workspace lookup examines (agspec's max_candidates)
 GLOBAL_KEY = ("*", "*")  # the global history's one store: every query of the tenant
 MAX_WORKSPACES = 64  # built workspace indexes kept, by file list
@@ -114,6 +119,9 @@ def validate(opts: dict[str, Any]) -> dict[str, Any]:
     lo, hi, cand = out["min_match_len"], out["max_match_len"], out["max_candidates"]
     if not _is_int(lo) or not _is_int(hi) or not 1 <= lo <= hi:
         raise SpecConfigError(f"need integers 1 ≤ min_match_len ≤ max_match_len, got {lo!r}, {hi!r}")
+    ct_min = out["ct_min_match"]
+    if ct_min is not None and (not _is_int(ct_min) or ct_min < 1):
+        raise SpecConfigError(f"ct_min_match={ct_min!r} must be an integer ≥ 1 or null (= min_match_len)")
     if not _is_int(cand) or cand < 1:
         raise SpecConfigError(f"max_candidates={cand!r} must be an integer ≥ 1")
     alpha, g_min = out["alpha"], out["g_min"]
@@ -121,6 +129,8 @@ def validate(opts: dict[str, Any]) -> dict[str, Any]:
         raise SpecConfigError(f"alpha={alpha!r} must be a number ≥ 0")
     if isinstance(g_min, bool) or not isinstance(g_min, int | float) or not 0 <= g_min <= 1:
         raise SpecConfigError(f"g_min={g_min!r} must be a number in [0, 1]")
+    if out["select"] not in SELECT_MODES:
+        raise SpecConfigError(f"select={out['select']!r} must be one of {', '.join(SELECT_MODES)}")
     if out["budget"] not in BUDGET_MODES:
         raise SpecConfigError(f"budget={out['budget']!r} must be one of {', '.join(BUDGET_MODES)}")
     corpora = out["corpora"]
@@ -206,12 +216,14 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
         lo, hi, cand = int(opts["min_match_len"]), int(opts["max_match_len"]), int(opts["max_candidates"])
         structured = bool(opts["structure"])
         self.order = tuple(CORPORA.index(c) for c in opts["corpora"])
+        self.by_redundancy = opts["select"] == "redundancy"
         self.history = History(lo, hi, max(self.k, 1), cand, table, structured=structured)
         self.global_history = (History(lo, hi, max(self.k, 1), cand, table, structured=structured)
                                if GLOBAL in self.order else None)
         self.workspaces = (_Workspaces(str(tokenizer), lo, opts["forms"], opts["forms_when_absent"])
                            if WORKSPACE in self.order and tokenizer is not None else None)
         self.min_n, self.max_n = lo, hi
+        self.ct_min = int(opts["ct_min_match"] or lo)
         self.caps = read_cap_file(opts["role_caps"]) if opts["role_caps"] else RoleCaps({}, None)
         self.ctl_settings = AgSpecSettings(k=self.k, controller=bool(opts["controller"]))
         self.source_counts = [0, 0, 0]  # drafts proposed from session, workspace, global (diagnostics)
@@ -272,12 +284,15 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
         out = np.zeros((num, max(self.k, 1)), dtype=np.int32)
         meta = np.zeros((num, META_FIELDS), dtype=np.int64)
         source = np.full(num, -1, dtype=np.int64)
+        score = np.zeros(num)  # g of the chosen corpus's candidates (select: redundancy)
         for src in self.order:
-            todo = [i for i in range(num) if source[i] < 0 and caps[i] > 0]
+            # priority: a row drafts from the first corpus with candidates; redundancy: every corpus
+            # is asked and the one whose candidates score the highest g wins (ties: the earlier).
+            todo = [i for i in range(num) if caps[i] > 0 and (self.by_redundancy or source[i] < 0)]
             if not todo:
                 break
             if src == WORKSPACE:
-                self._workspace_drafts(rows, contexts, todo, out, meta, source)
+                self._workspace_drafts(rows, contexts, todo, out, meta, source, score)
                 continue
             history = self.history if src == SESSION else self.global_history
             if src == SESSION:
@@ -285,9 +300,10 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
             else:
                 requests = [(self._global_block(rows[i].drafter_state), contexts[i]) for i in todo]
             paths, found = history.lookup(requests)
+            g = redundancy_score(found[:, META_C], found[:, META_N], self.g_min)
             for j, i in enumerate(todo):
-                if found[j, META_N] > 0:
-                    out[i], meta[i], source[i] = paths[j], found[j], src
+                if found[j, META_N] > 0 and (source[i] < 0 or g[j] > score[i]):
+                    out[i], meta[i], source[i], score[i] = paths[j], found[j], src, g[j]
         lengths = self.lengths(meta, np.asarray(max_lens, dtype=np.int64), caps)
         for i in range(num):
             rows[i].drafter_state.pending = int(lengths[i])
@@ -300,8 +316,10 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
         """Draft lengths: the budget's L_i (or k), then the plurality path's length, the caps and k."""
         if self.budgeted:
             n = np.where(caps > 0, meta[:, META_N], 0)  # a call at cap 0 takes no share of B
-            wanted = allocate(Candidates.of(n, meta[:, META_C], meta[:, META_CT]), self.batch_share(meta.shape[0]),
-                              self.g_min)
+            # CT* drafts beyond the budget only after a match of ≥ ct_min_match tokens; shorter matches
+            # draft from their budget share alone (which vanishes at large batches, where M(b) → 0).
+            ct = np.where(meta[:, META_MATCH] >= self.ct_min, meta[:, META_CT], 0)
+            wanted = allocate(Candidates.of(n, meta[:, META_C], ct), self.batch_share(meta.shape[0]), self.g_min)
         else:
             self._step_rows = None  # the step's batch size only sizes B
             wanted = np.full(meta.shape[0], self.k, dtype=np.int64)
@@ -312,15 +330,18 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
         auto = slot.cursor.automaton
         return slot.global_blocks[auto.block_index if auto is not None else 0]
 
-    def _workspace_drafts(self, rows, contexts, todo, out, meta, source) -> None:
+    def _workspace_drafts(self, rows, contexts, todo, out, meta, source, score) -> None:
         """The longest workspace match's continuation, as one candidate (n = c = 1, CT* = ∅)."""
         k = self.k
+        g_one = float(redundancy_score(1, 1, self.g_min))
         for i in todo:
             index = rows[i].drafter_state.workspace
             if index is None:
                 continue
             ctx = np.ascontiguousarray(contexts[i], dtype=np.int32)
             corpus = index.tokens
+            if source[i] >= 0 and score[i] >= g_one:
+                continue
             start, _ = lookup(ctx, ctx.shape[0], corpus, corpus.shape[0], index.tkey, index.tval, index.prev,
                               index.owner, -1, self.min_n, self.max_n, WORKSPACE_CANDIDATES)
             if start < 0:
@@ -330,7 +351,7 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
                 continue
             out[i, :m] = corpus[start:start + m]
             meta[i, META_N], meta[i, META_C], meta[i, META_CT], meta[i, META_P] = 1, 1, 0, m
-            source[i] = WORKSPACE
+            source[i], score[i] = WORKSPACE, g_one
 
 
 __all__ = ["CORPORA", "DEFAULTS", "AgentSpecPlusDrafter", "validate"]
