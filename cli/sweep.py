@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -15,7 +12,7 @@ from rich.table import Table
 
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import trace_argument
-from agentspec_sim.cli.errors import UsageError, stderr
+from agentspec_sim.cli.errors import UsageError
 
 FIGURE1 = "normal,ngram,ngram-v2,suffix,eagle3,agentspec"
 SIZES = "1,2,4,8,16,32,64,128,256"
@@ -84,28 +81,13 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
         raise UsageError(str(exc)) from None
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so the sweep writes what is complete (like KeyboardInterrupt)."""
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    def handler(signum: int, frame: object) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[str], grid: list[str],
                   max_num_seqs: str, hardware: str, model: str, seeds: int, engine, output: Path | None,
                   resume: bool, jobs: int | None, executor: str, address: str | None, skip_bad_lines: bool,
                   show_progress: bool = True):
-    """`run_sweep` with a progress bar; bad options → UsageError; Ctrl-C → exit 130, SIGTERM → 143, each
-    after writing the finished cells, with one line saying so."""
+    """`run_sweep` with a progress bar; bad options → UsageError. On Ctrl-C or SIGTERM (`Interrupted`, see
+    cli/errors.py) `run_sweep` writes the finished cells; the note says how many, and the exit code is
+    130 or 143."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentspec_sim.drafters.base import SpecConfigError
@@ -130,28 +112,26 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
 
     def progress(done: int, total: int, row) -> None:
         if row is None:
-            bar.start()  # only now: the workers are forked before the bar's refresh thread exists
+            bar.start()  # only once the workers are up
         counts.update(done=done, total=total)
         bar.update(task, completed=done, total=total)
 
     try:
-        with sigterm_raises():
-            return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
-                             address=address, skip_bad_lines=skip_bad_lines, progress=progress, **options)
+        return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
+                         address=address, skip_bad_lines=skip_bad_lines, progress=progress, **options)
     except (SweepError, SpecConfigError, EngineConfigError, SimulationError) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # a bad hardware/model profile name or file
         if type(exc).__name__ != "ProfileError":
             raise
         raise UsageError(str(exc)) from None
-    except (KeyboardInterrupt, Terminated) as exc:
+    except KeyboardInterrupt as exc:  # cli.errors.Interrupted: run_guarded prints the note, exits 130/143
         bar.stop()
-        code, what = (143, "terminated") if isinstance(exc, Terminated) else (130, "interrupted")
         finished = f"{counts['done']} of {counts['total']} cells finished"
         if output is not None:
             finished += f" and written to {output}; rerun with --resume to finish"
-        stderr.print(f"{what}: {finished}")
-        raise typer.Exit(code) from None
+        exc.note = finished
+        raise
     finally:
         bar.stop()
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from agentspec_sim.drafters.base import (
     COMMON_KEYS,
+    SHORTHAND_DEFAULTS,
     SpecConfigError,
     SpeculativeConfig,
     drafter_class,
@@ -153,7 +154,7 @@ def drafter_configs(drafters: Sequence[str], speculative_configs: Sequence[str] 
         bases.append(parse_drafter(name))
     for text in speculative_configs:
         spec = parse_drafter(text)
-        bases.append(replace(spec, label=spec.label or _describe_json(spec)))
+        bases.append(replace(spec, label=spec.label or _describe_json(spec)))  # never a shorthand name
     for key, _ in grid:
         if not any(s.method != "normal" and _accepts(s, key) for s in bases):
             raise SweepError(f"--grid {key}: no drafter in the sweep accepts this key")
@@ -166,16 +167,16 @@ def drafter_configs(drafters: Sequence[str], speculative_configs: Sequence[str] 
             if not keys:
                 out.append(base)
                 continue
-            data = {**base.to_json(), **{k: v for (k, _), v in zip(keys, values, strict=True)}}
-            if "prompt_lookup_min" in dict(keys) and "prompt_lookup_max" not in dict(keys):
-                data.pop("prompt_lookup_max", None)  # vLLM: a given min copies into an absent max
-            if "prompt_lookup_max" in dict(keys) and "prompt_lookup_min" not in dict(keys):
-                data.pop("prompt_lookup_min", None)
-            label = " ".join([base.name, *(_short(k, v) for (k, _), v in zip(keys, values, strict=True))])
+            # The keys the drafter was given (not its resolved defaults), so vLLM's rules apply to the
+            # grid value as to a hand-written config (e.g. a prompt_lookup_max alone sets the min too).
+            data = {**(dict(base.raw) or base.to_json()), **{k: v for (k, _), v in zip(keys, values, strict=True)}}
+            parts = [_short(k, v) for (k, _), v in zip(keys, values, strict=True)]
             try:
-                out.append(SpeculativeConfig.from_json(data, label=label))
+                spec = SpeculativeConfig.from_json(data)
             except SpecConfigError as exc:
-                raise SweepError(f"--grid: {label}: {exc}") from None
+                raise SweepError(f"--grid: {base.name} {' '.join(parts)}: {exc}") from None
+            shorthand = base.name in SHORTHAND_DEFAULTS
+            out.append(replace(spec, label=" ".join([base.name, *parts]) if shorthand else _describe_json(spec)))
     labels: dict[str, int] = {}
     unique = []
     for spec in out:

@@ -13,8 +13,10 @@ Post: `run` yields `(index into cells, row)` exactly once per cell; a cell whose
       the run with `SweepError` naming the cell; leaving the `with` block, normally or by any
       exception (KeyboardInterrupt included), stops every worker the executor started.
 
-Every worker holds the workload loaded once: forked processes inherit the parent's (copy on write),
-spawned ones receive it once at start, Ray actors get it once from the object store.
+Every worker holds the workload loaded once: local worker processes receive the parent's loaded
+workload once, when they start; Ray actors get it once from the object store. Local workers are
+spawned, not forked: polars' thread pool (used by every run's summary) deadlocks in a child forked
+after the parent used it, which a resumed sweep always has (it reads the old results first).
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def _process_worker(conn: Any, workload: Workload, task: Task) -> None:
     """A worker process: receive `(index, cell)`, send back `(index, ok, row or message)`; None ends it."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, inherited through fork
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stop at once when the parent terminates the worker
     try:
         while (message := conn.recv()) is not None:
             index, cell = message
@@ -122,13 +124,13 @@ def _process_worker(conn: Any, workload: Workload, task: Task) -> None:
 
 @register_executor("process")
 class ProcessExecutor(CellExecutor):
-    """`jobs` local worker processes (default: one per CPU), forked where the platform allows so the
-    loaded workload is shared, each fed one cell at a time in the given order."""
+    """`jobs` local worker processes (default: one per CPU), spawned with the loaded workload, each
+    fed one cell at a time in the given order."""
 
     def __enter__(self) -> ProcessExecutor:
         import multiprocessing as mp
 
-        context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        context = mp.get_context("spawn")
         self.workers: list[tuple[Any, Any]] = []
         try:
             for _ in range(self.jobs or os.cpu_count() or 1):

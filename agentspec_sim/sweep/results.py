@@ -59,7 +59,8 @@ def to_frame(rows: Sequence[Row]) -> pl.DataFrame:
     columns = list(dict.fromkeys(name for row in rows for name in row))  # union, first-seen order
     frame = pl.DataFrame([{c: row.get(c) for c in columns} for row in rows], infer_schema_length=None)
     casts = [pl.col(name).cast(dtype) for name, dtype in _FIXED_DTYPES.items() if name in frame.columns]
-    casts += [pl.col(name).cast(pl.Float64) for name, dtype in frame.schema.items() if dtype == pl.Null]
+    casts += [pl.col(name).cast(pl.Float64) for name, dtype in frame.schema.items()
+              if dtype == pl.Null and name not in _FIXED_DTYPES]
     return frame.with_columns(casts)
 
 
@@ -127,9 +128,10 @@ class ResultStore:
         os.fsync(self._fd)
 
     def close(self, rows: Sequence[Row]) -> pl.DataFrame:
-        """Write every finished row to the parquet (atomically), then drop the journal."""
+        """Write every finished row to the parquet (atomically), then drop the journal. With no row
+        finished nothing is written (a results file always has the whole schema)."""
         self._close_fd()
-        frame = write_results(self.path, rows)
+        frame = write_results(self.path, rows) if rows else to_frame(rows)
         with contextlib.suppress(FileNotFoundError):
             self.journal.unlink()
         return frame

@@ -66,7 +66,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
 
     `trace`: a trace path (default: the bundled coding-agent trace); `workload`: the trace already
-    loaded (else it is loaded once, here, and shared with every worker). `drafters`: shorthand names;
+    loaded (else it is loaded once, here, and handed to every worker once). `drafters`: shorthand names;
     `speculative_configs`: vLLM `--speculative-config` JSON texts; `grid`: speculative-config keys →
     values, crossed with every drafter configuration that accepts the key; `normal` always runs.
     `engine`: every other engine setting (its max_num_seqs, hardware, model and seed are replaced per
