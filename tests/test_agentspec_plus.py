@@ -268,3 +268,26 @@ def test_replicate_budget_uses_the_whole_steps_drafting_batch(method, monkeypatc
     assert multi > 0
     for _, step, rows, share in calls:
         assert share == batch_budget(240, step) * rows // step
+
+
+def test_select_by_redundancy_prefers_the_corpus_with_more_agreeing_candidates(tok):
+    shared = "```python\nfoo = bar_baz(qux)\n```"
+    done = [mkcall(tok, f"g{i}", f"q{i}", 0, "Task.", shared) for i in range(3)]  # global: 3 agreeing
+    mine = mkcall(tok, "m", "q9", 0, "Task.", "```python\nfoo = bar_zzz(1)\nfoo = bar_baz(qux)\n```")  # session: 1
+    drafts = drive(plus(), [*done, mine])
+    assert draft_after(tok, mine, drafts, "```python\nfoo = bar_zzz(1)\nfoo = bar").startswith("_baz(qux)")
+    drafts = drive(plus(select="priority"), [*done, mine])
+    assert draft_after(tok, mine, drafts, "```python\nfoo = bar_zzz(1)\nfoo = bar").startswith("_zzz(1)")
+
+
+def test_short_matches_draft_only_from_the_budget_share(tok):
+    # Matches of 2 tokens (max_match_len 2) with 2 agreeing candidates: CT* exists, but with
+    # ct_min_match 3 it is not drafted beyond the budget, and M(1) = 0 here.
+    for ct_min, drafts_ct in ((3, False), (2, True)):
+        drafter = plus(budget="token_budget", max_match_len=2, ct_min_match=ct_min)
+        drafter.bind_cost_model(ConstantCost(ridge=1.0))
+        rows = _rows(tok, drafter, 1)
+        drafter.propose(rows, np.array([32]))
+        meta, lengths, _ = drafter.last
+        assert meta[0, 0] == 2 and meta[0, 2] > 0 and meta[0, 4] == 2
+        assert (lengths[0] > 0) == drafts_ct
