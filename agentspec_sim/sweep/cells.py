@@ -31,12 +31,14 @@ from agentspec_sim.engine.config import EngineConfig
 FIGURE1_DRAFTERS = ("normal", "ngram", "ngram-v2", "suffix", "eagle3", "agentspec")
 FIGURE1_MAX_NUM_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
-# Relative wall time of one simulation per engine step, by method, for ordering only (slowest first).
-# From the default trace at max_num_seqs 256 on the 2-core dev VM: normal runs whole runs of steps
-# at once (no drafter to show each step to), model-free drafters pay Python per step, the
-# structure-aware ones more. Unknown methods count as 1.
-_STEP_WEIGHT = {"normal": 0.2, "ngram": 1.0, "ngram-v2": 1.0, "eagle3": 0.8, "mtp": 0.8, "suffix": 2.0,
-                "agentspec": 3.0, "agentspec-s": 3.0, "agentspec-r": 3.0, "agentspec-n": 2.0, "agspec": 3.0}
+# Wall seconds per million output tokens by method, for ordering only (slowest first): measured on
+# the default trace at max_num_seqs 256 on the shared 2-core dev VM (noisy; only the ratios matter).
+# Most of a drafter's cost is per token; `normal` runs whole runs of steps at once and slows down
+# ~7× at max_num_seqs 1 (per-step work dominates there), the others ~2×. Unknown methods: as ngram.
+_SECONDS_PER_MTOK = {"normal": 2.5, "ngram": 22.0, "ngram-v2": 22.0, "eagle3": 38.0, "mtp": 38.0, "suffix": 250.0,
+                     "agentspec": 250.0, "agentspec-s": 250.0, "agentspec-r": 250.0, "agentspec-n": 250.0,
+                     "agspec": 250.0}
+_SMALL_BATCH_FACTOR = {"normal": 6.0}
 
 
 class SweepError(ValueError):
@@ -212,8 +214,9 @@ def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: S
 
 
 def estimated_cost(cell: Cell, output_tokens: int, num_queries: int) -> float:
-    """A relative wall-time estimate, only to start the slowest cells first: engine steps ≈ output
-    tokens / the calls decoding at once (≤ max_num_seqs, ≤ queries), times the method's weight."""
+    """A relative wall-time estimate, only to start the slowest cells first: the method's cost per
+    output token, times (1 + a per-method factor ÷ the calls decoding at once, ≤ max_num_seqs)."""
+    method = cell.spec.method
     concurrency = max(1, min(cell.config.max_num_seqs or 256, num_queries * cell.config.replicate))
-    steps = output_tokens * cell.config.replicate / concurrency
-    return _STEP_WEIGHT.get(cell.spec.method, 1.0) * steps
+    per_token = _SECONDS_PER_MTOK.get(method, _SECONDS_PER_MTOK["ngram"])
+    return per_token * output_tokens * cell.config.replicate * (1 + _SMALL_BATCH_FACTOR.get(method, 1.0) / concurrency)
