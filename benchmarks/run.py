@@ -5,7 +5,8 @@ Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic] [--trace 
                                 [--scale reflexion:1M,3M,10M coding:1M] [--scale-drafter agentspec]
                                 [--sweep-jobs 1,2] [--sweep-queries N] [--out benchmarks/results.json]
 
-Sections (each runs only when named; results.json keeps the sections not run this time):
+Sections (each runs only when named; results.json keeps the sections not run this time, and the
+engine and scale runs not repeated this time):
 
 - engine: every (trace, drafter, max_num_seqs) simulated in a fresh child process, all queries
   arriving at t = 0, after a one-query warm-up (imports, numba). Per run: wall seconds of
@@ -329,6 +330,13 @@ def main(argv: list[str] | None = None) -> None:
         result = SECTIONS[name](args, console)
         result.update(measured_at=started, python=platform.python_version(), machine=platform.machine(),
                       cpus=os.cpu_count())
+        previous = document["sections"].get(name)
+        if name in ("engine", "scale") and previous:
+            # Runs measured earlier and not this time are kept (one run's key: trace or source, drafter, size).
+            key = ("trace", "source", "target_tokens", "drafter", "max_num_seqs")
+            fresh = {tuple(r.get(k) for k in key) for r in result["runs"]}
+            result["runs"] = [r for r in previous.get("runs", []) if tuple(r.get(k) for k in key) not in fresh] \
+                + result["runs"]
         document["sections"][name] = result
         write_bytes_atomic(args.out, (json.dumps(document, indent=2) + "\n").encode("utf-8"))
 

@@ -12,7 +12,10 @@ brute-force search in tests/test_ngram.py) and stops at the first occurrence of 
 
 Config (vLLM `SpeculativeConfig`): `num_speculative_tokens` is required; `prompt_lookup_min/max`
 are both 5 when neither is given, the other copies the one given, and 1 ≤ min ≤ max.
-State: none across calls (the history is the call's own token buffer).
+State: none across calls (the history is the call's own token buffer). The engine does not call
+`propose`: it computes the same drafts for all rows at once from an incremental index of first
+n-gram occurrences per history (engine/batched.py), a cache of this rule that `propose` and
+`ngram_match` remain the reference for.
 """
 
 from __future__ import annotations
