@@ -74,14 +74,19 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     the parquet is written at the end, or with whatever finished when the sweep is interrupted or a
     cell fails (then the exception propagates). `resume`: keep the finished cells an earlier run of
     the same `output` left and run only the others. `jobs`, `executor` ("process", "ray", "inline"),
-    `address` (a Ray cluster): where cells run. `progress(done, total, row)` is called once when the
-    workers are up (row None) and after every cell.
+    `address` (a Ray cluster): where cells run; local workers are spawned processes, so a script that
+    calls this with `jobs` > 1 needs Python's `if __name__ == "__main__":` guard around it.
+    `progress(done, total, row)` is called once when the workers are up (row None) and after every cell.
     """
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import load_trace
 
     if resume and output is None:
         raise SweepError("resume needs an output file")
+    if output is not None:
+        from agentspec_sim.atomic import check_writable
+
+        check_writable(output)  # before any work: a directory or a file in the way fails now
     trace_text = str(trace) if trace is not None else str(default_trace_path())
     cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine)
     _check_configs(cells)
@@ -106,6 +111,10 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         rows = sorted(done.values(), key=lambda row: order[row["cell_id"]])
         return fill_speedups(rows, baseline_of)
 
+    if executor == "process":
+        import os
+
+        jobs = min(jobs or os.cpu_count() or 1, max(1, len(todo)))  # no idle workers to start
     try:
         with make_executor(executor, jobs, workload, run_cell, address) as pool:
             if progress is not None:
