@@ -1,4 +1,4 @@
-"""`agentspec-sim calibrate …`: fit model parameters from measurements (`calibrate acceptance`)."""
+"""`agentspec-sim calibrate …`: fit model parameters from measurements (`calibrate acceptance`, `calibrate cost`)."""
 
 from __future__ import annotations
 
@@ -102,3 +102,72 @@ def _render(file: Path, output: Path, result, rows) -> None:
 
 def _rates(values) -> str:
     return " ".join(f"{x:.2f}".removeprefix("0") for x in values)
+
+
+@calibrate_app.command("cost")
+def cost(
+    file: Path = typer.Argument(..., help="Measured step timings, one row per call per step (parquet or CSV): step, "
+                                "phase, context_len, scheduled_tokens and measured_s (`validate timing`'s "
+                                "timing_calls.parquet), forward_s (a step log or a vLLM export) or step_time_s "
+                                "(minus draft_s when given).", show_default=False),
+    hardware: str = typer.Option("a100-80g", "--hardware", help="Hardware profile the times were measured on (id or "
+                                 "JSON, e.g. a timing run's hardware.json)."),
+    model: str = typer.Option("qwen3-8b", "--model", help="Model profile (id, profile JSON or config.json, e.g. a "
+                              "timing run's model.json)."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica."),
+    start: Path | None = typer.Option(None, "--calibration", help="Calibration to start from (and keep for the "
+                                      "factors not fitted); default: the documented defaults."),
+    time_column: str | None = typer.Option(None, "--time-column", help="measured_s, forward_s or step_time_s "
+                                           "(default: the first present, in that order)."),
+    drafter: str | None = typer.Option(None, "--drafter", help="Which run of a multi-run step log "
+                                       "(default: the last)."),
+    holdout: float = typer.Option(0.25, "--holdout", help="Share of steps held out of the fit and only evaluated."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the hold-out split."),
+    output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (what `replay --calibration` "
+                                "reads).", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print the fit report as JSON."),
+) -> None:
+    """Fit the cost model's efficiency factors and overheads (and the drafting cost, given draft_s) to measured
+    step times by bounded least squares; report the error before/after on fitted and held-out steps."""
+    from agentspec_sim.cost.calibrate import CalibrationFitError, fit_calibration
+    from agentspec_sim.cost.profiles import ProfileError
+    from agentspec_sim.cost.roofline import Calibration
+    from agentspec_sim.validation.calibration_input import timings_from_table
+    from agentspec_sim.validation.schedule import ScheduleError
+
+    if not 0 <= holdout < 1:
+        raise UsageError("--holdout must be in [0, 1)")
+    try:
+        timings = timings_from_table(file, time_column, drafter)
+        begin = Calibration.from_file(start) if start else None
+        fit = fit_calibration(timings, hardware, model, start=begin, holdout=holdout, seed=seed,
+                              tensor_parallel_size=tensor_parallel_size, source=f"calibrate cost {file.name}")
+    except (ScheduleError, ProfileError, CalibrationFitError) as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # e.g. heads that do not split over --tensor-parallel-size
+        raise UsageError(str(exc)) from None
+    fit.calibration.to_file(output, hardware=hardware, model=model, tensor_parallel_size=tensor_parallel_size,
+                            fit=fit.to_dict())
+    if as_json:
+        typer.echo(json.dumps({"output": str(output), **fit.to_dict()}, indent=2))
+        return
+    _render_cost(fit, output)
+
+
+def _render_cost(fit, output: Path) -> None:
+    console = Console()
+
+    def pct(v: float | None) -> str:
+        return "—" if v is None else f"{v:.2f}%"
+
+    table = Table(title="calibrate cost: step-time MAPE")
+    for col in ("steps", "count", "before", "after"):
+        table.add_column(col, justify="left" if col == "steps" else "right")
+    table.add_row("fitted", str(fit.num_train), pct(fit.mape_before_train), pct(fit.mape_after_train))
+    table.add_row("held out", str(fit.num_holdout), pct(fit.mape_before_holdout), pct(fit.mape_after_holdout))
+    if fit.draft_mape_after is not None:
+        table.add_row("drafting", "", pct(fit.draft_mape_before), pct(fit.draft_mape_after))
+    console.print(table)
+    console.print("; ".join(f"{name} {getattr(fit.start, name):.4g} → {getattr(fit.calibration, name):.4g}"
+                            for name in fit.fitted))
+    console.print(f"wrote {output}")

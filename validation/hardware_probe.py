@@ -36,6 +36,8 @@ def measure_profile(device: str, dtype: torch.dtype, *, matmul_size: int = 512, 
 
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    # CPU: this thread's CPU time, like the CPU timing run (validation/timing.py); GPU: the wall clock.
+    clock = time.perf_counter if dev.type == "cuda" else time.thread_time
     n = matmul_size
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
@@ -47,14 +49,20 @@ def measure_profile(device: str, dtype: torch.dtype, *, matmul_size: int = 512, 
         sync()
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = clock()
             fn()
             sync()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return min(times)
 
-    flops = 2.0 * n**3 / best(lambda: a @ b)
-    bandwidth = 2.0 * src.numel() * 4 / best(lambda: dst.copy_(src))
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # the CPU timing runs on one thread (validation/timing.py)
+    try:
+        flops = 2.0 * n**3 / best(lambda: a @ b)
+        bandwidth = 2.0 * src.numel() * 4 / best(lambda: dst.copy_(src))
+    finally:
+        torch.set_num_threads(threads)
     if dev.type == "cuda":
         total = torch.cuda.get_device_properties(dev).total_memory
         name = torch.cuda.get_device_name(dev)

@@ -8,8 +8,9 @@ offsets, like the cost model's batched `step_times`. It comes from
   * a schedule file (`agentspec-sim/step-shapes` JSON, gzip allowed): the small committed samples in
     validation/schedules/ that the GPU check replays without polars or the simulator.
 
-`stratified_sample` picks steps spread over batch-size and scheduled-token buckets (powers of two),
-seeded, so a few dozen steps cover decode at every batch size, verify steps and prefill chunks.
+`stratified_sample` picks steps spread over batch-size buckets (powers of two) and step kinds (decode,
+verify, prefill), seeded, so a few dozen steps cover decode and verify at every batch size and
+prefill chunks.
 Nothing here imports polars at module level (the GPU path has none): tables are read with polars
 when it is installed, else with pyarrow.
 """
@@ -128,15 +129,29 @@ class StepShapes:
 
 
 def shapes_from_columns(columns: Mapping[str, np.ndarray], where: str = "<table>",
-                        time_columns: tuple[str, ...] = ("forward_s", "draft_s", "step_time_s", "measured_s")
-                        ) -> StepShapes:
+                        time_columns: tuple[str, ...] = ("forward_s", "draft_s", "step_time_s", "measured_s"),
+                        drafter: str | None = None) -> StepShapes:
     """Group a per-call-step table (see the module docstring) into steps, in step order.
 
-    A step-level time column (the same value on every row of a step) is kept under its name.
+    A step-level time column (the same value on every row of a step) is kept under its name. A log
+    of several runs (`replay` writes normal and each drafter, with a `drafter` column) is cut to the
+    run of `drafter`, by default the last one in the log.
     """
     for name in REQUIRED_COLUMNS:
         if name not in columns:
             raise ScheduleError(f"{where}: column {name!r} missing (need {', '.join(REQUIRED_COLUMNS)})")
+    if "drafter" in columns:
+        names = np.asarray(columns["drafter"]).astype(str)
+        present = list(dict.fromkeys(names.tolist()))
+        chosen = drafter if drafter is not None else (present[-1] if present else None)
+        if chosen not in present:
+            raise ScheduleError(f"{where}: drafter {chosen!r} not in the log (runs: {', '.join(present)})")
+        if len(present) > 1:
+            keep = names == chosen
+            columns = {k: np.asarray(v)[keep] for k, v in columns.items()}
+        where = f"{where} [{chosen}]"
+    elif drafter is not None:
+        raise ScheduleError(f"{where}: no drafter column to select {drafter!r} with")
     step = np.asarray(columns["step"], dtype=np.int64)
     if step.shape[0] == 0:
         raise ScheduleError(f"{where}: no rows")
@@ -168,7 +183,8 @@ def shapes_from_columns(columns: Mapping[str, np.ndarray], where: str = "<table>
 
 
 def read_table(path: str | Path) -> dict[str, np.ndarray]:
-    """A parquet (or CSV) file's columns as numpy arrays: polars when installed, else pyarrow."""
+    """A parquet or CSV file's columns as numpy arrays (list columns skipped): polars when installed,
+    else pyarrow; CSV also without either."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(2, "no such file", str(path))
@@ -181,51 +197,82 @@ def read_table(path: str | Path) -> dict[str, np.ndarray]:
         if pl is not None:
             frame = pl.read_csv(path) if csv else pl.read_parquet(path)
             return {name: frame[name].to_numpy() for name in frame.columns if frame[name].dtype != pl.List}
-        import pyarrow.csv as pacsv
+        if csv:
+            return _read_csv(path)
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pacsv.read_csv(path) if csv else pq.read_table(path)
-        import pyarrow as pa
-
+        table = pq.read_table(path)
         return {name: table[name].to_numpy() for name in table.column_names
                 if not pa.types.is_list(table.schema.field(name).type)}
     except (OSError, ValueError) as exc:
         raise ScheduleError(f"{path}: cannot read as {'CSV' if csv else 'parquet'}: {exc}") from None
-    except Exception as exc:  # polars' and pyarrow's own compute errors
+    except Exception as exc:  # polars' and pyarrow's own errors
         if type(exc).__module__.split(".")[0] in ("polars", "pyarrow"):
             raise ScheduleError(f"{path}: cannot read as {'CSV' if csv else 'parquet'}: {exc}") from None
         raise
 
 
-def write_table(path: str | Path, columns: Mapping[str, np.ndarray]) -> None:
-    """Write columns as parquet, atomically: polars when installed, else pyarrow."""
-    from agentspec_sim.atomic import atomic_binary
+def _read_csv(path: Path) -> dict[str, np.ndarray]:
+    import csv
 
+    with open(path, newline="", encoding="utf-8") as src:
+        rows = list(csv.reader(src))
+    if not rows:
+        raise ValueError("empty file")
+    out: dict[str, np.ndarray] = {}
+    for j, name in enumerate(rows[0]):
+        values = [r[j] for r in rows[1:]]
+        for kind in (np.int64, np.float64):
+            try:
+                out[name] = np.array(values, dtype=kind)
+                break
+            except ValueError:
+                continue
+        else:
+            out[name] = np.array(values, dtype=str)
+    return out
+
+
+def write_table(path: str | Path, columns: Mapping[str, np.ndarray]) -> None:
+    """Write columns atomically: parquet (polars when installed, else pyarrow), or CSV when the name
+    ends in .csv (no library needed)."""
+    from agentspec_sim.atomic import atomic_binary, atomic_text
+
+    arrays = {k: np.asarray(v) for k, v in columns.items()}
+    if str(path).lower().endswith(".csv"):
+        import csv
+
+        with atomic_text(path) as out:
+            writer = csv.writer(out, lineterminator="\n")
+            writer.writerow(list(arrays))
+            writer.writerows(zip(*(a.tolist() for a in arrays.values()), strict=True))
+        return
     try:
         import polars as pl
     except ImportError:
         pl = None
     with atomic_binary(path, compress=False) as out:
         if pl is not None:
-            pl.DataFrame({k: np.asarray(v) for k, v in columns.items()}).write_parquet(out)
+            pl.DataFrame(arrays).write_parquet(out)
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            pq.write_table(pa.table({k: np.asarray(v) for k, v in columns.items()}), out)
+            pq.write_table(pa.table(arrays), out)
 
 
-def read_step_log(path: str | Path) -> StepShapes:
+def read_step_log(path: str | Path, drafter: str | None = None) -> StepShapes:
     """Step shapes (and step-level time columns) from a per-call-step log file."""
-    return shapes_from_columns(read_table(path), where=str(path))
+    return shapes_from_columns(read_table(path), where=str(path), drafter=drafter)
 
 
-def load_shapes(path: str | Path) -> StepShapes:
-    """A schedule file (.json / .json.gz) or a step log (.parquet / .csv)."""
+def load_shapes(path: str | Path, drafter: str | None = None) -> StepShapes:
+    """A schedule file (.json / .json.gz) or a step log (.parquet / .csv; one drafter's run)."""
     name = str(path).lower()
     if name.endswith((".json", ".json.gz")):
         return StepShapes.from_file(path)
-    return read_step_log(path)
+    return read_step_log(path, drafter)
 
 
 def bucket_of(values: np.ndarray) -> np.ndarray:
@@ -238,18 +285,29 @@ def bucket_label(bucket: int) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
+def step_kinds(shapes: StepShapes) -> np.ndarray:
+    """Per step: 0 = plain decode (every call 1 token), 1 = verify (some call 1 + draft tokens, no
+    prefill), 2 = has a prefill chunk."""
+    starts = shapes.offsets[:-1]
+    has_prefill = np.add.reduceat(shapes.is_prefill.astype(np.int64), starts) > 0
+    max_q = np.maximum.reduceat(shapes.query_lens, starts)
+    return np.where(has_prefill, 2, np.where(max_q > 1, 1, 0))
+
+
 def stratified_sample(shapes: StepShapes, count: int, seed: int = 0) -> StepShapes:
-    """Up to `count` steps, spread evenly over (batch-size, scheduled-tokens) power-of-two strata:
-    each round takes one unused step from every stratum (seeded order), so rare strata (prefill chunks,
-    the largest batches) are covered before common ones repeat. Returned in step order."""
+    """Up to `count` steps spread over strata of (batch-size power-of-two bucket, step kind: decode /
+    verify / prefill): each round takes one unused step from every stratum, strata in a seeded order,
+    so rare strata (the largest batches, prefill chunks) are covered before common ones repeat.
+    Returned in step order."""
     n = len(shapes)
     if count >= n:
         return shapes
     if count < 1:
         raise ValueError("a sample needs at least one step")
     rng = np.random.default_rng(seed)
-    key = bucket_of(shapes.batch_sizes) * 64 + bucket_of(shapes.num_tokens)
+    key = bucket_of(shapes.batch_sizes) * 4 + step_kinds(shapes)
     strata = [rng.permutation((key == k).nonzero()[0]) for k in np.unique(key)]
+    strata = [strata[i] for i in rng.permutation(len(strata))]
     picks: list[int] = []
     depth = 0
     while len(picks) < count:

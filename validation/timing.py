@@ -7,7 +7,9 @@ or the prefill chunk) over its context. Timing, as vLLM runs it:
     captures CUDA graphs up to 512 tokens by default), the forward is captured once into a CUDA graph
     and replayed; larger steps run eagerly (vLLM runs those without a graph too). Each of `repeats`
     runs is bracketed by CUDA events; the step's time is the median.
-  * CPU: the same code on a tiny configuration, timed with perf_counter (median of `repeats`).
+  * CPU: the same code on a tiny configuration, on one thread, timed by that thread's CPU time
+    (`time.thread_time`, the minimum of `repeats`): on a shared machine the wall clock also counts
+    the time other processes hold the core.
 The prediction is the cost model's forward time (drafting is not part of a forward pass) for the
 architecture that actually ran (`torch_model.profile_for`: every weight in the run dtype) on the
 hardware profile of this device (`hardware_probe.hardware_for`).
@@ -139,14 +141,22 @@ def time_step(model: TimingModel, q: np.ndarray, c: np.ndarray, pf: np.ndarray, 
         budget = int(free * config.kv_memory_fraction)
     kv = model.allocate_kv(inputs.total_k, budget)
     if not on_cuda:
-        for _ in range(config.warmup):
-            model.forward(inputs, kv)
-        times = []
-        for _ in range(config.repeats):
-            start = time.perf_counter()
-            model.forward(inputs, kv)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times)), False
+        # One thread, timed by the CPU time of this thread, minimum of the repeats: on a shared CPU the wall
+        # clock counts the time other processes hold the core, a multi-threaded op stalls whenever one
+        # of its threads is descheduled, and interference only ever adds time.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for _ in range(config.warmup):
+                model.forward(inputs, kv)
+            times = []
+            for _ in range(config.repeats):
+                start = time.thread_time()
+                model.forward(inputs, kv)
+                times.append(time.thread_time() - start)
+        finally:
+            torch.set_num_threads(threads)
+        return float(min(times)), False
 
     def eager() -> object:
         return model.forward(inputs, kv)
@@ -183,11 +193,23 @@ def time_step(model: TimingModel, q: np.ndarray, c: np.ndarray, pf: np.ndarray, 
     return float(np.median(times)), graphed
 
 
-def run_timing(shapes: StepShapes, config: TimingConfig = TimingConfig(),
-               progress: Callable[[int, int], None] | None = None, *, fit: bool = True,
-               holdout: float = 0.25) -> TimingResult:
-    """Time every step of `shapes` and predict it (module docstring); optionally fit a calibration
-    to the measurements (`fit`, with `holdout` of the steps held out)."""
+@dataclass
+class TimingSession:
+    """What a timing run builds once and can reuse across schedules: the model on its device, the
+    architecture that runs, its cost-model profile, and the hardware profile predictions use."""
+
+    config: TimingConfig
+    device: str
+    spec: ArchSpec
+    model: TimingModel
+    hardware: HardwareProfile
+    profile: ModelProfile
+    calibration: Calibration
+    dtype_bytes: int
+
+
+def open_session(config: TimingConfig = TimingConfig()) -> TimingSession:
+    """Build the timing model (random weights) and resolve device and hardware profile."""
     import torch
 
     from agentspec_sim.validation.hardware_probe import hardware_for
@@ -200,41 +222,63 @@ def run_timing(shapes: StepShapes, config: TimingConfig = TimingConfig(),
     spec = ArchSpec.from_profile(load_model(config.model))
     if tiny:
         spec = spec.tiny()
-    torch.manual_seed(config.seed)
     model = TimingModel(spec, device=device, dtype=dtype, seed=config.seed)
     hardware = hardware_for(device, dtype, config.hardware)
-    profile = profile_for(spec, dtype.itemsize)
-    start_cal = Calibration.from_file(config.calibration) if config.calibration else Calibration()
+    calibration = Calibration.from_file(config.calibration) if config.calibration else Calibration()
+    return TimingSession(config, device, spec, model, hardware, profile_for(spec, dtype.itemsize), calibration,
+                         dtype.itemsize)
 
+
+def run_timing(shapes: StepShapes, config: TimingConfig = TimingConfig(),
+               progress: Callable[[int, int], None] | None = None, *, session: TimingSession | None = None,
+               fit: bool = True, holdout: float = 0.25) -> TimingResult:
+    """Time every step of `shapes` and predict it (module docstring); optionally fit a calibration
+    to the measurements (`fit`, with `holdout` of the steps held out). `session`: reuse a built model
+    (its config wins over `config`)."""
+    session = session or open_session(config)
+    config = session.config
     began = time.perf_counter()
     measured = np.zeros(len(shapes))
     graphed = np.zeros(len(shapes), dtype=bool)
     for k in range(len(shapes)):
         q, c, pf = shapes.step(k)
-        measured[k], graphed[k] = time_step(model, q, c, pf, config, seed=config.seed + k)
+        measured[k], graphed[k] = time_step(session.model, q, c, pf, config, seed=config.seed + k)
         if progress is not None:
             progress(k + 1, len(shapes))
     wall = time.perf_counter() - began
-    cost = RooflineCostModel(hardware, profile, 1, start_cal, kv_dtype_bytes=dtype.itemsize)
-    predicted = cost.step_times(shapes.query_lens, shapes.context_lens, shapes.is_prefill, shapes.offsets)
-    result = TimingResult(shapes, measured, predicted, graphed, spec, profile, hardware, start_cal, device,
-                          config.dtype, wall, meta={"config": dict(config.__dict__)})
+    result = TimingResult(shapes, measured, predict(session, shapes, session.calibration), graphed, session.spec,
+                          session.profile, session.hardware, session.calibration, session.device, config.dtype,
+                          wall, meta={"config": dict(config.__dict__)})
     if fit:
-        timings = StepTimings(shapes.offsets, shapes.query_lens, shapes.context_lens, shapes.is_prefill, measured)
-        if timings.num_steps * (1 - holdout) >= 8:
-            result.fit = fit_calibration(timings, hardware, profile, start=start_cal, holdout=holdout,
-                                         seed=config.seed, kv_dtype_bytes=dtype.itemsize,
-                                         source=f"validate timing on {hardware.name}, {spec.name}")
-            calibrated = RooflineCostModel(hardware, profile, 1, result.fit.calibration, kv_dtype_bytes=dtype.itemsize)
-            result.calibrated_s = calibrated.step_times(shapes.query_lens, shapes.context_lens, shapes.is_prefill,
-                                                        shapes.offsets)
+        attach_fit(result, session, holdout)
     return result
 
 
-def write_outputs(result: TimingResult, out_dir: str | Path, *, plot: bool = True) -> dict[str, Path]:
+def predict(session: TimingSession, shapes: StepShapes, calibration: Calibration) -> np.ndarray:
+    """The cost model's forward time of every step, for what the session runs."""
+    cost = RooflineCostModel(session.hardware, session.profile, 1, calibration, kv_dtype_bytes=session.dtype_bytes)
+    return cost.step_times(shapes.query_lens, shapes.context_lens, shapes.is_prefill, shapes.offsets)
+
+
+def attach_fit(result: TimingResult, session: TimingSession, holdout: float = 0.25) -> None:
+    """Fit a calibration to `result`'s measurements (when there are enough steps) and record it."""
+    shapes = result.shapes
+    timings = StepTimings(shapes.offsets, shapes.query_lens, shapes.context_lens, shapes.is_prefill,
+                          result.measured_s)
+    if timings.num_steps * (1 - holdout) < 8:
+        return
+    result.fit = fit_calibration(timings, session.hardware, session.profile, start=session.calibration,
+                                 holdout=holdout, seed=session.config.seed, kv_dtype_bytes=session.dtype_bytes,
+                                 source=f"validate timing on {session.hardware.name}, {session.spec.name}")
+    result.calibrated_s = predict(session, shapes, result.fit.calibration)
+
+
+def write_outputs(result: TimingResult, out_dir: str | Path, *, plot: bool = True,
+                  table_suffix: str = ".parquet") -> dict[str, Path]:
     """Write the run's files under `out_dir` (each atomically); returns them by role.
 
-    timing.parquet (per step), timing_calls.parquet (per call-step, `calibrate cost` input),
+    timing.parquet (per step), timing_calls.parquet (per call-step, `calibrate cost` input; `.csv`
+    with table_suffix=".csv"),
     hardware.json and model.json (what the predictions used; `--hardware` / `--model` accept them),
     calibration.json (when fitted), scatter.png, summary.json.
     """
@@ -243,7 +287,7 @@ def write_outputs(result: TimingResult, out_dir: str | Path, *, plot: bool = Tru
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"steps": out / "timing.parquet", "calls": out / "timing_calls.parquet",
+    paths = {"steps": out / f"timing{table_suffix}", "calls": out / f"timing_calls{table_suffix}",
              "hardware": out / "hardware.json", "model": out / "model.json", "summary": out / "summary.json"}
     write_table(paths["steps"], result.step_columns())
     write_table(paths["calls"], result.call_columns())

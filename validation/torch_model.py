@@ -144,14 +144,15 @@ class TimingModel:
 
         self.spec, self.device = spec, torch.device(device)
         self.dtype = dtype or torch.bfloat16
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        # Drawn on the device itself: a CPU draw of 8-20 B parameters would take minutes.
+        gen = torch.Generator(device=self.device).manual_seed(seed)
         h, d = spec.hidden_size, spec.head_dim
         qkv_out = (spec.num_heads + 2 * spec.num_kv_heads) * d
 
         def weight(*shape: int) -> torch.Tensor:
-            # Drawn on the CPU from a seeded generator (device-independent), scaled so activations stay finite.
-            w = torch.randn(*shape, generator=gen, dtype=torch.float32) * (1.0 / math.sqrt(shape[-2]))
-            return w.to(device=self.device, dtype=self.dtype)
+            # Seeded, scaled so activations stay finite; drawn in the run dtype (no float32 copy of 40 GB).
+            w = torch.randn(*shape, generator=gen, device=self.device, dtype=self.dtype)
+            return w.mul_(1.0 / math.sqrt(shape[-2]))
 
         def ones(n: int) -> torch.Tensor:
             return torch.ones(n, device=self.device, dtype=self.dtype)
@@ -319,8 +320,9 @@ def _varlen_attention():
 
 def _attention_loop(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: StepInputs,
                     window: int | None) -> torch.Tensor:
-    """Varlen attention as one SDPA per call over its own keys: causal, aligned bottom-right (query j of a
-    call with context c sees keys ≤ c + j), keys before c + j − window + 1 masked on sliding layers."""
+    """Varlen attention call by call over its own keys (explicit GQA softmax: the reference semantics):
+    causal, aligned bottom-right (query j of a call with context c sees keys ≤ c + j), keys before
+    c + j − window + 1 masked on sliding layers."""
     import torch
 
     out = torch.empty_like(q)
@@ -333,11 +335,16 @@ def _attention_loop(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         allowed = keys[None, :] <= pos
         if window:
             allowed &= keys[None, :] > pos - window
-        qi = q[cu_q[i]:cu_q[i + 1]].transpose(0, 1)
+        kv_heads = k_cache.shape[1]
+        group = q.shape[1] // kv_heads
+        # GQA without copying K/V: the `group` query heads of a KV head become extra query rows.
+        qi = q[cu_q[i]:cu_q[i + 1]].transpose(0, 1).reshape(kv_heads, group * qn, -1)
         ki = k_cache[lo + first_key:lo + cn + qn].transpose(0, 1)
         vi = v_cache[lo + first_key:lo + cn + qn].transpose(0, 1)
-        out[cu_q[i]:cu_q[i + 1]] = torch.nn.functional.scaled_dot_product_attention(
-            qi, ki, vi, attn_mask=allowed, enable_gqa=True).transpose(0, 1)
+        scores = (qi @ ki.transpose(1, 2)).float() * (q.shape[-1] ** -0.5)
+        scores = scores.masked_fill(~allowed.repeat(group, 1), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out[cu_q[i]:cu_q[i + 1]] = (probs @ vi).reshape(q.shape[1], qn, -1).transpose(0, 1)
     return out
 
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Live-GPU timing validation of the cost model, one command on a one-GPU machine (H100/H200 class):
+#
+#   bash validation/gpu_check.sh [OUT_DIR] [--quick]
+#
+# Replays the committed schedule samples of the bundled coding-agent trace (validation/schedules/:
+# max_num_seqs 1, 32, 256) as real bf16 forward passes of Qwen3-8B- and GPT-OSS-20B-shaped models
+# (random weights), timed with CUDA events after warm-up, CUDA graphs up to 512 tokens; compares
+# with the roofline's predictions, fits a calibration per model and prints the MAPE table.
+# Needs Python ≥ 3.11 with torch, numpy, scipy, matplotlib and pyarrow (or polars); runs from the
+# source tree (no install, no package registry). Expected: under 4 min (full) / 90 s (--quick)
+# on one H100/H200 — estimated, not yet run on a GPU (see docs/validation.md).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="validation-out"
+QUICK=()
+for arg in "$@"; do
+  case "$arg" in
+    --quick) QUICK=(--quick) ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) OUT="$arg" ;;
+  esac
+done
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" - <<'PY'
+import sys
+missing = [m for m in ("torch", "numpy", "scipy", "matplotlib") if __import__("importlib").util.find_spec(m) is None]
+if missing:
+    sys.exit(f"gpu_check: missing Python packages: {', '.join(missing)}")
+import torch
+if not torch.cuda.is_available():
+    print("gpu_check: no CUDA device visible to torch; running the tiny CPU configuration instead", file=sys.stderr)
+else:
+    print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", file=sys.stderr)
+PY
+mkdir -p "$OUT"
+start=$(date +%s)
+"$PYTHON" "$HERE/launch.py" gpu-check --out "$OUT" "${QUICK[@]}"
+echo "gpu_check: finished in $(( $(date +%s) - start )) s"
