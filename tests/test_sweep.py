@@ -195,22 +195,37 @@ def test_sigkill_then_resume_gives_the_uninterrupted_results(slow_trace, tmp_pat
     assert not journal_path(out).exists()
 
 
-def test_sigterm_writes_finished_cells_and_exits_143(slow_trace, tmp_path):
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_writes_finished_cells_and_exits_128_plus_it(slow_trace, tmp_path, signum, code):
     out = tmp_path / "termed.parquet"
     process = subprocess.Popen(_cli("sweep", str(slow_trace), "-o", str(out), *SWEEP_ARGS), stderr=subprocess.PIPE)
     try:
         _wait_for_lines(journal_path(out), 2, process)
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(60)
+        process.send_signal(signum)
+        got = process.wait(60)
     finally:
         if process.poll() is None:
             process.kill()
     err = process.stderr.read().decode().strip()
-    assert code == 143, err
+    assert got == code, err
     assert len(err.splitlines()) == 1 and "--resume" in err and "Traceback" not in err
     partial = read_results(out)
     assert 2 <= partial.height < 12 and partial["cell_id"].n_unique() == partial.height
     assert sorted(p.name for p in tmp_path.iterdir()) == ["termed.parquet"]  # journal and temporaries gone
+
+
+def test_cli_table(tiny, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentspec_sim.cli.app import app
+
+    monkeypatch.setenv("COLUMNS", "300")  # the caption line holds a long temporary path
+    out = tmp_path / "r.parquet"
+    result = CliRunner().invoke(app, ["sweep", str(tiny), "-o", str(out), "--drafter", "ngram", "--max-num-seqs",
+                                      "1,2", "-j", "1"])
+    assert result.exit_code == 0, result.output
+    assert "speedup" in result.output and "ngram" in result.output and f"4 cells in {out}" in result.output
+    assert read_results(out).height == 4
 
 
 def test_bad_input_is_one_error_line(tiny, tmp_path):
