@@ -50,8 +50,10 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def _is_expected(exc: BaseException) -> bool:
-    # Any OSError about a named file (disk full, read-only file system…) is the user's to fix.
-    return isinstance(exc, _expected_errors()) or (isinstance(exc, OSError) and exc.filename is not None)
+    # Any OSError about a named file (disk full, read-only file system…) is the user's to fix; so is a file
+    # that is not text where text was expected (a command that reads it should name the file itself).
+    return (isinstance(exc, (*_expected_errors(), UnicodeDecodeError))
+            or (isinstance(exc, OSError) and exc.filename is not None))
 
 
 def debug_enabled() -> bool:
@@ -162,4 +164,6 @@ def _click_exceptions() -> tuple[tuple[type[BaseException], ...], tuple[type[Bas
 def _message(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"an input file is not {exc.encoding.upper()} text ({exc.reason} at byte {exc.start})"
     return str(exc)
