@@ -185,8 +185,6 @@ def test_the_drafter_list_covers_the_paper_and_vllm_methods():
             "agentspec-n", "agspec"} <= set(BUILTIN_DRAFTERS)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: a step whose only running call preempts itself (its drafts need "
-                   "one block more than the cache has) raises instead of re-admitting the call, as vLLM would")
 def test_a_call_alone_that_preempts_itself_is_rescheduled():
     # One call: prompt 1 + output 7 = 4 blocks of 2, the cache's 4 usable blocks; ngram's 2 drafts near the
     # end need a 5th. vLLM preempts the call (recompute), re-admits it next step and it finishes.

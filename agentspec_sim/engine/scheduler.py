@@ -355,7 +355,8 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
     that fits) joins the waiting queue here, as the event loop would add it before the next step.
     RUN_LOSSLESS: the update's lossless check failed (the step is not logged; see `update_step`).
     """
-    for s in range(max_steps):
+    s = 0
+    while s < max_steps:
         if qu.q[0] == 0 and qu.q[2] == 0:
             return s, RUN_IDLE
         if (lg.rows.shape[0] - lg.ctr[0] < max_num_seqs or lg.steps.shape[0] == lg.ctr[1]
@@ -365,6 +366,10 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
         schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
         rows = sb.sc[0]
         if rows == 0:
+            if sb.sc[1] > 0:
+                # The only running calls preempted themselves (vLLM: an empty scheduler output, the
+                # model runner returns at once): no step happens; the next schedule re-admits them.
+                continue
             return s, RUN_EMPTY
         step = step0 + s
         running, waiting = qu.q[0], qu.q[2]
@@ -398,6 +403,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
                 stop = True
         if stop:
             return s + 1, RUN_STOPPED
+        s += 1
     return max_steps, RUN_MAX
 
 
