@@ -27,11 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = {"reflexion": 965, "gaia": 8, "deep-research": 1, "swe-agent": 3, "default-12th": 21, "default": 252}
-BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the small traces (gaia, swe-agent)
+# Reflexion and deep-research cost more per point: every 4× (the machine is shared by many jobs).
+COARSE = (1, 4, 16, 64, 256)
+ABLATE_BATCHES = (16, 256)  # the ablation, at a middle and the largest batch (default-12th: 32)
 # The coding trace (2.2 M output tokens) costs minutes per drafter: the whole trace at 256 only,
 # every 12th query at 1 and 32. deep-research has one query: 256 copies would be 3 M tokens, so its
 # grid stops at 16 copies to stay affordable on a shared 2-core machine.
-ONLY_BATCHES = {"default": (256,), "default-12th": (1, 32)}
+ONLY_BATCHES = {"default": (256,), "default-12th": (1, 32), "reflexion": COARSE, "deep-research": COARSE}
 MAX_BATCH = {"deep-research": 16}
 SUBSETS = {"default-12th": ("default", 12)}  # name → (bundled trace, every n-th query)
 BASE = ("ngram", "suffix", "eagle3", "agentspec", "agentspec-s", "agentspec-n", "agentspec-r", "agspec")
@@ -100,10 +103,9 @@ def run(args: argparse.Namespace) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for which in args.sets.split(","):
         for trace, b, r in grid(args.traces.split(",")):
-            if which == "ablate" and (b not in (1, 32, 256) or trace == "default"):
-                continue  # the ablation runs at small, middle and large batches (coding trace: its subset)
-            if which == "ablate" and b == 1 and not args.ablate_b1:
-                continue
+            if which == "ablate" and (trace == "default" or b not in (
+                    (32,) if trace == "default-12th" else ABLATE_BATCHES)):
+                continue  # the coding trace's ablation runs on its subset
             out = out_dir / f"{trace}_b{b}_r{r}_{which}.json"
             if out.exists():
                 continue
@@ -154,20 +156,60 @@ def _point(trace: str, b: int, r: int) -> str:
     return f"{b}" if r == 1 else f"{b} (×{r})"
 
 
-def rejection_table(results, b_pick: dict[str, int]) -> str:
-    rows = ["ngram", "suffix", "eagle3", "agspec", "agentspec", "agentspec+"]
-    traces = [t for t in TRACES if any(k[0] == t for k in results)]
-    head = "| drafter | paper Table 1 (Reflexion) | " + " | ".join(
-        f"{t} b={b_pick.get(t, '?')}" for t in traces) + " |"
+ALL = ("ngram", "suffix", "eagle3", "agspec", "agentspec", "agentspec-s", "agentspec-n", "agentspec-r", "agentspec+")
+
+
+def pick_batch(results, trace: str) -> int | None:
+    """The batch size a trace's one-column tables use: 16 (or 32, or the largest run)."""
+    bs = sorted({k[1] for k in results if k[0] == trace})
+    return next((b for b in (16, 32) if b in bs), bs[-1] if bs else None)
+
+
+def _at(results, trace: str, b: int | None) -> dict[str, dict]:
+    key = next((k for k in results if k[0] == trace and k[1] == b), None)
+    return results.get(key, {}) if key else {}
+
+
+def rejection_table(results, traces: list[str]) -> str:
+    head = "| drafter | paper Table 1 (Reflexion, Qwen3-8B) | " + " | ".join(
+        f"{t} b={pick_batch(results, t)}" for t in traces) + " |"
     out = [head, "|" + "---|" * (2 + len(traces))]
-    for name in rows:
+    for name in ALL:
         cells = [name, _fmt(PAPER_TABLE1.get(name), 3)]
         for t in traces:
-            key = next((k for k in results if k[0] == t and k[1] == b_pick.get(t)), None)
-            run = results.get(key, {}).get(name) if key else None
+            run = _at(results, t, pick_batch(results, t)).get(name)
             cells.append(_fmt(run and run["rejection_rate"]))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def coverage_table(results, traces: list[str]) -> str:
+    """Accepted draft tokens per output token, beside where the trace's repeated 4-token spans were
+    seen first (`analysis.repetition`): what isolation by block and by query leaves to draft."""
+    from agentspec_sim.analysis.repetition import repetition_profile
+    from agentspec_sim.trace.io import load_trace
+    from agentspec_sim.trace.tokenizer import load_tokenizer
+
+    table = load_tokenizer("qwen3").token_bytes()
+    names = ("suffix", "agspec", "agentspec", "agentspec-n", "agentspec-r", "agentspec+")
+    out = ["| trace (b) | repeats: same block | same query, other block | other query | "
+           + " | ".join(names) + " |", "|" + "---|" * (4 + len(names))]
+    for t in traces:
+        path = ROOT / "traces" / f"{t}.jsonl.zst"
+        if t in SUBSETS:
+            path = Path(_results_dir) / f"{t}.jsonl.zst"
+        shares = repetition_profile(load_trace(path), table, ks=(4,))["by_k"][4]
+        b = pick_batch(results, t)
+        runs = _at(results, t, b)
+        cells = [f"{t} ({b})", *(f"{shares[c]:.1%}" for c in ("same_block", "same_query_other_block", "other_query"))]
+        for name in names:
+            run = runs.get(name)
+            cells.append("–" if run is None else f"{run['accepted_tokens'] / run['output_tokens']:.1%}")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+_results_dir = "."
 
 
 def speedup_table(results, trace: str, names: list[str]) -> str:
@@ -185,21 +227,18 @@ def speedup_table(results, trace: str, names: list[str]) -> str:
 
 
 def tables(args: argparse.Namespace) -> None:
+    global _results_dir
+    _results_dir = args.dir
     results = load(Path(args.dir))
     if not results:
         raise SystemExit(f"no result files in {args.dir}")
-    # Table 1 column: the largest batch each trace was run at without replicate copies … or with.
-    b_pick = {}
-    for t in TRACES:
-        bs = [k[1] for k in results if k[0] == t]
-        if bs:
-            b_pick[t] = 32 if 32 in bs else max(bs)
-    print("## Rejection rate (per call, Table 1 definition), max_num_seqs 32\n")
-    print(rejection_table(results, b_pick))
+    traces = [t for t in TRACES if any(k[0] == t for k in results)]
+    print("## Rejection rate (mean over calls of rejected / drafted tokens, the paper's Table 1 definition)\n")
+    print(rejection_table(results, traces))
+    print("\n## Accepted draft tokens per output token vs where 4-token repeats come from\n")
+    print(coverage_table(results, traces))
     main = ["ngram", "suffix", "eagle3", "agspec", "agentspec", "agentspec+"]
-    for t in TRACES:
-        if not any(k[0] == t for k in results):
-            continue
+    for t in traces:
         print(f"\n## {t}: speedup / rejection by max_num_seqs (×R: --replicate R)\n")
         print(speedup_table(results, t, main))
         print(f"\n### {t}: AgentSpec ablations (S / R / N / full) and agentspec+ parts\n")
@@ -215,7 +254,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--traces", default="swe-agent,gaia,deep-research,reflexion,default")
     p.add_argument("--sets", default="base,plus,ablate")
     p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--ablate-b1", action="store_true", help="also run the ablation at max_num_seqs 1")
     p.set_defaults(func=run)
     p = sub.add_parser("tables", help="Markdown tables from the result files")
     p.add_argument("dir")
