@@ -103,3 +103,103 @@ def _render_timing(summary: dict, output: Path) -> None:
                  f"{_pct(fit['mape_before_holdout'])} → {_pct(fit['mape_after_holdout'])}")
     console.print(line)
     console.print(f"wrote {output}/")
+
+
+def _need_vllm() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError("this command needs vLLM and model weights: pip install 'agentspec-sim[vllm]' (vllm==0.33.0)")
+
+
+@validate_app.command("vllm")
+def vllm_cmd(
+    trace: Path = typer.Argument(..., help="The trace whose calls vLLM serves.", show_default=False),
+    model: str = typer.Option(..., "--model", help="Model weights for vLLM (a local folder or hub id).",
+                              show_default=False),
+    method: str = typer.Option("normal,ngram,ngram-v2,suffix", "--method", help="Comma-separated: normal, ngram (V1 "
+                               "runner), ngram-v2 (default runner), suffix, eagle3 (needs --eagle3-model)."),
+    eagle3_model: str | None = typer.Option(None, "--eagle3-model", help="EAGLE-3 draft weights for eagle3."),
+    max_num_seqs: int = typer.Option(32, "--max-num-seqs", help="Same limit in vLLM and in the simulation."),
+    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="Per-step token budget "
+                                                      "(default: vLLM's)."),
+    queries: int | None = typer.Option(None, "--queries", help="Serve only the first N queries."),
+    hardware: str = typer.Option("h100-80g", "--hardware", help="Hardware profile the simulation prices steps with."),
+    sim_model: str = typer.Option("qwen3-8b", "--sim-model", help="Model profile of the simulation."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="Cost calibration for the simulation."),
+    record_dir: Path | None = typer.Option(None, "--record-dir", help="Write each method's re-generated trace here."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Serve the trace's calls through vLLM with each spec method, then simulate the same calls (with vLLM's
+    outputs) and compare acceptance per step, rejection rate and goodput."""
+    from dataclasses import replace
+
+    from agentspec_sim.engine import EngineConfig, EngineConfigError
+    from agentspec_sim.trace.io import load_trace, write_trace
+    from agentspec_sim.validation.vllm_runner import (
+        build_llm,
+        compare,
+        methods,
+        release,
+        run_vllm,
+        workload_with_outputs,
+    )
+
+    known = methods(eagle3_model=eagle3_model)
+    names = [m.strip() for m in method.split(",") if m.strip()]
+    for name in names:
+        if name not in known:
+            hint = " (eagle3 needs --eagle3-model)" if name == "eagle3" else ""
+            raise UsageError(f"--method {name}: unknown{hint}; known: {', '.join(known)}")
+    if max_num_seqs < 1 or (queries is not None and queries < 1):
+        raise UsageError("--max-num-seqs and --queries must be ≥ 1")
+    _need_vllm()
+    workload = load_trace(trace)
+    if queries is not None:
+        workload = replace(workload, queries=workload.queries[:queries])
+    try:
+        config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                              hardware=hardware, model=sim_model,
+                              calibration=str(calibration) if calibration else None)
+    except EngineConfigError as exc:
+        raise UsageError(str(exc)) from None
+    llm_kwargs = {} if max_num_batched_tokens is None else {"max_num_batched_tokens": max_num_batched_tokens}
+    results = []
+    for name in names:
+        m = known[name]
+        llm = build_llm(model, m, max_num_seqs=max_num_seqs, **llm_kwargs)
+        run = run_vllm(workload, llm, name)
+        release(llm)
+        if record_dir is not None:
+            record_dir.mkdir(parents=True, exist_ok=True)
+            write_trace(workload_with_outputs(workload, run, model=model), record_dir / f"{name}.jsonl")
+        results.append(compare(workload, run, m, config).to_dict())
+    document = {"trace": str(trace), "model": model, "max_num_seqs": max_num_seqs, "methods": results}
+    if output is not None:
+        from agentspec_sim.atomic import atomic_text
+
+        with atomic_text(output) as out:
+            out.write(json.dumps(document, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    _render_vllm(document)
+
+
+def _num(value, spec: str = ".3f") -> str:
+    return "—" if value is None else f"{value:{spec}}"
+
+
+def _render_vllm(document: dict) -> None:
+    table = Table(title=f"validate vllm: {Path(document['trace']).name}, max_num_seqs {document['max_num_seqs']}",
+                  box=box.SIMPLE_HEAD, caption="meas = vLLM's own metrics; sim = the simulator on vLLM's outputs; "
+                  "identical = calls whose per-step drafted/accepted sequences match")
+    for col in ("method", "acc.len meas", "sim", "reject meas", "sim", "goodput meas", "sim", "identical"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in document["methods"]:
+        m, s = r["measured"], r["simulated"]
+        table.add_row(r["method"], _num(m["mean_acceptance_length"], ".2f"), _num(s["mean_acceptance_length"], ".2f"),
+                      _num(m["rejection_rate"]), _num(s["rejection_rate"]), _num(m["goodput_tok_s"], ",.0f"),
+                      _num(s["goodput_tok_s"], ",.0f"), f"{r['calls_with_identical_steps']}/{r['calls']}")
+    Console().print(table)
