@@ -66,14 +66,15 @@ def outputs(draw, prompt: list[int], vocab: int) -> list[int]:
 
 @st.composite
 def engines(draw, trace, k: int):
-    """An engine config the trace fits (every call's KV blocks with k drafts, one call at a time), often
-    tightly, so calls preempt each other. (With less, a call alone in the engine that preempts itself for
-    its drafts' blocks stalls the engine: see test_a_call_alone_that_preempts_itself_is_rescheduled.)"""
+    """An engine config the trace fits (every call's KV blocks, one call at a time), often exactly, so calls
+    preempt each other and a call alone may preempt itself for its drafts' blocks
+    (test_a_call_alone_that_preempts_itself_is_rescheduled); sometimes with room for k drafts besides."""
     seqs = draw(st.integers(1, 6))
     block = draw(st.sampled_from([2, 4, 16]))
     max_len = draw(st.sampled_from([24, 64, 4096]))
-    need = max((cdiv(min(c.prompt_len + c.output_len + k, max_len), block) for c in trace.calls
-                if c.prompt_len < max_len), default=1)
+    lookahead = draw(st.sampled_from([0, k]))
+    need = max((cdiv(min(c.prompt_len + min(c.output_len, max_len - c.prompt_len) + lookahead, max_len), block)
+                for c in trace.calls if c.prompt_len < max_len), default=1)
     arrival = draw(st.sampled_from(["recorded", "zero", "poisson"]))
     return config(
         max_num_seqs=seqs, max_num_batched_tokens=max(seqs, draw(st.sampled_from([8, 16, 48, 256]))),
