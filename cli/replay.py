@@ -144,10 +144,13 @@ def _check_draft_networks(specs, config) -> None:
     try:
         cost = build_cost_model(hardware=config.hardware, model=config.model,
                                 tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
-        for spec in needy:
+    except ValueError as exc:  # a profile that does not load
+        raise UsageError(str(exc)) from None
+    for spec in needy:
+        try:
             cost.draft_model_time(1, max(1, spec.num_speculative_tokens), np.ones(1, dtype=np.int64), kind=spec.method)
-    except ValueError as exc:  # a profile that does not load, or no such draft network
-        raise UsageError(f"method {spec.method!r}: {exc}" if "draft network" in str(exc) else str(exc)) from None
+        except ValueError as exc:  # the target model has no such draft network
+            raise UsageError(f"method {spec.method!r}: {exc}") from None
 
 
 def _write_finished(path: Path, config, finished: list, output: Path | None, steps: Path | None) -> str:
