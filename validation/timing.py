@@ -138,7 +138,9 @@ def time_step(model: TimingModel, q: np.ndarray, c: np.ndarray, pf: np.ndarray, 
     budget = None
     if on_cuda:
         free, _ = torch.cuda.mem_get_info(model.device)
-        budget = int(free * config.kv_memory_fraction)
+        # Blocks the caching allocator holds but no tensor uses (the last step's KV) are free for us too.
+        cached = torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)
+        budget = int((free + cached) * config.kv_memory_fraction)
     kv = model.allocate_kv(inputs.total_k, budget)
     if not on_cuda:
         # One thread, timed by the CPU time of this thread, minimum of the repeats: on a shared CPU the wall
@@ -248,10 +250,18 @@ def run_timing(shapes: StepShapes, config: TimingConfig = TimingConfig(),
     wall = time.perf_counter() - began
     result = TimingResult(shapes, measured, predict(session, shapes, session.calibration), graphed, session.spec,
                           session.profile, session.hardware, session.calibration, session.device, config.dtype,
-                          wall, meta={"config": dict(config.__dict__)})
+                          wall, meta={"config": dict(config.__dict__), "attention": attention_kind(session.model)})
     if fit:
         attach_fit(result, session, holdout)
     return result
+
+
+def attention_kind(model: TimingModel) -> str:
+    """Which attention ran: FlashAttention varlen, or the per-call reference loop (CPU, or a CUDA fallback)."""
+    if model._varlen is not None:
+        return "flash varlen_attn"
+    return "per-call reference loop" + (" (CUDA fallback: slower than vLLM's kernel)" if model.attention_fallback
+                                        else "")
 
 
 def predict(session: TimingSession, shapes: StepShapes, calibration: Calibration) -> np.ndarray:
@@ -313,6 +323,7 @@ def summary_dict(result: TimingResult) -> dict:
     return {
         "model": result.spec.name, "device": result.device, "dtype": result.dtype, "hardware": result.hardware.id,
         "steps": len(result.shapes), "cuda_graph_steps": int(result.graphed.sum()), "wall_s": result.wall_s,
+        "attention": result.meta.get("attention", "per-call reference loop"),
         "mape": result.mape, "per_batch_size": result.per_bucket(),
         "fit": fit.to_dict() if fit is not None else None, "schedule": result.shapes.meta,
     }

@@ -178,6 +178,7 @@ class TimingModel:
         self.lm_head = weight(h, spec.vocab_size)
         self.inv_freq = (1.0 / spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)).to(self.device)
         self._varlen = _varlen_attention() if self.device.type == "cuda" else None
+        self.attention_fallback = self._varlen is None and self.device.type == "cuda"  # reported in summaries
         self._grouped_mm = hasattr(torch, "_grouped_mm")
 
     # ---- inputs ----
@@ -270,8 +271,12 @@ class TimingModel:
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: StepInputs,
                    window: int | None) -> torch.Tensor:
         if self._varlen is not None:
-            return self._varlen(q, k_cache, v_cache, inputs.cu_q, inputs.cu_k, inputs.max_q, inputs.max_k,
-                                enable_gqa=True, window_size=(window - 1 if window else -1, 0))
+            try:
+                return self._varlen(q, k_cache, v_cache, inputs.cu_q, inputs.cu_k, inputs.max_q, inputs.max_k,
+                                    enable_gqa=True, window_size=(window - 1 if window else -1, 0))
+            except (RuntimeError, TypeError):  # this torch's kernel refuses the shape: the reference loop from now on
+                self._varlen = None
+                self.attention_fallback = True
         return _attention_loop(q, k_cache, v_cache, inputs, window)
 
     def _moe(self, x: torch.Tensor, layer: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -290,12 +295,16 @@ class TimingModel:
         counts = torch.zeros(e, device=x.device, dtype=torch.int64).scatter_add_(0, flat, torch.ones_like(flat))
         offsets = torch.cumsum(counts, 0).to(torch.int32)
         xs = x[token_of_copy]
+        out = None
         if self._grouped_mm:
-            gate_up = torch._grouped_mm(xs, layer["experts_gate_up"], offs=offsets)
-            w = spec.moe_intermediate_size
-            act = torch.nn.functional.silu(gate_up[:, :w]) * gate_up[:, w:]
-            out = torch._grouped_mm(act, layer["experts_down"], offs=offsets)
-        else:  # loop fallback (older torch)
+            try:
+                gate_up = torch._grouped_mm(xs, layer["experts_gate_up"], offs=offsets)
+                w = spec.moe_intermediate_size
+                act = torch.nn.functional.silu(gate_up[:, :w]) * gate_up[:, w:]
+                out = torch._grouped_mm(act, layer["experts_down"], offs=offsets)
+            except RuntimeError:  # no grouped-GEMM kernel for this device/dtype: loop over experts from now on
+                self._grouped_mm = False
+        if out is None:  # loop fallback (reads the offsets on the host, so it cannot be graph-captured)
             out = torch.empty_like(xs)
             bounds = [0, *offsets.tolist()]
             for j in range(e):
@@ -318,6 +327,9 @@ def _varlen_attention():
     return varlen_attn
 
 
+_QUERY_BLOCK = 256
+
+
 def _attention_loop(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: StepInputs,
                     window: int | None) -> torch.Tensor:
     """Varlen attention call by call over its own keys (explicit GQA softmax: the reference semantics):
@@ -330,21 +342,24 @@ def _attention_loop(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     for i, (qn, cn) in enumerate(zip(inputs.query_lens, inputs.context_lens, strict=True)):
         lo = cu_k[i]
         first_key = max(0, cn - window + 1) if window else 0  # keys no query of this call can see
-        keys = torch.arange(first_key, cn + qn, device=q.device)
-        pos = torch.arange(cn, cn + qn, device=q.device)[:, None]
-        allowed = keys[None, :] <= pos
-        if window:
-            allowed &= keys[None, :] > pos - window
         kv_heads = k_cache.shape[1]
         group = q.shape[1] // kv_heads
-        # GQA without copying K/V: the `group` query heads of a KV head become extra query rows.
-        qi = q[cu_q[i]:cu_q[i + 1]].transpose(0, 1).reshape(kv_heads, group * qn, -1)
         ki = k_cache[lo + first_key:lo + cn + qn].transpose(0, 1)
         vi = v_cache[lo + first_key:lo + cn + qn].transpose(0, 1)
-        scores = (qi @ ki.transpose(1, 2)).float() * (q.shape[-1] ** -0.5)
-        scores = scores.masked_fill(~allowed.repeat(group, 1), float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        out[cu_q[i]:cu_q[i + 1]] = (probs @ vi).reshape(q.shape[1], qn, -1).transpose(0, 1)
+        keys = torch.arange(first_key, cn + qn, device=q.device)
+        # Query rows in blocks, so a long prefill chunk over a long context stays within memory.
+        for a in range(0, qn, _QUERY_BLOCK):
+            b = min(qn, a + _QUERY_BLOCK)
+            pos = torch.arange(cn + a, cn + b, device=q.device)[:, None]
+            allowed = keys[None, :] <= pos
+            if window:
+                allowed &= keys[None, :] > pos - window
+            # GQA without copying K/V: the `group` query heads of a KV head become extra query rows.
+            qi = q[cu_q[i] + a:cu_q[i] + b].transpose(0, 1).reshape(kv_heads, group * (b - a), -1)
+            scores = (qi @ ki.transpose(1, 2)).float() * (q.shape[-1] ** -0.5)
+            scores = scores.masked_fill(~allowed.repeat(group, 1), float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(q.dtype)
+            out[cu_q[i] + a:cu_q[i] + b] = (probs @ vi).reshape(q.shape[1], b - a, -1).transpose(0, 1)
     return out
 
 
