@@ -13,20 +13,25 @@ Post: `run` yields `(index into cells, row)` exactly once per cell; a cell whose
       the run with `SweepError` naming the cell; leaving the `with` block, normally or by any
       exception (KeyboardInterrupt included), stops every worker the executor started.
 
-Every worker holds the workload loaded once: local worker processes receive the parent's loaded
-workload once, when they start; Ray actors get it once from the object store. Local workers are
-spawned, not forked: polars' thread pool (used by every run's summary) deadlocks in a child forked
-after the parent used it, which a resumed sweep always has (it reads the old results first).
+Every worker loads the workload once, from a `WorkloadSource`: local workers read the trace file
+(the loader's content-hash cache makes that a cache read), Ray actors get the file's bytes (a few
+MB) from the object store. Neither gets the loaded Workload pickled: its calls are views into one
+token arena that pickle would copy call by call (507 MiB for the default trace, whose arena is
+21 MB). Local workers are spawned, not forked: polars' thread pool (used by every run's summary)
+deadlocks in a child forked after the parent used it, which a resumed sweep always has.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 from agentspec_sim.sweep.cells import Cell, SweepError
@@ -34,6 +39,46 @@ from agentspec_sim.trace.schema import Workload
 
 Task = Callable[[Workload, Cell], dict[str, Any]]
 EXECUTORS: dict[str, type[CellExecutor]] = {}
+
+
+@dataclass
+class WorkloadSource:
+    """How a worker gets the sweep's workload: `loaded` in this process; elsewhere the trace file at
+    `path`, or its bytes in `data` (a worker on another machine), or `given` (a Workload the caller
+    built in memory, the one case it is pickled whole)."""
+
+    path: str
+    skip_bad_lines: bool = False
+    loaded: Workload | None = field(default=None, repr=False)
+    given: bool = False
+    data: bytes | None = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if not self.given:
+            state["loaded"] = None  # the worker loads it itself (see the module docstring)
+        return state
+
+    def with_bytes(self) -> WorkloadSource:
+        """A copy that carries the trace file's bytes, for workers that cannot read `path`."""
+        return self if self.given else replace(self, data=Path(self.path).read_bytes())
+
+    def load(self) -> Workload:
+        from agentspec_sim.trace.io import load_trace
+
+        if self.loaded is None:
+            path = Path(self.path)
+            if self.data is not None:
+                # Same bytes, same name → the same file each time, so the loader's cache hits after the first.
+                digest = hashlib.sha256(self.data).hexdigest()[:16]
+                path = Path(os.environ.get("AGENTSPEC_SIM_CACHE", Path.home() / ".cache" / "agentspec-sim"))
+                path = path / "sweep-traces" / digest / Path(self.path).name
+                if not path.exists():
+                    from agentspec_sim.atomic import write_bytes_atomic
+
+                    write_bytes_atomic(path, self.data)
+            self.loaded = load_trace(path, skip_bad_lines=self.skip_bad_lines)
+        return self.loaded
 
 
 def register_executor(name: str) -> Callable[[type[CellExecutor]], type[CellExecutor]]:
@@ -45,7 +90,7 @@ def register_executor(name: str) -> Callable[[type[CellExecutor]], type[CellExec
     return decorate
 
 
-def make_executor(name: str, jobs: int | None, workload: Workload, task: Task, address: str | None = None
+def make_executor(name: str, jobs: int | None, source: WorkloadSource, task: Task, address: str | None = None
                   ) -> CellExecutor:
     """The executor registered as `name`; `process` with one job runs the cells in this process."""
     if name not in EXECUTORS:
@@ -56,7 +101,7 @@ def make_executor(name: str, jobs: int | None, workload: Workload, task: Task, a
         raise SweepError("--address is for --executor ray")
     if name == "process" and jobs == 1:
         name = "inline"
-    return EXECUTORS[name](jobs, workload, task, address)
+    return EXECUTORS[name](jobs, source, task, address)
 
 
 def _failure(cell: Cell, message: str) -> SweepError:
@@ -69,8 +114,8 @@ class CellExecutor:
 
     name: ClassVar[str] = ""
 
-    def __init__(self, jobs: int | None, workload: Workload, task: Task, address: str | None) -> None:
-        self.jobs, self.workload, self.task, self.address = jobs, workload, task, address
+    def __init__(self, jobs: int | None, source: WorkloadSource, task: Task, address: str | None) -> None:
+        self.jobs, self.source, self.task, self.address = jobs, source, task, address
 
     def __enter__(self) -> CellExecutor:
         return self
@@ -87,9 +132,10 @@ class InlineExecutor(CellExecutor):
     """One cell after another in this process (`-j 1`)."""
 
     def run(self, cells: Sequence[Cell]) -> Iterator[tuple[int, dict[str, Any]]]:
+        workload = self.source.load()
         for index, cell in enumerate(cells):
             try:
-                row = self.task(self.workload, cell)
+                row = self.task(workload, cell)
             except Exception as exc:
                 raise _failure(cell, f"{type(exc).__name__}: {exc}") from exc
             yield index, row
@@ -105,12 +151,13 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
-def _process_worker(conn: Any, workload: Workload, task: Task) -> None:
+def _process_worker(conn: Any, source: WorkloadSource, task: Task) -> None:
     """A worker process: receive `(index, cell)`, send back `(index, ok, row or message)`; None ends it."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stop at once when the parent terminates the worker
     try:
+        workload = source.load()
         while (message := conn.recv()) is not None:
             index, cell = message
             try:
@@ -135,7 +182,7 @@ class ProcessExecutor(CellExecutor):
         try:
             for _ in range(self.jobs or os.cpu_count() or 1):
                 parent_end, child_end = context.Pipe()
-                process = context.Process(target=_process_worker, args=(child_end, self.workload, self.task),
+                process = context.Process(target=_process_worker, args=(child_end, self.source, self.task),
                                           daemon=True, name="agentspec-sim sweep worker")
                 process.start()
                 child_end.close()
@@ -197,8 +244,8 @@ class ProcessExecutor(CellExecutor):
 class _RayWorker:
     """A Ray actor holding the workload; runs one cell per call."""
 
-    def __init__(self, workload: Workload, task: Task) -> None:
-        self.workload, self.task = workload, task
+    def __init__(self, source: WorkloadSource, task: Task) -> None:
+        self.workload, self.task = source.load(), task
 
     def run(self, index: int, cell: Cell) -> tuple[int, bool, Any]:
         try:
@@ -223,9 +270,9 @@ class RayExecutor(CellExecutor):
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
                      **({} if self.address else {"num_cpus": self.jobs or os.cpu_count() or 1}))
         jobs = self.jobs or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        workload_ref = ray.put(self.workload)
+        source_ref = ray.put(self.source.with_bytes())  # nodes need not see the trace's path
         actor = ray.remote(num_cpus=1)(_RayWorker)
-        self.actors = [actor.remote(workload_ref, self.task) for _ in range(jobs)]
+        self.actors = [actor.remote(source_ref, self.task) for _ in range(jobs)]
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,7 +25,7 @@ from agentspec_sim.sweep.cells import (
     estimated_cost,
     expand_cells,
 )
-from agentspec_sim.sweep.executors import make_executor
+from agentspec_sim.sweep.executors import WorkloadSource, make_executor
 from agentspec_sim.sweep.results import LATENCIES, ResultStore, Row, fill_speedups, to_frame
 from agentspec_sim.trace.schema import Workload
 
@@ -66,7 +66,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
 
     `trace`: a trace path (default: the bundled coding-agent trace); `workload`: the trace already
-    loaded (else it is loaded once, here, and handed to every worker once). `drafters`: shorthand names;
+    loaded (then workers get it pickled; else each loads the file once, a cache read). `drafters`: shorthand names;
     `speculative_configs`: vLLM `--speculative-config` JSON texts; `grid`: speculative-config keys →
     values, crossed with every drafter configuration that accepts the key; `normal` always runs.
     `engine`: every other engine setting (its max_num_seqs, hardware, model and seed are replaced per
@@ -79,7 +79,6 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     `progress(done, total, row)` is called once when the workers are up (row None) and after every cell.
     """
     from agentspec_sim.trace.bundled import default_trace_path
-    from agentspec_sim.trace.io import load_trace
 
     if resume and output is None:
         raise SweepError("resume needs an output file")
@@ -90,8 +89,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     trace_text = str(trace) if trace is not None else str(default_trace_path())
     cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine)
     _check_configs(cells)
-    if workload is None:
-        workload = load_trace(trace_text, skip_bad_lines=skip_bad_lines)
+    source = WorkloadSource(trace_text, skip_bad_lines, workload, given=workload is not None)
+    workload = source.load()
     order = {cell.cell_id: i for i, cell in enumerate(cells)}
     if len(order) != len(cells):
         raise SweepError("two cells of the sweep have the same parameters")
@@ -116,7 +115,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
 
         jobs = min(jobs or os.cpu_count() or 1, max(1, len(todo)))  # no idle workers to start
     try:
-        with make_executor(executor, jobs, workload, run_cell, address) as pool:
+        with make_executor(executor, jobs, source, run_cell, address) as pool:
             if progress is not None:
                 progress(len(done), len(cells), None)
             for _, row in pool.run(todo):
