@@ -50,6 +50,11 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def _outside_legend(ax) -> None:
+    """The legend right of the axes, where it never hides a line."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def _batch_axis(ax, sizes: Sequence[int]) -> None:
     """Log-2 x axis labelled with the batch sizes actually swept."""
     ax.set_xscale("log", base=2)
@@ -61,7 +66,7 @@ def _batch_axis(ax, sizes: Sequence[int]) -> None:
 
 def speedup_vs_batch(setting: pl.DataFrame, style: Style, title: str, path: Path) -> Path:
     """Paper Figure 1 / 9a: goodput speedup over `normal` against the max batch size, one line per drafter."""
-    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
     sizes = setting["max_num_seqs"].unique().sort().to_list()
     ax.axhline(1.0, color="black", linewidth=1.0, linestyle="--", label="normal (1.0×)")
     for drafter in style.drafters:
@@ -74,7 +79,7 @@ def speedup_vs_batch(setting: pl.DataFrame, style: Style, title: str, path: Path
     ax.set_ylabel("speedup in goodput (× normal)")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small", ncols=2)
+    _outside_legend(ax)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -84,7 +89,7 @@ def drafts_vs_budget(setting: pl.DataFrame, style: Style, title: str, path: Path
 
     M(b) is the mean budget over the same steps (the engine logs it at each step's real batch size),
     taken from the speculative runs."""
-    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
     spec = setting.filter(pl.col("drafter") != "normal")
     sizes = setting["max_num_seqs"].unique().sort().to_list()
     budget = (spec.group_by("max_num_seqs").agg(pl.col("token_budget_mean").mean()).sort("max_num_seqs")
@@ -103,7 +108,7 @@ def drafts_vs_budget(setting: pl.DataFrame, style: Style, title: str, path: Path
     _token_axis(ax)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small", ncols=2)
+    _outside_legend(ax)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -122,7 +127,7 @@ def _token_axis(ax) -> None:
 
 def latency_cdf(setting: pl.DataFrame, style: Style, batch: int, title: str, path: Path) -> Path:
     """Paper Figure 8: the CDF of end-to-end query latency at one max batch size, one curve per drafter."""
-    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
     rows = setting.filter(pl.col("max_num_seqs") == batch)
     positive = []
     for drafter in style.drafters:
@@ -147,13 +152,13 @@ def latency_cdf(setting: pl.DataFrame, style: Style, batch: int, title: str, pat
         ax.set_xlabel("query latency (s)")
     for p in (0.9, 0.99):
         ax.axhline(p, color="grey", linewidth=0.8, linestyle=":")
-        ax.text(1.0, p, f" P{round(p * 100)}", transform=ax.get_yaxis_transform(), va="center", fontsize="small",
-                color="grey")
+        ax.text(0.01, p, f"P{round(p * 100)}", transform=ax.get_yaxis_transform(), va="bottom", ha="left",
+                fontsize="small", color="grey")
     ax.set_ylabel("fraction of queries completed")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(0, 1.05)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right")
+    _outside_legend(ax)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -165,7 +170,7 @@ def time_breakdown(setting: pl.DataFrame, style: Style, batch: int, title: str, 
     draft = np.array([rows.filter(pl.col("drafter") == d)["draft_time_s"][0] for d in names], dtype=np.float64)
     forward = np.array([rows.filter(pl.col("drafter") == d)["forward_time_s"][0] for d in names], dtype=np.float64)
     scale, unit = (60.0, "min") if max(forward.max(initial=0) + draft.max(initial=0), 0) >= 600 else (1.0, "s")
-    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
     x = np.arange(len(names))
     ax.bar(x, forward / scale, color="#4C72B0", label="forward pass (verification)")
     ax.bar(x, draft / scale, bottom=forward / scale, color="#DD8452", label="drafting")
@@ -187,7 +192,7 @@ def step_drafts_vs_batch(per_step: pl.DataFrame, budget: Sequence[tuple[int, int
     """Figure 3 from run step logs: mean draft tokens per engine step against the step's real batch size.
 
     `per_step`: one row per (drafter, step) with `batch_size` and `D`; `budget`: (b, M(b)) points."""
-    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
     if budget:
         b, m = zip(*budget, strict=True)
         ax.plot(b, m, color="black", linestyle="--", linewidth=1.5, label="budget M(b) = AI − b")
@@ -207,6 +212,6 @@ def step_drafts_vs_batch(per_step: pl.DataFrame, budget: Sequence[tuple[int, int
     _token_axis(ax)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small", ncols=2)
+    _outside_legend(ax)
     fig.tight_layout()
     return _save(fig, path)

@@ -148,7 +148,7 @@ def seed_means(frame: pl.DataFrame) -> pl.DataFrame:
     averages five), query latencies pooled; `seeds` counts them. Sorted for deterministic output."""
     numeric = [c for c in METRIC_COLUMNS if c != "query_latencies_s"]
     extra = [c for c in ("rejection_rate_tokens", "mean_acceptance_length", "budget_utilisation", "output_tokens",
-                         "makespan_s") if c in frame.columns]
+                         "makespan_s", "running_max") if c in frame.columns]
     keys = [*SETTING, "drafter", "max_num_seqs"]
     order = frame.with_row_index("_order").group_by("drafter").agg(pl.col("_order").min().alias("_first"))
     out = frame.group_by(keys).agg(

@@ -52,6 +52,10 @@ def speedup_table(setting: pl.DataFrame, drafters: Sequence[str]) -> str:
         rows.append([drafter, *("—" if v is None else f"{v:.2f}×" for v in values)])
     normal = [_cell(setting, "normal", b, "goodput_tok_s") for b in sizes]
     rows.append(["*normal goodput (tok/s)*", *("—" if v is None else f"{v:,.0f}" for v in normal)])
+    if "running_max" in setting.columns:
+        # How many calls actually ran at once: past it a larger max_num_seqs changes nothing.
+        running = [_cell(setting, "normal", b, "running_max") for b in sizes]
+        rows.append(["*normal: most calls running*", *("—" if v is None else f"{v:,.0f}" for v in running)])
     return _table(["drafter", *[f"b={b}" for b in sizes]], rows, ["---", *["---:"] * len(sizes)])
 
 
