@@ -128,8 +128,10 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
     except KeyboardInterrupt as exc:  # cli.errors.Interrupted: run_guarded prints the note, exits 130/143
         bar.stop()
         finished = f"{counts['done']} of {counts['total']} cells finished"
-        if output is not None:
+        if output is not None and counts["done"]:
             finished += f" and written to {output}; rerun with --resume to finish"
+        elif output is not None:
+            finished += f"; nothing written to {output}"
         exc.note = finished
         raise
     finally:
