@@ -123,3 +123,16 @@ def test_cli_json_and_errors(kv_bound, tmp_path):
                         (["--results", str(out), "--slo-ttft", "-1"], "--slo-ttft")):
         bad = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_cli_runs_its_own_sweep(kv_bound):
+    from typer.testing import CliRunner
+
+    from agentspec_sim.cli.app import app
+
+    path = kv_bound[0].with_suffix(".jsonl")
+    result = CliRunner().invoke(app, ["plan", str(path), "--drafter", "ngram", "--max-num-seqs", "1,2,4,8", "-j", "1",
+                                      "--num-kv-blocks", "24", "--json"])
+    assert result.exit_code == 0, result.output
+    (doc,) = json.loads(result.output)
+    assert doc["best"]["max_num_seqs"] == 2 and doc["trace"] == str(path)  # as from the saved sweep above
