@@ -152,7 +152,7 @@ def _plan_drafter(label: str, rows: list[dict[str, Any]], slo: SLO) -> DrafterPl
         nxt = larger[0]
         broken = slo.violations(nxt)
         why = (f"max_num_seqs {nxt['max_num_seqs']}: {'; '.join(broken)}" if broken else
-               f"max_num_seqs {nxt['max_num_seqs']} gives less goodput ({nxt['goodput_tok_s']:,.0f} tok/s)")
+               f"max_num_seqs {nxt['max_num_seqs']} gives no more goodput ({nxt['goodput_tok_s']:,.0f} tok/s)")
     return DrafterPlan(label, _choice(best), why)
 
 
