@@ -157,9 +157,15 @@ def _process_worker(conn: Any, source: WorkloadSource, task: Task) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stop at once when the parent terminates the worker
     try:
-        workload = source.load()
+        try:
+            workload, failed = source.load(), None
+        except Exception as exc:  # reported with the first cell, as one line, not a worker traceback
+            workload, failed = None, f"loading the trace failed: {type(exc).__name__}: {exc}"
         while (message := conn.recv()) is not None:
             index, cell = message
+            if failed is not None:
+                conn.send((index, False, failed))
+                continue
             try:
                 reply = (index, True, task(workload, cell))
             except Exception as exc:
