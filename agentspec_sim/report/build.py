@@ -136,7 +136,7 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
             lines += [f"Query latency P50 / P90 / P99 (s) at max batch size {chosen}: {latency}.", ""]
     lines += ["## Goodput (paper Table 2 layout)", "",
               "Goodput in output tokens per second of simulated time at max batch size "
-              + ", ".join(f"{b} ({workload_name(t)})" for (t, _, _), b in sorted(batches.items()))
+              + ", ".join(f"{b} ({workload_name(t)})" for (t, _, _), b in batches.items())
               + "; best per workload in bold.", "", tables.goodput_table(means, batches, drafters), ""]
     if step_logs:
         per_step = load_step_logs(step_logs)

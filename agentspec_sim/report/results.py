@@ -145,16 +145,20 @@ def workload_name(trace: str) -> str:
 
 def seed_means(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per (trace, hardware, model, drafter, max_num_seqs): metrics averaged over seeds (the paper
-    averages five), query latencies pooled; `seeds` counts them. Sorted for deterministic output."""
+    averages five), query latencies pooled; `seeds` counts them. Settings and drafters in the order they
+    first appear, batch sizes ascending (deterministic for the same input)."""
     numeric = [c for c in METRIC_COLUMNS if c != "query_latencies_s"]
     extra = [c for c in ("rejection_rate_tokens", "mean_acceptance_length", "budget_utilisation", "output_tokens",
                          "makespan_s", "running_max") if c in frame.columns]
     keys = [*SETTING, "drafter", "max_num_seqs"]
-    order = frame.with_row_index("_order").group_by("drafter").agg(pl.col("_order").min().alias("_first"))
+    indexed = frame.with_row_index("_order")
+    order = indexed.group_by("drafter").agg(pl.col("_order").min().alias("_first"))
+    setting_order = indexed.group_by(SETTING).agg(pl.col("_order").min().alias("_setting"))
     out = frame.group_by(keys).agg(
         *[pl.col(c).cast(pl.Float64).mean() for c in numeric + extra],
         pl.col("query_latencies_s").explode().drop_nulls().sort().alias("query_latencies_s"),
         pl.col("seed").n_unique().alias("seeds"),
     )
-    # Drafters keep the order they first appear in (normal first, as sweeps and compare write them).
-    return out.join(order, on="drafter").sort([*SETTING, "_first", "max_num_seqs"]).drop("_first")
+    # Settings and drafters keep the order they first appear in (normal first, as sweeps and compare write them).
+    return (out.join(order, on="drafter").join(setting_order, on=SETTING)
+            .sort(["_setting", "_first", "max_num_seqs"]).drop("_first", "_setting"))

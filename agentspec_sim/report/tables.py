@@ -64,7 +64,7 @@ def goodput_table(frame: pl.DataFrame, batches: dict[tuple[str, str, str], int],
 
     `batches` gives the max batch size used for each (trace, hardware, model); the best goodput of each
     workload column is bold."""
-    settings = sorted(batches)
+    settings = list(batches)  # the report's order: the order the results list them
     traces = list(dict.fromkeys(t for t, _, _ in settings))
     groups = list(dict.fromkeys((h, m) for _, h, m in settings))
     header = ["model (GPU)", "drafter"]
