@@ -19,7 +19,6 @@ from typing import Any
 
 from agentspec_sim.drafters.base import (
     COMMON_KEYS,
-    SHORTHAND_DEFAULTS,
     SpecConfigError,
     SpeculativeConfig,
     drafter_class,
@@ -151,17 +150,17 @@ def drafter_configs(drafters: Sequence[str], speculative_configs: Sequence[str] 
     A grid key applies to the configurations whose method accepts it (`num_speculative_tokens`
     applies to all but `normal`); a key no configuration accepts is an error. Labels are unique.
     """
-    bases: list[SpeculativeConfig] = []
-    for name in drafters:
-        bases.append(parse_drafter(name))
+    # (configuration, given by name): a named drafter's grid variants are labelled `name k=3`, a JSON
+    # configuration's are described in full (its name alone would not tell them apart).
+    bases: list[tuple[SpeculativeConfig, bool]] = [(parse_drafter(name), True) for name in drafters]
     for text in speculative_configs:
         spec = parse_drafter(text)
-        bases.append(replace(spec, label=spec.label or _describe_json(spec)))  # never a shorthand name
+        bases.append((replace(spec, label=spec.label or _describe_json(spec)), False))
     for key, _ in grid:
-        if not any(s.method != "normal" and _accepts(s, key) for s in bases):
+        if not any(s.method != "normal" and _accepts(s, key) for s, _ in bases):
             raise SweepError(f"--grid {key}: no drafter in the sweep accepts this key")
     out = [parse_drafter("normal")]
-    for base in bases:
+    for base, by_name in bases:
         if base.method == "normal":
             continue
         keys = [(k, vs) for k, vs in grid if _accepts(base, k)]
@@ -177,20 +176,19 @@ def drafter_configs(drafters: Sequence[str], speculative_configs: Sequence[str] 
                 spec = SpeculativeConfig.from_json(data)
             except SpecConfigError as exc:
                 raise SweepError(f"--grid: {base.name} {' '.join(parts)}: {exc}") from None
-            shorthand = base.name in SHORTHAND_DEFAULTS
-            out.append(replace(spec, label=" ".join([base.name, *parts]) if shorthand else _describe_json(spec)))
-    labels: dict[str, int] = {}
-    unique = []
-    for spec in out:
-        labels[spec.name] = labels.get(spec.name, 0) + 1
-        unique.append(spec if labels[spec.name] == 1 else replace(spec, label=f"{spec.name} #{labels[spec.name]}"))
+            out.append(replace(spec, label=" ".join([base.name, *parts]) if by_name else _describe_json(spec)))
     seen: set[str] = set()
-    result = []
-    for spec in unique:  # the same configuration twice (e.g. ngram and its JSON) runs once
+    distinct = []
+    for spec in out:  # the same configuration twice (e.g. ngram and its JSON) runs once
         key = json.dumps(spec.to_json(), sort_keys=True)
         if key not in seen:
             seen.add(key)
-            result.append(spec)
+            distinct.append(spec)
+    labels: dict[str, int] = {}
+    result = []
+    for spec in distinct:
+        labels[spec.name] = labels.get(spec.name, 0) + 1
+        result.append(spec if labels[spec.name] == 1 else replace(spec, label=f"{spec.name} #{labels[spec.name]}"))
     return result
 
 
