@@ -108,7 +108,11 @@ def _render(p) -> None:
         console.print(f"  {d.drafter}: {'larger: ' if d.best is not None else ''}{d.why}", highlight=False)
     console.print(f"[bold]best:[/] {p.reason}")
     if p.best is not None:
-        console.print("vllm serve … " + " ".join(_quote(a) for a in p.vllm_args), soft_wrap=True, highlight=False)
+        env = "".join(f"{k}={v} " for k, v in p.vllm_env.items())
+        console.print(f"{env}vllm serve … " + " ".join(_quote(a) for a in p.vllm_args), soft_wrap=True,
+                      highlight=False)
+    if p.vllm_note:
+        console.print(f"note: {p.vllm_note}", highlight=False)
 
 
 def _quote(arg: str) -> str:

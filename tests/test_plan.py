@@ -57,6 +57,16 @@ def test_kv_capacity_bounds_the_batch_and_the_schedule_shrinks_k():
                                          "num_speculative_tokens_per_batch_size": [[1, 2, 5], [3, 4, 2]]}
     assert p.vllm_args[:2] == ["--max-num-seqs", "4"]
     assert json.loads(p.vllm_args[3]) == p.vllm_speculative_config
+    assert p.vllm_env == {"VLLM_USE_V2_MODEL_RUNNER": "0"} and p.vllm_note is None  # the V1 n-gram rule
+
+
+def test_simulator_methods_map_to_vllm():
+    frame = constructed().with_columns(pl.col("speculative_config").str.replace('"ngram"', '"ngram-v2"'))
+    (p,) = plan(frame)
+    assert p.vllm_speculative_config["method"] == "ngram" and p.vllm_env == {}  # V2 is vLLM 0.33's default
+    frame = constructed().with_columns(pl.col("speculative_config").str.replace('"ngram"', '"agentspec"'))
+    (p,) = plan(frame)
+    assert "agentspec is simulated here" in p.vllm_note
 
 
 def test_latency_slo_bounds_the_batch():

@@ -28,6 +28,12 @@ import polars as pl
 from agentspec_sim.sweep.cells import SweepError
 
 _GROUP = ("trace", "hardware", "model")
+# How the simulator's methods are deployed in vLLM 0.33 (docs/vllm-engine-facts.md): both n-gram rules
+# are `method: ngram`; the V1 rule needs the V1 model runner, V2 is the default. The AgentSpec family
+# and AgSpec are research drafters vLLM does not ship.
+_VLLM_METHOD = {"ngram-v2": "ngram"}
+_VLLM_ENV = {"ngram": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
+_NOT_IN_VLLM = frozenset({"agentspec", "agentspec-s", "agentspec-r", "agentspec-n", "agspec"})
 _CELL = (*_GROUP, "drafter", "speculative_config", "max_num_seqs")
 
 
@@ -99,6 +105,8 @@ class Plan:
     reason: str
     vllm_speculative_config: dict[str, Any] | None = None  # None: serve without speculation
     vllm_args: list[str] = field(default_factory=list)
+    vllm_env: dict[str, str] = field(default_factory=dict)  # environment the method needs
+    vllm_note: str | None = None  # e.g. a method vLLM does not ship
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,9 +184,16 @@ def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo:
               f"({best.goodput_tok_s:,.0f} tok/s{speed}); larger: {winner.why}{runner_up}")
     config = _vllm_config(best, rows)
     args = ["--max-num-seqs", str(best.max_num_seqs)]
+    env: dict[str, str] = {}
+    note = None
     if config is not None:
+        method = config["method"]
+        env = dict(_VLLM_ENV.get(method, {}))
+        config = {**config, "method": _VLLM_METHOD.get(method, method)}
         args += ["--speculative-config", json.dumps(config, sort_keys=True)]
-    return Plan(trace, hardware, model, slo, drafters, best, reason, config, args)
+        if method in _NOT_IN_VLLM or method.startswith("test-"):
+            note = f"{method} is simulated here; vLLM 0.33 has no such method"
+    return Plan(trace, hardware, model, slo, drafters, best, reason, config, args, env, note)
 
 
 def _vllm_config(best: Choice, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
