@@ -272,6 +272,12 @@ def test_a_failing_cell_in_a_worker_process_is_named(tiny, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no cell finished: nothing written, no journal left
 
 
+def test_ray_missing_is_one_clear_error(tiny, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the `ray` extra were not installed
+    with pytest.raises(SweepError, match=r"needs Ray: pip install 'agentspec-sim\[ray\]'"):
+        run_sweep(tiny, ["ngram"], max_num_seqs=[1], executor="ray")
+
+
 def test_ray_executor_matches_inline(tiny, tmp_path):
     pytest.importorskip("ray")
     args = dict(drafters=["ngram"], max_num_seqs=[1, 4])

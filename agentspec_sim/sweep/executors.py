@@ -273,7 +273,9 @@ class RayExecutor(CellExecutor):
         self.ray = ray
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+            import logging
+
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                      **({} if self.address else {"num_cpus": self.jobs or os.cpu_count() or 1}))
         jobs = self.jobs or max(1, int(ray.cluster_resources().get("CPU", 1)))
         source_ref = ray.put(self.source.with_bytes())  # nodes need not see the trace's path
