@@ -35,15 +35,15 @@ if missing:
     sys.exit(2)
 import torch
 if not torch.cuda.is_available():
-    print("gpu_check: no CUDA device visible to torch: running the tiny CPU configuration on 4 steps per "
-          "schedule (a smoke test, not a validation)", file=sys.stderr)
+    print("gpu_check: no CUDA device visible to torch: running the tiny CPU configuration on 3 steps of the "
+          "max_num_seqs=1 schedules (a smoke test, not a validation)", file=sys.stderr)
     sys.exit(3)
 print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", file=sys.stderr)
 PY
 rc=$?
 set -e
 if [ "$rc" -eq 3 ]; then
-  EXTRA=(--steps 4 --repeats 1)
+  EXTRA=(--steps 3 --repeats 1 --max-num-seqs 1)
 elif [ "$rc" -ne 0 ]; then
   exit "$rc"
 fi
