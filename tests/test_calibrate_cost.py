@@ -151,3 +151,26 @@ def test_calibrate_cost_cli_writes_a_calibration_replay_reads(tmp_path, monkeypa
     assert run_guarded(app) == 2
     err = capsys.readouterr().err
     assert "bad.csv: row 0: scheduled_tokens" in err and "Traceback" not in err
+
+
+def test_a_simulated_step_log_fits_back_to_the_calibration_it_was_priced_with(tmp_path):
+    """replay's step log and the cost model agree exactly; a log simulated under a calibration gives it back."""
+    from simhelpers import agent_query, config, workload
+
+    from agentspec_sim.engine.run import simulate
+    from agentspec_sim.validation.calibration_input import timings_from_table
+
+    truth = Calibration(memory_efficiency=0.6, step_overhead_s=300e-6, per_call_overhead_s=8e-6)
+    truth.to_file(tmp_path / "truth.json")
+    rng = np.random.default_rng(0)
+    wl = workload(*[agent_query(rng, f"q{i}", 2, prompt_len=60, out_len=12, vocab=8) for i in range(6)])
+    steps = simulate(wl, "ngram", config(max_num_seqs=6, calibration=str(tmp_path / "truth.json"))).steps
+    steps.write_parquet(tmp_path / "steps.parquet")
+    timings = timings_from_table(tmp_path / "steps.parquet")
+    assert timings.num_steps == steps["step"].n_unique()
+    exact = predict_forward(timings, "a100-80g", "qwen3-8b", truth)
+    assert np.array_equal(exact, timings.forward_s)
+    factors = ("memory_efficiency", "step_overhead_s", "per_call_overhead_s")
+    fit = fit_calibration(timings, "a100-80g", "qwen3-8b", factors=factors)
+    for name in factors:
+        assert abs(getattr(fit.calibration, name) / getattr(truth, name) - 1) < 0.02, name
