@@ -177,8 +177,8 @@ def _process_worker(conn: Any, source: WorkloadSource, task: Task) -> None:
 
 @register_executor("process")
 class ProcessExecutor(CellExecutor):
-    """`jobs` local worker processes (default: one per CPU), spawned with the loaded workload, each
-    fed one cell at a time in the given order."""
+    """`jobs` local worker processes (default: one per CPU), spawned; each loads the workload once
+    from the `WorkloadSource` and is fed one cell at a time in the given order."""
 
     def __enter__(self) -> ProcessExecutor:
         import multiprocessing as mp
