@@ -204,6 +204,10 @@ CATALOGUE = [
          "good.jsonl: cannot read as parquet"),
     case("calibrate cost bad holdout", "calibrate cost {d}/good.jsonl -o {d}/c.json --holdout 2",
          "--holdout must be in [0, 1)"),
+    case("record zero batch size", "record {d}/good.jsonl --model m -o {d}/r.jsonl --max-num-seqs 0",
+         "--max-num-seqs and --queries must be ≥ 1"),
+    case("record no queries", "record {d}/good.jsonl --model m -o {d}/r.jsonl --queries 0",
+         "--max-num-seqs and --queries must be ≥ 1"),
     # -- option parsing (click) ------------------------------------------------------------------
     case("not an integer", "replay {d}/good.jsonl --max-num-seqs many", "Invalid value for '--max-num-seqs'"),
     case("unknown option", "inspect {d}/good.jsonl --frobnicate", "No such option: --frobnicate"),
