@@ -295,3 +295,20 @@ def test_token_bytes_sentencepiece_and_other_vocabs() -> None:
     assert TraceTokenizer(name="w", backend=words, chat_template=None, eot_text=None).token_bytes() == [
         b"hello", b"world",
     ]
+
+
+def test_invalid_utf8_nul_bytes_and_deep_nesting() -> None:
+    """Bytes that are not UTF-8 (a lone 0xff, NUL, a truncated multibyte char) are text; 5,000 nested
+    tool calls open and close without recursion, ending at ROOT with nothing pending."""
+    structure = ((TOOL,),)
+    pda = StructureAutomaton(structure)
+    assert pda.feed(b"\xff\x00\xe2\x82") == ROOT
+    assert pda.feed(b"<tool_call>\xff") == (0, 0)
+    for _ in range(5_000):
+        pda.feed(b"<tool_call>")
+    assert len(pda.stack) == 5_001
+    for _ in range(5_001):
+        pda.feed(b"\x00</tool_call>")
+    assert pda.block == ROOT and not pda.stack and not pda.pending
+    ids = np.array([0, 1, 2, 1, 0], dtype=np.int32)
+    assert segment(ids, [b"\xff", b"<tool_call>", b"</tool_call>"], structure).tolist() == [0, 0, 1, 0, 1]
