@@ -7,6 +7,7 @@ PNGs carry no software-version metadata, so the same results give byte-identical
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from agentspec_sim.atomic import atomic_binary
 
@@ -123,6 +124,15 @@ def _token_axis(ax) -> None:
         return
     ax.set_yscale("log")
     ax.set_ylim(positive.min() / 1.6, positive.max() * 2.5)
+    # Plain numbers (0.5, 20, 300), not 3×10²; on a narrow range the 2s and 5s between decades too.
+    narrow = positive.max() / positive.min() < 10
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(
+        lambda value, _: f"{value:g}" if narrow and _leading_digit(value) in (2, 5) else ""))
+
+
+def _leading_digit(value: float) -> int:
+    return round(value / 10 ** math.floor(math.log10(value))) if value > 0 else 0
 
 
 def latency_cdf(setting: pl.DataFrame, style: Style, batch: int, title: str, path: Path) -> Path:
