@@ -24,7 +24,20 @@ app = typer.Typer(
 
 def _register() -> None:
     # Each command module adds itself to `app`; imported here so `--help` lists them all.
-    from agentspec_sim.cli import analyze, calibrate, check, convert, inspect, plan, record, replay, report, sweep, synth, validate  # noqa: F401,E501
+    from agentspec_sim.cli import (  # noqa: F401
+        analyze,
+        calibrate,
+        check,
+        convert,
+        inspect,
+        plan,
+        record,
+        replay,
+        report,
+        sweep,
+        synth,
+        validate,
+    )
 
 
 _register()

@@ -140,6 +140,7 @@ def vllm_cmd(
     from agentspec_sim.validation.vllm_runner import (
         build_llm,
         compare,
+        engine_limits,
         methods,
         release,
         run_vllm,
@@ -169,12 +170,15 @@ def vllm_cmd(
     for name in names:
         m = known[name]
         llm = build_llm(model, m, max_num_seqs=max_num_seqs, **llm_kwargs)
+        # The simulator gets the KV blocks and context vLLM actually profiled, not its own estimate.
+        run_config = replace(config, **engine_limits(llm))
         run = run_vllm(workload, llm, name)
         release(llm)
         if record_dir is not None:
             record_dir.mkdir(parents=True, exist_ok=True)
             write_trace(workload_with_outputs(workload, run, model=model), record_dir / f"{name}.jsonl")
-        results.append(compare(workload, run, m, config).to_dict())
+        limits = {"num_kv_blocks": run_config.num_kv_blocks, "max_model_len": run_config.max_model_len}
+        results.append({**compare(workload, run, m, run_config).to_dict(), "engine_limits": limits})
     document = {"trace": str(trace), "model": model, "max_num_seqs": max_num_seqs, "methods": results}
     if output is not None:
         from agentspec_sim.atomic import atomic_text

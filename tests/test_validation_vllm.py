@@ -160,6 +160,10 @@ def test_record_and_validate_vllm_commands(fake_vllm, tmp_path, monkeypatch, cap
     assert [r["method"] for r in doc["methods"]] == ["normal", "ngram"]
     ngram = doc["methods"][1]
     assert ngram["calls_with_identical_steps"] == ngram["calls"] == 4
+    # The simulation used the KV blocks and context the (fake) engine reported, as LLMServingSim pins them.
+    from vllm.v1.engine.llm_engine import FAKE_MAX_MODEL_LEN, FAKE_NUM_GPU_BLOCKS
+
+    assert ngram["engine_limits"] == {"num_kv_blocks": FAKE_NUM_GPU_BLOCKS, "max_model_len": FAKE_MAX_MODEL_LEN}
     assert "identical" in capsys.readouterr().out
     monkeypatch.setattr(sys, "argv", ["agentspec-sim", "validate", "vllm", str(trace), "--model", "m", "--method",
                                       "eagle3"])

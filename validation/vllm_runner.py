@@ -163,6 +163,22 @@ def build_llm(model: str, method: Method, *, max_num_seqs: int, seed: int = 0, *
                 os.environ[k] = v
 
 
+def engine_limits(llm: Any) -> dict[str, int]:
+    """The KV capacity and context limit the built engine actually has, for the simulator to use the same
+    (as LLMServingSim's validation matches the KV block count): `num_kv_blocks` = vLLM's profiled
+    `cache_config.num_gpu_blocks` (null block included, as ours), `max_model_len` from the model config.
+    Missing values (an engine that does not report them) are left out."""
+    vllm_config = getattr(llm.llm_engine, "vllm_config", None)
+    limits: dict[str, int] = {}
+    blocks = getattr(getattr(vllm_config, "cache_config", None), "num_gpu_blocks", None)
+    if blocks:
+        limits["num_kv_blocks"] = int(blocks)
+    max_len = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
+    if max_len:
+        limits["max_model_len"] = int(max_len)
+    return limits
+
+
 def run_vllm(workload: Workload, llm: Any, method: str, *, think_time: float | None = None,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
              progress: Callable[[int, int], None] | None = None) -> VllmRun:

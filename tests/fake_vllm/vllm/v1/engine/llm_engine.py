@@ -2,6 +2,7 @@
 
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -10,6 +11,8 @@ from vllm.v1.metrics import reader
 from vllm.v1.metrics.reader import Metric
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
+FAKE_NUM_GPU_BLOCKS = 4096  # what the fake's "profiling" finds
+FAKE_MAX_MODEL_LEN = 32768
 PERIOD = 7  # the toy model mostly repeats the token PERIOD positions back
 
 
@@ -80,6 +83,9 @@ class LLMEngine:
             self.proposer = lambda history: rule(history, lo, hi, self.k)
         self.waiting: list[_Request] = []
         self.running: list[_Request] = []
+        # vLLM 0.33's LLMEngine.vllm_config: the profiled KV block count lands in cache_config.num_gpu_blocks.
+        self.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=FAKE_NUM_GPU_BLOCKS),
+                                           model_config=SimpleNamespace(max_model_len=FAKE_MAX_MODEL_LEN))
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams, arrival_time: float | None = None,
                     **kwargs: Any) -> str:
