@@ -32,9 +32,9 @@ def record(
 
     if max_num_seqs < 1 or (queries is not None and queries < 1):
         raise UsageError("--max-num-seqs and --queries must be ≥ 1")
+    workload = load_trace(trace)  # a bad trace is reported before a missing vLLM
     if importlib.util.find_spec("vllm") is None:
         raise UsageError("record needs vLLM and model weights: pip install 'agentspec-sim[vllm]' (vllm==0.33.0)")
-    workload = load_trace(trace)
     if queries is not None:
         workload = replace(workload, queries=workload.queries[:queries])
     llm = build_llm(model, methods()["normal"], max_num_seqs=max_num_seqs)

@@ -61,6 +61,8 @@ def timing(
         raise UsageError("--holdout must be in [0, 1)")
     if sample is not None and sample < 1:
         raise UsageError("--sample must be ≥ 1")
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"{output}: exists and is not a folder (-o names the output folder)")
     try:
         shapes = load_shapes(steps, drafter)
         if sample is not None:

@@ -208,6 +208,9 @@ CATALOGUE = [
          "--max-num-seqs and --queries must be ≥ 1"),
     case("record no queries", "record {d}/good.jsonl --model m -o {d}/r.jsonl --queries 0",
          "--max-num-seqs and --queries must be ≥ 1"),
+    case("record missing trace", "record {d}/nope.jsonl --model m -o {d}/r.jsonl", "nope.jsonl: file: no such file"),
+    case("validate output is a file", "validate timing {d}/good.jsonl -o {d}/good.jsonl",
+         "exists and is not a folder"),
     # -- option parsing (click) ------------------------------------------------------------------
     case("not an integer", "replay {d}/good.jsonl --max-num-seqs many", "Invalid value for '--max-num-seqs'"),
     case("unknown option", "inspect {d}/good.jsonl --frobnicate", "No such option: --frobnicate"),
