@@ -178,7 +178,7 @@ CATALOGUE = [
     case("sweep bad grid", "sweep {d}/good.jsonl -o {d}/s.parquet --grid k", "--grid 'k': expected KEY=V1,V2"),
     case("sweep output a directory", "sweep {d}/good.jsonl -o {d} --max-num-seqs 1", "is a directory"),
     case("sweep unknown drafter", "sweep {d}/good.jsonl -o {d}/s.parquet --drafter nope", "unknown drafter 'nope'"),
-    case("plan missing results", "plan --results {d}/nope.parquet", "nope.parquet"),
+    case("plan missing results", "plan --results {d}/nope.parquet", "nope.parquet: no such file"),
     case("plan results not parquet", "plan --results {d}/good.jsonl", "good.jsonl: not a parquet file"),
     case("plan negative SLO", "plan {d}/good.jsonl --slo-ttft -1", "--slo-ttft must be > 0"),
     case("report missing results", "report {d}/nope.parquet -o {d}/rep", "nope.parquet"),

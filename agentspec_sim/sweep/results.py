@@ -75,6 +75,10 @@ def write_results(path: str | Path, rows: Sequence[Row]) -> pl.DataFrame:
 def read_results(path: str | Path) -> pl.DataFrame:
     """A sweep's results file as a DataFrame (the schema above); SweepError if it is not one."""
     path = Path(path)
+    if not path.exists():
+        raise SweepError(f"{path}: no such file")
+    if path.is_dir():
+        raise SweepError(f"{path}: is a directory, not a results file")
     try:
         frame = pl.read_parquet(path)
     except (pl.exceptions.ComputeError, OSError) as exc:
