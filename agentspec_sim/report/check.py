@@ -103,6 +103,8 @@ def load_baseline(path: str | Path) -> Baseline:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BaselineError(f"{path}: no such baseline (create it with --update)") from None
+    except UnicodeDecodeError as exc:
+        raise BaselineError(f"{path}: not UTF-8 text (byte {exc.start}); a baseline is a JSON file") from None
     except json.JSONDecodeError as exc:
         raise BaselineError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
     where = str(path)

@@ -56,7 +56,11 @@ def _read_one(path: Path) -> pl.DataFrame:
             raise ResultsError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
     elif path.suffix in (".jsonl", ".ndjson"):
         rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ResultsError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
