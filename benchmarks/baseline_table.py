@@ -4,7 +4,7 @@ over max batch sizes, from `agentspec-sim replay --json -o FILE` documents (or r
 Render: `python benchmarks/baseline_table.py render A.json B.json …` prints one markdown row per
 (document, drafter): model, max_num_seqs, queries, drafter, speedup over `normal`, rejection rate
 (mean over calls that drafted, as `replay` reports it), mean acceptance length (1 + accepted /
-draft steps, vLLM's), accepted tokens per decode step, steps, wall seconds.
+draft steps, vLLM's), accepted tokens per decode step, engine steps.
 
 Run: `python benchmarks/baseline_table.py run --max-num-seqs 1 --queries 40 -o out.json
 [--drafter normal,ngram,…] [--model qwen3-8b]` simulates the first N queries of the default trace
@@ -51,8 +51,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def render(paths: list[Path]) -> None:
     print("| model | max_num_seqs | queries | drafter | speedup | rejection rate | acceptance length "
-          "| accepted / decode step | steps | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| accepted / decode step | steps |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for path in paths:
         doc = json.loads(path.read_text())
         cfg = doc["config"]
@@ -61,7 +61,7 @@ def render(paths: list[Path]) -> None:
             print(f"| {cfg['model']} | {cfg['max_num_seqs']} | {queries} | {r['drafter']} "
                   f"| {_fmt(r['speedup'], '.3f')} | {_fmt(r['rejection_rate'], '.3f')} "
                   f"| {_fmt(r['mean_acceptance_length'], '.3f')} | {_fmt(r['accepted_per_decode_step'], '.3f')} "
-                  f"| {r['steps']} | {_fmt(r.get('wall_s'), '.0f')} |")
+                  f"| {r['steps']} |")
 
 
 def main() -> None:
