@@ -232,6 +232,23 @@ def speedup_table(results, trace: str, names: list[str]) -> str:
     return "\n".join(out)
 
 
+def ablation_delta_table(results) -> str:
+    """Speedup change when each agentspec+ part is removed, at every point the ablation ran."""
+    points = sorted((k for k, runs in results.items() if any(n.startswith("agentspec+ ") for n in runs)),
+                    key=lambda k: (list(TRACES).index(k[0]), k[1]))
+    out = ["| part removed | " + " | ".join(f"{t} {_point(t, b, r)}" for t, b, r in points) + " |",
+           "|" + "---|" * (1 + len(points))]
+    out.append("| none: agentspec+ speedup | " + " | ".join(
+        f"{results[k]['agentspec+']['speedup']:.3f}" for k in points) + " |")
+    for name in ABLATIONS:
+        cells = []
+        for k in points:
+            full, cut = results[k].get("agentspec+"), results[k].get(f"agentspec+ {name}")
+            cells.append("–" if not (full and cut) else f"{(cut['speedup'] / full['speedup'] - 1) * 100:+.1f}%")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def tables(args: argparse.Namespace) -> None:
     global _results_dir
     _results_dir = args.dir
@@ -243,6 +260,8 @@ def tables(args: argparse.Namespace) -> None:
     print(rejection_table(results, traces))
     print("\n## Accepted draft tokens per output token vs where 4-token repeats come from\n")
     print(coverage_table(results, traces))
+    print("\n## agentspec+ ablation: speedup change with each part removed (negative: the part helps)\n")
+    print(ablation_delta_table(results))
     main = ["ngram", "suffix", "eagle3", "agspec", "agentspec", "agentspec+"]
     for t in traces:
         print(f"\n## {t}: speedup / rejection by max_num_seqs (×R: --replicate R)\n")
