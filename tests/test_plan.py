@@ -146,3 +146,15 @@ def test_cli_runs_its_own_sweep(kv_bound):
     assert result.exit_code == 0, result.output
     (doc,) = json.loads(result.output)
     assert doc["best"]["max_num_seqs"] == 2 and doc["trace"] == str(path)  # as from the saved sweep above
+
+
+def test_queries_refused_at_every_batch_size_do_not_make_it_infeasible():
+    # 6 queries never complete at any batch size (a prompt over max_model_len): the plan is the same as
+    # without them and says so; one more incomplete query at b=4 (an engine failure there) still counts.
+    frame = constructed().with_columns(pl.lit(6).alias("incomplete_queries"))
+    (p,) = plan(frame)
+    assert p.best.drafter == "ngram k=2" and p.best.max_num_seqs == 4
+    assert "6 queries never complete at any batch size" in p.reason
+    worse = frame.with_columns(pl.when(pl.col("max_num_seqs") == 4).then(7).otherwise(6).alias("incomplete_queries"))
+    (p,) = plan(worse)
+    assert p.best.max_num_seqs == 2 and "max_num_seqs 4: 1 queries did not complete" in p.reason

@@ -166,6 +166,11 @@ def _plan_drafter(label: str, rows: list[dict[str, Any]], slo: SLO) -> DrafterPl
 
 def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo: SLO) -> Plan:
     rows = cells.to_dicts()
+    # Queries cut short by a refused call (a prompt ≥ max_model_len, refused as vLLM refuses it) fail
+    # at every batch size and say nothing about it: only incompleteness beyond the group's least counts.
+    unavoidable = min(r["incomplete_queries"] for r in rows)
+    for r in rows:
+        r["incomplete_queries"] -= unavoidable
     labels = list(dict.fromkeys(r["drafter"] for r in rows))
     drafters = [_plan_drafter(label, [r for r in rows if r["drafter"] == label], slo) for label in labels]
     ranked = sorted((d for d in drafters if d.best is not None),
@@ -180,8 +185,10 @@ def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo:
     speed = f", {best.speedup:.2f}× normal at that batch size" if best.speedup is not None else ""
     runner_up = (f"; next: {ranked[1].drafter} at max_num_seqs {ranked[1].best.max_num_seqs} "
                  f"({ranked[1].best.goodput_tok_s:,.0f} tok/s)") if len(ranked) > 1 else ""
+    refused = (f"; {unavoidable} queries never complete at any batch size (a call's prompt exceeds max_model_len)"
+               if unavoidable else "")
     reason = (f"{winner.drafter} at max_num_seqs {best.max_num_seqs} has the highest goodput meeting the objectives "
-              f"({best.goodput_tok_s:,.0f} tok/s{speed}); larger: {winner.why}{runner_up}")
+              f"({best.goodput_tok_s:,.0f} tok/s{speed}); larger: {winner.why}{runner_up}{refused}")
     config = _vllm_config(best, rows)
     args = ["--max-num-seqs", str(best.max_num_seqs)]
     env: dict[str, str] = {}
