@@ -8,7 +8,8 @@ values plus the list lengths; strings joined; nulls as a mask), the per-call and
 and `summarize(...).to_dict()` (wall_s dropped, floats rounded to 12 significant digits).
 
 The cases cover: normal and ngram (and suffix, whose digests come from the engine that drives it per
-step as vLLM's V1 runner does, not from the reference engine); max_num_seqs 1, 8, 32, 256; a KV
+step as vLLM's V1 runner does, not from the reference engine; and maxlen-ngram, re-pinned when the
+engine took up the V1 runner's proposer skip near max_model_len); max_num_seqs 1, 8, 32, 256; a KV
 cache small enough to force
 preemption (with the runtime invariant checks on); replicate=2 with Poisson arrivals and think
 time; prefix caching off; a max_num_batched_tokens small enough to truncate drafts; a
@@ -194,11 +195,11 @@ EXPECTED: dict[str, dict[str, str]] = {
         "summary": "aa6b852e6f1e1f1a4c24495c5a6f3643"
     },
     "maxlen-ngram": {
-        "steps": "0861c78f2303a9cecfcab66def91dca9",
-        "engine_steps": "8a210d302365911019ce359cf4fe5fc8",
-        "calls": "e336703f5a54d5ad45d912bcbb62092d",
-        "queries": "eda26c211b9c8f1fb196c83e33968034",
-        "summary": "15267e9af4deff112f8035660a23fd6a"
+        "steps": "1ecfebc2ddbe1b7cd9c3bc239e589ab0",
+        "engine_steps": "7bd118b0c4264cdc8e4590c1c2ce92bf",
+        "calls": "fa1106c009d42a239455ac3a33e49df1",
+        "queries": "e7f4ba98e6a2f4a1cd88fa06e4fd2654",
+        "summary": "e173a7d25df0fa993504917ab83e37f0"
     },
     "schedule-ngram": {
         "steps": "f7091d7aac009c15c52424dd5c08c462",

@@ -143,3 +143,17 @@ def test_vllm_defaults_by_gpu_and_resolution():
         resolve(EngineConfig(max_num_seqs=8, max_num_batched_tokens=4, max_model_len=100, num_kv_blocks=10))
     with pytest.raises(EngineConfigError, match="rate"):
         EngineConfig(arrival="poisson")
+
+
+@pytest.mark.parametrize("method, skipped", [("ngram", True), ("ngram-v2", False)])
+def test_v1_runner_skips_the_proposer_for_a_batch_near_max_model_len(method, skipped):
+    # vLLM's V1 runner (`_input_fits_in_drafter`): after step 6, call a (45 computed + 2 scheduled)
+    # is within k = 2 of max_model_len 48, so nobody is proposed for and b gets k token-0 drafts at
+    # step 7. Model Runner V2 (ngram-v2) is not modelled with that skip.
+    spec = {"method": method, "num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 2}
+    trace = workload([call("a", list(range(1, 36)), [5] * 30)],
+                     [call("b", [7, 8, 9, 7, 8, 9, 7, 8], [9, 7, 8] * 10, query="qb")])
+    steps = simulate(trace, spec, config(max_num_seqs=4, max_model_len=48), ConstantCost(1e-3)).steps
+    b = {row["step"]: row["draft"] for row in steps.filter(steps["call_id"] == "b").iter_rows(named=True)}
+    assert (b[7] == [0, 0]) is skipped
+    assert all(draft != [0, 0] for step, draft in b.items() if step != 7)

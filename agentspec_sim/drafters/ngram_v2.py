@@ -104,6 +104,10 @@ class NgramV2Drafter(NgramDrafter):
     Same config keys, defaults and validation as `ngram` (V1); only the proposal rule differs.
     """
 
+    # Model Runner V2, not V1: the V1 runner's proposer skip near max_model_len (engine/simulator.py
+    # `_propose`) does not apply; what MRV2 does there is not modelled.
+    v1_runner = False
+
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
         """Exactly `max_lens[i]` tokens for row i (the kernel always writes every slot)."""
         lo, hi = self.min_n, self.max_n

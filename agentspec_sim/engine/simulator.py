@@ -116,6 +116,9 @@ class Simulator:
         self.inert = spec.num_speculative_tokens == 0 and not any(self.hooks)
         # vLLM's V1 runner drives a suffix proposer its own way after every step (`_suffix_step`).
         self.per_step = bool(getattr(kind, "driven_per_step", False))
+        # The V1 runner skips its proposer for a batch near max_model_len (`_propose`); Model Runner V2
+        # drafters (ngram-v2) say they do not follow it.
+        self.skips_unfit_batches = bool(getattr(kind, "v1_runner", True))
         self.states: list[CallState] = []
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
@@ -444,6 +447,16 @@ class Simulator:
     def _propose(self, sampled: list[CallState], rows: np.ndarray, num_scheduled: int) -> None:
         """Drafts for the calls that sampled a token in the step just ended (`rows`: their table rows)."""
         col = self.table.cols
+        if self.skips_unfit_batches:
+            batch = self.scheduler.sb.rows[:num_scheduled]
+            k = self.spec.num_speculative_tokens
+            if num_scheduled and int((batch["context"] + batch["n"]).max()) + k > self.limits.max_model_len:
+                # vLLM's V1 runner (`_input_fits_in_drafter`, as `_suffix_step`): when one request of
+                # the batch is within k tokens of max_model_len the proposer does not run for anyone
+                # and every request gets k token-0 drafts, which the scheduler clips and verifies.
+                self.scheduler.set_drafts(rows, [np.zeros(k, dtype=np.int32)] * len(sampled))
+                self.pending_draft_s = 0.0
+                return
         lens = self.policy.max_draft_lens(num_scheduled, sampled)
         # The V1 proposer drafts at most max_model_len − num_tokens tokens.
         lens = np.minimum(lens, self.limits.max_model_len - (col["prompt_len"][rows] + col["num_emitted"][rows]))
