@@ -156,7 +156,10 @@ class Drafter(Protocol):
     fully prefilled and its first output token has been sampled; then, after every engine step in
     which the call emitted tokens, `observe` with exactly those tokens, and (if the call goes on)
     `propose` for the next step; `finish_call` once, after the call's last `observe`. A preempted
-    call keeps its state and is not started again.
+    call keeps its state and is not started again. Exceptions the V1 runner imposes: in a step whose
+    batch has a request within k tokens of max_model_len nobody is proposed for (the engine hands out
+    k token-0 drafts), and a drafter with `driven_per_step` (suffix) is driven as vLLM drives it:
+    `propose` after every step, no `observe` at max_model_len or in such skipped steps.
 
     What a drafter may read of a `CallState`: `call` (the trace `Call`: agent_id, query_id, role,
     structure, workspace — never `output_tokens`), `tokens` (prompt + tokens emitted so far; the
