@@ -63,10 +63,11 @@ from agentspec_sim.drafters.agspec import (
     CapController,
     RepresentationCache,
     RoleCaps,
+    check_forms,
     forms_for,
     read_cap_file,
 )
-from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
+from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, is_int, register_drafter
 from agentspec_sim.drafters.block_index import META_C, META_CT, META_FIELDS, META_MATCH, META_N, META_P
 from agentspec_sim.drafters.corpus_index import NGramIndex, continuation_len, lookup
 
@@ -98,31 +99,16 @@ MAX_WORKSPACES = 64  # built workspace indexes kept, by file list
 _EMPTY = np.zeros(0, dtype=np.int32)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_forms(key: str, value: Any, words: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        if value not in words:
-            raise SpecConfigError(f"{key}={value!r}: expected {' or '.join(map(repr, words))} or a list from "
-                                  f"{', '.join(FORMS)}")
-        return value
-    if not isinstance(value, list | tuple) or not value or any(f not in FORMS for f in value):
-        raise SpecConfigError(f"{key}={value!r}: a non-empty list of representations from {', '.join(FORMS)}")
-    return tuple(dict.fromkeys(value))
-
-
 def validate(opts: dict[str, Any]) -> dict[str, Any]:
     """Check every agentspec+ key (SpecConfigError naming the key and the rule); lists become tuples."""
     out = dict(opts)
     lo, hi, cand = out["min_match_len"], out["max_match_len"], out["max_candidates"]
-    if not _is_int(lo) or not _is_int(hi) or not 1 <= lo <= hi:
+    if not is_int(lo) or not is_int(hi) or not 1 <= lo <= hi:
         raise SpecConfigError(f"need integers 1 ≤ min_match_len ≤ max_match_len, got {lo!r}, {hi!r}")
     ct_min = out["ct_min_match"]
-    if ct_min is not None and (not _is_int(ct_min) or ct_min < 1):
+    if ct_min is not None and (not is_int(ct_min) or ct_min < 1):
         raise SpecConfigError(f"ct_min_match={ct_min!r} must be an integer ≥ 1 or null (= min_match_len)")
-    if not _is_int(cand) or cand < 1:
+    if not is_int(cand) or cand < 1:
         raise SpecConfigError(f"max_candidates={cand!r} must be an integer ≥ 1")
     alpha, g_min = out["alpha"], out["g_min"]
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha < 0:
@@ -138,8 +124,8 @@ def validate(opts: dict[str, Any]) -> dict[str, Any]:
             or len(set(corpora)) != len(corpora)):
         raise SpecConfigError(f"corpora={corpora!r}: a non-empty list of distinct names from {', '.join(CORPORA)}")
     out["corpora"] = tuple(corpora)
-    out["forms"] = _check_forms("forms", out["forms"], ("emission",))
-    out["forms_when_absent"] = _check_forms("forms_when_absent", out["forms_when_absent"], ("all", *FORMS))
+    out["forms"] = check_forms("forms", out["forms"], ("emission",))
+    out["forms_when_absent"] = check_forms("forms_when_absent", out["forms_when_absent"], ("all", *FORMS))
     for key in ("structure", "controller"):
         if not isinstance(out[key], bool):
             raise SpecConfigError(f"{key}={out[key]!r} must be true or false")

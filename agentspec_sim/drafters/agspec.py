@@ -229,7 +229,8 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_forms(key: str, value: Any, allow: tuple[str, ...]) -> Any:
+def check_forms(key: str, value: Any, allow: tuple[str, ...]) -> Any:
+    """A `forms` option: one of the words in `allow`, or a non-empty list of representations (deduplicated)."""
     if isinstance(value, str):
         if value not in allow:
             raise SpecConfigError(f"{key}={value!r}: expected {' or '.join(map(repr, allow))} or a list of "
@@ -260,8 +261,8 @@ def validate_options(opts: dict[str, Any]) -> dict[str, Any]:
     out["corpora"] = tuple(corpora)
     if out["select"] not in ("first", "longest"):
         raise SpecConfigError(f"select={out['select']!r} must be 'first' (the article's priority order) or 'longest'")
-    out["forms"] = _check_forms("forms", out["forms"], ("emission",))
-    out["forms_when_absent"] = _check_forms("forms_when_absent", out["forms_when_absent"], ("all", *FORMS))
+    out["forms"] = check_forms("forms", out["forms"], ("emission",))
+    out["forms_when_absent"] = check_forms("forms_when_absent", out["forms_when_absent"], ("all", *FORMS))
     if out["rejection"] not in ("first-token", "any-token"):
         raise SpecConfigError(f"rejection={out['rejection']!r} must be 'first-token' (a draft whose first token "
                               "was rejected) or 'any-token' (a draft not fully accepted)")

@@ -87,7 +87,7 @@ class SpeculativeConfig:
             raise SpecConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in speculative config for "
                                   f"method {method!r} (accepted: {', '.join(sorted(allowed))})")
         k = data.get("num_speculative_tokens")
-        if k is not None and (not _is_int(k) or k < 0):
+        if k is not None and (not is_int(k) or k < 0):
             raise SpecConfigError(f"num_speculative_tokens must be an integer ≥ 0, got {k!r}")
         schedule = data.get("num_speculative_tokens_per_batch_size")
         spec = cls(
@@ -123,7 +123,8 @@ class SpeculativeConfig:
         return out
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """An int that is not a bool (JSON configs give both)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -134,7 +135,7 @@ def _parse_schedule(value: object) -> tuple[tuple[int, int, int], ...]:
         raise SpecConfigError(f"{what} must be a non-empty list of [start, end, k]")
     ranges: list[tuple[int, int, int]] = []
     for item in value:
-        if not isinstance(item, list | tuple) or len(item) != 3 or not all(_is_int(x) for x in item):
+        if not isinstance(item, list | tuple) or len(item) != 3 or not all(is_int(x) for x in item):
             raise SpecConfigError(f"{what}: each entry must be [start, end, k] integers, got {item!r}")
         start, end, k = item
         if start < 1 or end < start or k < 0:
