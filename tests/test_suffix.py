@@ -343,10 +343,11 @@ def test_engine_replay_catches_the_generic_driving(engine_workload, monkeypatch)
     from agentspec_sim.drafters.suffix import SuffixDrafter
 
     # Driven like the other drafters (propose only after steps that sampled, n-gram budget): wrong.
+    # (The generic path does model the V1 runner's proposer skip near max_model_len; what it lacks
+    # is the propose after every step.)
     monkeypatch.setattr(SuffixDrafter, "driven_per_step", False)
     res = _engine_replay(engine_workload, {}, TIGHT, reference=False)
     assert any("not once" in p for p in res.problems)  # steps with no propose
-    assert any("skips the proposer" in p for p in res.problems)
 
 
 @pytest.mark.parametrize(("options", "engine"), ENGINE_CASES)
