@@ -64,6 +64,7 @@ from agentspec_sim.drafters.agspec import (
     RepresentationCache,
     RoleCaps,
     check_forms,
+    check_role_caps,
     forms_for,
     read_cap_file,
 )
@@ -131,14 +132,7 @@ def validate(opts: dict[str, Any]) -> dict[str, Any]:
             raise SpecConfigError(f"{key}={out[key]!r} must be true or false")
     if out["tokenizer"] is not None and not isinstance(out["tokenizer"], str):
         raise SpecConfigError(f"tokenizer={out['tokenizer']!r} must be a tokenizer name, a path, or null")
-    caps = out["role_caps"]
-    if caps is not None:
-        if not isinstance(caps, str):
-            raise SpecConfigError(f"role_caps={caps!r} must be the path of a cap file (agentspec-sim analyze roles)")
-        try:
-            read_cap_file(caps)
-        except ValueError as exc:
-            raise SpecConfigError(f"role_caps: {exc}") from None
+    check_role_caps(out["role_caps"])
     return out
 
 

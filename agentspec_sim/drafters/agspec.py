@@ -277,15 +277,20 @@ def validate_options(opts: dict[str, Any]) -> dict[str, Any]:
     tokenizer = out["tokenizer"]
     if tokenizer is not None and not isinstance(tokenizer, str):
         raise SpecConfigError(f"tokenizer={tokenizer!r} must be a tokenizer name, a path, or null")
-    caps = out["role_caps"]
-    if caps is not None:
-        if not isinstance(caps, str):
-            raise SpecConfigError(f"role_caps={caps!r} must be the path of a cap file (agentspec-sim analyze roles)")
-        try:
-            read_cap_file(caps)
-        except ValueError as exc:
-            raise SpecConfigError(f"role_caps: {exc}") from None
+    check_role_caps(out["role_caps"])
     return out
+
+
+def check_role_caps(caps: Any) -> None:
+    """A `role_caps` option: None, or the path of a readable cap file (SpecConfigError otherwise)."""
+    if caps is None:
+        return
+    if not isinstance(caps, str):
+        raise SpecConfigError(f"role_caps={caps!r} must be the path of a cap file (agentspec-sim analyze roles)")
+    try:
+        read_cap_file(caps)
+    except ValueError as exc:
+        raise SpecConfigError(f"role_caps: {exc}") from None
 
 
 # --------------------------------------------------------------------------------------------
