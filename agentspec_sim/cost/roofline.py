@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+from numba import njit
 
 from agentspec_sim.atomic import atomic_text
 from agentspec_sim.cost.base import BatchShape, StepCost
@@ -187,6 +188,46 @@ class Calibration:
 
 _sum = np.add.reduce  # ufunc reductions skip the ndarray-method dispatch (~0.6 µs each)
 _max = np.maximum.reduce
+# Above this many compute-bound calls in one step, `_compute_excess` sums with numpy (pairwise).
+_SCALAR_EXCESS_MAX = 16
+
+
+@njit(cache=True, nogil=True)
+def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, excess_terms):
+    """One pass over a step's calls: (tokens, prefill query tokens, prefill calls, Σ context,
+    Σ min(context, window), compute-bound calls, their attention compute excess summed in order).
+
+    The excess terms max(0, d) of the compute-bound calls go to `excess_terms` (the caller sums them
+    with numpy when there are more than `_SCALAR_EXCESS_MAX`, as `_compute_excess` does); each d and
+    the in-order sum are the same IEEE operations as `_compute_excess`'s scalar path.
+    """
+    tokens = 0
+    q_prefill = 0
+    n_prefill = 0
+    sum_c = 0
+    sum_cw = 0
+    n_heavy = 0
+    excess = 0.0
+    for i in range(q.shape[0]):
+        qi = np.int64(q[i])
+        ci = np.int64(c[i])
+        tokens += qi
+        sum_c += ci
+        if window:
+            sum_cw += min(ci, window)
+        if pf[i]:
+            q_prefill += qi
+            n_prefill += 1
+        if qi > q_mem_bound:
+            keys = ci + (qi + 1) * 0.5
+            d = qi * keys * cf - (ci + qi) * mf
+            if ms:
+                d += qi * min(keys, np.float64(window)) * cs - (min(ci, window) + qi) * ms
+            excess_terms[n_heavy] = d if d > 0.0 else 0.0
+            n_heavy += 1
+            if d > 0.0:
+                excess += d
+    return tokens, q_prefill, n_prefill, sum_c, sum_cw, n_heavy, excess
 
 
 def _pnorm(a: float, b: float, p: float) -> float:
@@ -218,7 +259,7 @@ class RooflineCostModel:
     __slots__ = (
         "_attn_cmp_full", "_attn_cmp_slide", "_attn_mem_full", "_attn_mem_slide", "_calc_ridge",
         "_check", "_comm_fixed", "_comm_token", "_default_draft", "_dense_bytes", "_drafts",
-        "_flops_logit", "_flops_token", "_inv_attn_bw", "_inv_bw", "_inv_flops", "_moe_bytes",
+        "_flops_logit", "_flops_token", "_inv_attn_bw", "_inv_bw", "_inv_flops", "_linear_memo", "_moe_bytes",
         "_moe_miss", "_overhead_fixed", "_p", "_per_call", "_q_mem_bound", "_window",
         "calibration", "hardware", "kv_dtype_bytes", "model", "tensor_parallel_size",
     )
@@ -294,6 +335,9 @@ class RooflineCostModel:
             raise ValueError(f"{m.id}: no {draft!r} draft network (available: {', '.join(sorted(drafts))})")
         self._default_draft = draft
         self._calc_ridge = self._crossover(hw.hbm_bandwidth, hw.peak_flops_bf16)
+        # `_linear_s` of each (tokens, logit rows) pair seen: a pure function of two integers, and
+        # a step has few distinct pairs (a cache, not state: results are the same without it).
+        self._linear_memo: dict[tuple[int, int], float] = {}
 
     # ---- StepCostModel ----
 
@@ -303,18 +347,23 @@ class RooflineCostModel:
             batch.validate()
         q, c, pf = batch.query_lens, batch.context_lens, batch.is_prefill
         n = q.shape[0]
-        tokens = int(_sum(q))
-        n_prefill = np.count_nonzero(pf)
-        logit_rows = tokens - int(_sum(q[pf])) + n_prefill if n_prefill else tokens
-        linear = self._linear_s(tokens, logit_rows)
+        terms = np.empty(n, dtype=np.float64)
+        tokens, q_prefill, n_prefill, sum_c, sum_cw, n_heavy, excess = _step_sums(
+            q, c, pf, self._window, self._q_mem_bound, self._attn_mem_full, self._attn_cmp_full,
+            self._attn_mem_slide, self._attn_cmp_slide, terms)
+        logit_rows = tokens - q_prefill + n_prefill if n_prefill else tokens
+        key = (tokens, logit_rows)
+        linear = self._linear_memo.get(key)
+        if linear is None:
+            linear = self._linear_memo[key] = self._linear_s(tokens, logit_rows)
 
         # Attention: every call reads its KV once per layer (memory time, summed in closed form);
         # calls with enough query tokens to be compute-bound add their compute excess.
-        attention = (int(_sum(c)) + tokens) * self._attn_mem_full
+        attention = (sum_c + tokens) * self._attn_mem_full
         if self._attn_mem_slide:
-            attention += (int(_sum(np.minimum(c, self._window))) + tokens) * self._attn_mem_slide
-        if int(_max(q)) > self._q_mem_bound:
-            attention += self._compute_excess(q, c)
+            attention += (sum_cw + tokens) * self._attn_mem_slide
+        if n_heavy:
+            attention += float(_sum(terms[:n_heavy])) if n_heavy > _SCALAR_EXCESS_MAX else excess
 
         communication = self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
         overhead = self._overhead_fixed + self._per_call * n
@@ -379,7 +428,7 @@ class RooflineCostModel:
                 d += qh * np.minimum(keys, w) * self._attn_cmp_slide - (np.minimum(ch, w) + qh) * self._attn_mem_slide
             excess = np.zeros(num_steps, dtype=np.float64)
             np.add.at(excess, step_of_heavy, np.where(d > 0.0, d, 0.0))
-            for k in (per_step > 16).nonzero()[0].tolist():
+            for k in (per_step > _SCALAR_EXCESS_MAX).nonzero()[0].tolist():
                 lo, hi = int(offsets[k]), int(offsets[k + 1])
                 excess[k] = self._compute_excess(q[lo:hi].astype(np.int64), c[lo:hi].astype(np.int64))
             has = per_step > 0
@@ -394,7 +443,7 @@ class RooflineCostModel:
         idx = (q > self._q_mem_bound).nonzero()[0]
         mf, cf, ms, cs, w = (self._attn_mem_full, self._attn_cmp_full, self._attn_mem_slide,
                              self._attn_cmp_slide, self._window)
-        if idx.shape[0] <= 16:  # the usual case (a few prefill chunks): scalars beat tiny arrays
+        if idx.shape[0] <= _SCALAR_EXCESS_MAX:  # the usual case (a few prefill chunks): scalars beat tiny arrays
             excess = 0.0
             for qi, ci in zip(q[idx].tolist(), c[idx].tolist(), strict=True):
                 keys = ci + (qi + 1) * 0.5  # mean keys a causal query attends to

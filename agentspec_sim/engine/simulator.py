@@ -289,23 +289,18 @@ class Simulator:
         """Times of steps k0 … k1 − 1 (logged, not yet priced); returns the end of the last one.
 
         Each step's duration is the drafting time spent before it (only the first step of a run can
-        have any: proposals happen at DONE) plus its forward time; a step with drafts is also priced
-        without them, the reference of t_A and t_V (paper §3.1).
+        have any: proposals happen at DONE) plus its forward time. The reference of t_A and t_V (the
+        step priced without its drafts, paper §3.1) times nothing, so `_price_references` prices it
+        for all steps at once when the run ends.
         """
         if k1 - k0 == 1:
             return self._price_one(k0)
         m, steps = k1 - k0, self.log.buf.steps[k0:k1]
-        query, context, prefill, drafted = self._shapes(k0, k1)
+        query, context, prefill = self._shapes(k0, k1)
         sizes = steps["batch_size"]
         offsets = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         forward = step_times(self.cost, query, context, prefill, offsets)
-        base = forward.copy()
-        d = steps["D"]
-        for k in d.nonzero()[0].tolist():
-            lo, hi = int(offsets[k]), int(offsets[k + 1])
-            base[k] = self.cost.step_time(BatchShape((query[lo:hi] - drafted[lo:hi]).astype(np.int64),
-                                                     context[lo:hi].astype(np.int64), prefill[lo:hi])).total_s
         draft_s = np.zeros(m)
         draft_s[0], self.pending_draft_s = self.pending_draft_s, 0.0
         # Step j starts when step j − 1 ends, times accumulated in order as one step per event would.
@@ -313,21 +308,40 @@ class Simulator:
         steps["time_s"][0] = self.now
         steps["time_s"][1:] = ends[:-1]
         steps["forward_s"], steps["draft_s"] = forward, draft_s
-        with np.errstate(invalid="ignore", divide="ignore"):
-            steps["t_A"] = np.where(d > 0, base / sizes, np.nan)
-            steps["t_V"] = np.where(d > 0, (forward - base) / d, np.nan)
-            steps["t_D"] = np.where(d > 0, draft_s / d, np.nan)
         steps["budget"] = self._budgets(sizes)
         self._check_budget(int(steps["scheduled_tokens"].max()))
         return float(ends[-1])
 
-    def _shapes(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(query lens, context lens, is-prefill, drafts) of the call-steps of steps k0 … k1 − 1, the last
+    def _shapes(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(query lens, context lens, is-prefill) of the call-steps of steps k0 … k1 − 1, the last
         logged (int32 views of the log, but is-prefill)."""
         b = self.log.buf
         r1 = self.log.num_rows
         rows = b.rows[r1 - int(b.steps["batch_size"][k0:k1].sum()):r1]
-        return rows["scheduled"], rows["context_len"], rows["decode"] == 0, rows["drafted"]
+        return rows["scheduled"], rows["context_len"], rows["decode"] == 0
+
+    def _price_references(self) -> None:
+        """t_A, t_V and t_D of every step with drafts (NaN elsewhere), from its reference: the same
+        batch priced without its drafts. One batched `step_times` over the whole log (bit-identical
+        to pricing each step alone) instead of a second cost-model call per step in the hot loop."""
+        b = self.log.buf
+        steps = b.steps[:self.log.num_steps]
+        rows = b.rows[:self.log.num_rows]
+        sizes, d = steps["batch_size"], steps["D"]
+        for name in ("t_A", "t_V", "t_D"):
+            steps[name] = np.nan
+        drafting = d.nonzero()[0]
+        if drafting.shape[0] == 0:
+            return
+        sub = np.zeros(drafting.shape[0] + 1, dtype=np.int64)
+        np.cumsum(sizes[drafting], out=sub[1:])
+        picked = rows[np.repeat(d > 0, sizes)]
+        base = step_times(self.cost, picked["scheduled"] - picked["drafted"], picked["context_len"],
+                          picked["decode"] == 0, sub)
+        n, dk = sizes[drafting], d[drafting]
+        steps["t_A"][drafting] = base / n
+        steps["t_V"][drafting] = (steps["forward_s"][drafting] - base) / dk
+        steps["t_D"][drafting] = steps["draft_s"][drafting] / dk
 
     def _check_budget(self, scheduled_tokens: int) -> None:
         if self.config.check_invariants and scheduled_tokens > self.limits.max_num_batched_tokens:
@@ -342,15 +356,9 @@ class Simulator:
         query, context = rows["scheduled"].astype(np.int64), rows["context_len"].astype(np.int64)
         prefill = rows["decode"] == 0
         forward = float(self.cost.step_time(BatchShape(query, context, prefill)).total_s)
-        d = int(log.col["D"][k])
         draft_s, self.pending_draft_s = self.pending_draft_s, 0.0
         col = log.col
         col["time_s"][k], col["forward_s"][k], col["draft_s"][k] = self.now, forward, draft_s
-        if d:
-            base = float(self.cost.step_time(BatchShape(query - rows["drafted"], context, prefill)).total_s)
-            col["t_A"][k], col["t_V"][k], col["t_D"][k] = base / n, (forward - base) / d, draft_s / d
-        else:
-            col["t_A"][k] = col["t_V"][k] = col["t_D"][k] = math.nan
         budget = self._budget_memo.get(n)
         if budget is None:
             budget = self._budget_memo[n] = self.cost.token_budget(n)
@@ -576,6 +584,7 @@ class Simulator:
     # -- result ------------------------------------------------------------------------------------------
     def _result(self, wall_s: float) -> RunResult:
         ids = [s.call_id for s in self.states]
+        self._price_references()
         engine_steps = self.log.engine_frame()
         st, t = self.states, self.table
         n = t.rows
