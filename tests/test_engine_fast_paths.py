@@ -77,6 +77,38 @@ def test_step_times_equal_step_time_bit_for_bit(hardware, model, tp, p):
     assert got.tolist() == ref
 
 
+@pytest.mark.parametrize("spec", ["ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                            "prompt_lookup_max": 2,
+                                            "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 64, 1]]}])
+@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16}])
+def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypatch):
+    """`run_steps` drafting with the n-gram index itself (long runs) = the event loop drafting after each
+    step, including when the index fills up mid-run (a tiny table: the kernel hands the step back)."""
+    import agentspec_sim.engine.batched as batched
+
+    rng = np.random.default_rng(11)
+    wl = workload(*[agent_query(rng, f"q{i}", 4, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    assert sim._inline is not None
+    by_event_loop = []
+    propose = sim._propose
+    monkeypatch.setattr(sim, "_propose", lambda *args: by_event_loop.append(1) or propose(*args))
+    inline = sim.run()
+    drafting_steps = int((inline.engine_steps["D"] > 0).sum())
+    assert len(by_event_loop) < drafting_steps / 2  # most steps were drafted inside runs
+    _same(inline, _run(wl, spec, cfg, cost, max_run_steps=1))
+    monkeypatch.setattr(batched.NgramIndex, "initial_capacity", 1 << 4)
+    monkeypatch.setattr(batched.NgramIndex, "max_capacity", 1 << 7)
+    small = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    handed_back = []
+    propose_small = small._propose
+    monkeypatch.setattr(small, "_propose", lambda *args: handed_back.append(1) or propose_small(*args))
+    _same(inline, small.run())
+    assert len(handed_back) > len(by_event_loop)
+
+
 def test_batched_ngram_equals_propose():
     rng = np.random.default_rng(3)
     for spec in ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,

@@ -52,7 +52,7 @@ clear_if_changed(__file__, [ngram.__file__])  # `_ngram_rows_scan` compiles in n
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xFF51AFD7ED558CCD)
-_MAX_INDEXED_N = 255  # n is packed in the low byte of an entry's value
+MAX_INDEXED_N = 255  # n is packed in the low byte of an entry's value
 NEED_REGIONS = -1  # kernel status (counts[2]): the region table is half full
 
 
@@ -260,15 +260,23 @@ class NgramIndex:
             self._make_room()
 
 
-def propose_ngram_rows(drafter: ngram.NgramDrafter, tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                       max_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(draft start, draft length) in `tokens` of each row's `NgramDrafter.propose` draft."""
+def prompt_index(drafter: ngram.NgramDrafter, tokens: np.ndarray) -> NgramIndex | None:
+    """The drafter's incremental index of arena `tokens` (made on first use); None where n > 255."""
     lo, hi = drafter.min_n, drafter.max_n
-    if hi > _MAX_INDEXED_N:
-        return propose_ngram_rows_scan(drafter, tokens, starts, lengths, max_lens)
+    if hi > MAX_INDEXED_N:
+        return None
     index = getattr(drafter, "_prompt_index", None)
     if index is None or not index.serves(tokens, lo, hi):
         index = drafter._prompt_index = NgramIndex(tokens, lo, hi)
+    return index
+
+
+def propose_ngram_rows(drafter: ngram.NgramDrafter, tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                       max_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(draft start, draft length) in `tokens` of each row's `NgramDrafter.propose` draft."""
+    index = prompt_index(drafter, tokens)
+    if index is None:
+        return propose_ngram_rows_scan(drafter, tokens, starts, lengths, max_lens)
     drafts = np.empty((2, starts.shape[0]), dtype=np.int64)
     index.propose(tokens, starts.astype(np.int64, copy=False), lengths.astype(np.int64, copy=False),
                   max_lens.astype(np.int64, copy=False), drafts)

@@ -36,13 +36,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agentspec_sim.engine import kv
+from agentspec_sim.engine import batched, kv
+from agentspec_sim.engine.batched import _ngram_rows_indexed
 from agentspec_sim.engine.kernel_cache import clear_if_changed
 from agentspec_sim.engine.kv import KVCacheManager, allocate_slots, free_call, kernel, lookup
 from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_WAITING, CallState, CallTable, zeros
 
 _EMPTY = np.zeros(0, dtype=np.int32)
-clear_if_changed(__file__, [kv.__file__])  # this module's kernels compile in kv.py's
+clear_if_changed(__file__, [kv.__file__, batched.__file__])  # this module's kernels compile in theirs
 
 # Why requests were left waiting (ScheduledBatch.bound): nobody waiting, max_num_seqs, KV (no room or a
 # preemption), token budget spent.
@@ -98,6 +99,40 @@ class StepBuf(NamedTuple):
     lists: np.ndarray  # [max_num_seqs] LISTS
     hits: np.ndarray  # prefix-cache lookup work space
     sc: np.ndarray  # int64: [rows, preempted, bound, finished, sampled, bad row]
+
+
+# InlineNgram.par fields.
+IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT = range(5)
+
+
+class InlineNgram(NamedTuple):
+    """What `run_steps` needs to draft with vLLM's n-gram proposer itself between two steps of a run
+    (`propose_ngram_inline`) instead of stopping after every step for the event loop to do it.
+
+    It is the engine's batched n-gram path (`Simulator._propose` with `engine/batched.py`'s index)
+    moved inside the compiled loop: the same index, the same per-call draft limits, the same V1
+    proposer skip near max_model_len, the same verification; tests/test_engine_fast_paths.py checks
+    runs drafted inline against one step per event. Off (par[IN_ON] = 0) for every other drafter.
+    """
+
+    par: np.ndarray  # int64: [on, min_n, max_n, k_max (num_speculative_tokens), V1 proposer skip]
+    k_of_batch: np.ndarray  # int64 [max_num_seqs + 1]: draft length allowed at that many scheduled calls
+    draft_s: np.ndarray  # float64 [max_num_seqs + 1]: drafting seconds for that many drafting calls
+    entries: np.ndarray  # the `NgramIndex` tables (engine/batched.py)
+    regions: np.ndarray
+    counts: np.ndarray
+    rows: np.ndarray  # int64 [max_num_seqs] work space: drafting calls' table rows,
+    starts: np.ndarray  # their history offsets,
+    lengths: np.ndarray  # history lengths,
+    max_lens: np.ndarray  # draft limits,
+    drafts: np.ndarray  # int64 [2, max_num_seqs]: and drafts (start in the arena, length)
+
+    @classmethod
+    def off(cls) -> InlineNgram:
+        one = np.zeros(1, dtype=np.int64)
+        return cls(np.zeros(5, dtype=np.int64), one, np.zeros(1), np.zeros((1, 3), dtype=np.int64),
+                   np.zeros((1, 2), dtype=np.int64), np.zeros(3, dtype=np.int64), one, one, one, one,
+                   np.zeros((2, 1), dtype=np.int64))
 
 
 @kernel
@@ -344,24 +379,77 @@ def drafts_from_tokens(c, rows, starts, lengths):
 
 
 @kernel
+def propose_ngram_inline(c, sb, dr, max_model_len):
+    """Drafts for the calls that sampled in the step in `sb`, as `Simulator._propose` makes them with
+    the batched n-gram index; returns the drafting seconds, or −1.0 when the index needs room (then
+    nothing is set: the event loop proposes, growing the index)."""
+    n_sampled = sb.sc[4]
+    k_max = dr.par[IN_K_MAX]
+    if dr.par[IN_SKIP_UNFIT] and sb.sc[0]:
+        top = 0
+        for i in range(sb.sc[0]):
+            top = max(top, sb.rows.context[i] + sb.rows.n[i])
+        if top + k_max > max_model_len:  # vLLM's `_input_fits_in_drafter` fails: k token-0 drafts each
+            for j in range(n_sampled):
+                r = sb.lists.sampled[j]
+                slot = c.calls.slot[r]
+                for k in range(k_max):
+                    c.slot_drafts[slot, k] = 0
+                out = c.calls.hist_off[r] + c.calls.prompt_len[r]
+                accepted, _ = verify(c.slot_drafts[slot, :k_max], c.tokens[out:out + c.calls.target_len[r]],
+                                     c.calls.num_emitted[r], c.calls.target_len[r])
+                c.calls.draft_len[r] = k_max
+                c.calls.draft_acc[r] = accepted
+            return 0.0
+    k = dr.k_of_batch[min(sb.sc[0], dr.k_of_batch.shape[0] - 1)]
+    m = 0
+    for j in range(n_sampled):
+        r = sb.lists.sampled[j]
+        length = c.calls.prompt_len[r] + c.calls.num_emitted[r]
+        limit = min(k, max_model_len - length)  # the V1 proposer drafts ≤ max_model_len − num_tokens
+        if limit > 0:
+            dr.rows[m] = r
+            dr.starts[m] = c.calls.hist_off[r]
+            dr.lengths[m] = length
+            dr.max_lens[m] = limit
+            m += 1
+    if m == 0:
+        return 0.0
+    if _ngram_rows_indexed(c.tokens, dr.starts[:m], dr.lengths[:m], dr.max_lens[:m], dr.par[IN_MIN_N],
+                           dr.par[IN_MAX_N], dr.drafts[:, :m], dr.entries, dr.regions, dr.counts, 0) < m:
+        return -1.0
+    drafts_from_tokens(c, dr.rows[:m], dr.drafts[0, :m], dr.drafts[1, :m])
+    return dr.draft_s[m]
+
+
+@kernel
+def _log_full(lg, c, max_num_seqs):
+    return (lg.rows.shape[0] - lg.ctr[0] < max_num_seqs or lg.steps.shape[0] == lg.ctr[1]
+            or lg.events.shape[0] - lg.ctr[2] < 3 * max_num_seqs
+            or lg.draft_tokens.shape[0] - lg.ctr[3] < max_num_seqs * c.slot_drafts.shape[1])
+
+
+@kernel
 def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_len, max_steps, step0, chain,
-              stop_on_emit):
+              stop_on_emit, dr):
     """Up to `max_steps` steps, logged to `lg`; returns (steps, why it stopped).
 
     Stops before a step when nothing can run or the log has no room, and after a step in which a
     call finished whose query's next call does not arrive at once (or `chain` is off: other events
-    are pending), or — with `stop_on_emit`, when a drafter must see every token — a call emitted.
+    are pending), or — with `stop_on_emit`, when a drafter must see every token — a call emitted,
+    unless the drafter is the n-gram proposer drafting inline (`dr`, `propose_ngram_inline`): then
+    the run goes on with the drafts set, each step's drafting time in the log's `draft_s` (the
+    run's first step gets the event loop's). The last step of a run is always left to the event loop.
     A finished call's next call that arrives at once (think time 0, no recorded arrival, a prompt
     that fits) joins the waiting queue here, as the event loop would add it before the next step.
     RUN_LOSSLESS: the update's lossless check failed (the step is not logged; see `update_step`).
     """
     s = 0
+    draft_s = 0.0
     while s < max_steps:
         if qu.q[0] == 0 and qu.q[2] == 0:
             return s, RUN_IDLE
-        if (lg.rows.shape[0] - lg.ctr[0] < max_num_seqs or lg.steps.shape[0] == lg.ctr[1]
-                or lg.events.shape[0] - lg.ctr[2] < 3 * max_num_seqs
-                or lg.draft_tokens.shape[0] - lg.ctr[3] < max_num_seqs * c.slot_drafts.shape[1]):
+        if _log_full(lg, c, max_num_seqs):
             return s, RUN_FULL
         schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
         rows = sb.sc[0]
@@ -376,13 +464,15 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
         if update_step(p, c, qu, sb, step) < 0:
             return s, RUN_LOSSLESS
         log_step(lg, c, sb, running, waiting, p.ctr[0])
+        lg.steps.draft_s[lg.ctr[1] - 1] = draft_s
+        draft_s = 0.0
         emitted = False
         for i in range(rows):
             if sb.rows.emitted[i]:
                 emitted = True
             if sb.rows.started[i]:
                 _event(lg, EV_FIRST, sb.rows.call[i], step)
-        stop = stop_on_emit and emitted
+        stop = False
         finished = sb.sc[3]
         if finished:
             at_once = chain
@@ -401,6 +491,15 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
                     _event(lg, EV_ARRIVE, nxt, step)
             if not at_once:
                 stop = True
+        if stop_on_emit and emitted and not stop:
+            # Draft inline only where the loop goes on (room for another step); else the event loop does.
+            if dr.par[IN_ON] == 0 or s + 1 >= max_steps or _log_full(lg, c, max_num_seqs):
+                stop = True
+            elif sb.sc[4]:
+                draft_s = propose_ngram_inline(c, sb, dr, max_model_len)
+                if draft_s < 0.0:
+                    draft_s = 0.0
+                    stop = True
         if stop:
             return s + 1, RUN_STOPPED
         s += 1
@@ -408,6 +507,8 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
 
 
 # -- Python API ----------------------------------------------------------------------------------------
+_INLINE_OFF = InlineNgram.off()
+
 class ScheduledBatch:
     """What one step runs: one entry per scheduled request, in batch-row order.
 
@@ -598,10 +699,12 @@ class Scheduler:
         drafts_from_tokens(self.table.nt, rows, starts, lengths)
 
     # -- a run of steps ----------------------------------------------------------------------------------
-    def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool) -> tuple[int, int]:
+    def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool,
+            inline: InlineNgram | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers)."""
         steps, why = run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log, self.max_num_batched_tokens,
-                               self.max_num_seqs, self.max_model_len, max_steps, step0, chain, stop_on_emit)
+                               self.max_num_seqs, self.max_model_len, max_steps, step0, chain, stop_on_emit,
+                               inline if inline is not None else _INLINE_OFF)
         if why == RUN_LOSSLESS:
             self._lossless_error()
         return int(steps), int(why)

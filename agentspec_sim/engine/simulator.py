@@ -41,10 +41,10 @@ from functools import partial
 import numpy as np
 import polars as pl
 
-from agentspec_sim.budget import make_budget_policy
+from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
-from agentspec_sim.engine.batched import BATCHED
+from agentspec_sim.engine.batched import BATCHED, MAX_INDEXED_N, prompt_index, propose_ngram_rows
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
@@ -68,6 +68,7 @@ from agentspec_sim.engine.scheduler import (
     EV_FIRST,
     RUN_EMPTY,
     RUN_FULL,
+    InlineNgram,
     Scheduler,
     SimulationError,
 )
@@ -119,6 +120,7 @@ class Simulator:
         # The V1 runner skips its proposer for a batch near max_model_len (`_propose`); Model Runner V2
         # drafters (ngram-v2) say they do not follow it.
         self.skips_unfit_batches = bool(getattr(kind, "v1_runner", True))
+        self._inline = self._inline_tables()
         self.states: list[CallState] = []
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
@@ -137,6 +139,34 @@ class Simulator:
         self._build(workload)
 
     # -- setup -------------------------------------------------------------------------------------
+    def _inline_tables(self) -> tuple[np.ndarray, ...] | None:
+        """The parts of `InlineNgram` fixed for the run, where the n-gram proposer can draft inside
+        `run_steps` (the batched n-gram path, no hooks, a draft length known from the batch size alone);
+        else None and every proposal is `_propose`'s."""
+        drafter = self.drafters[0]
+        k_max = self.spec.num_speculative_tokens
+        if (BATCHED.get(type(drafter)) is not propose_ngram_rows or drafter.max_n > MAX_INDEXED_N or k_max <= 0
+                or any(self.hooks) or self.per_step or type(self.policy) not in (FixedK, BatchSizeSchedule)):
+            return None
+        sizes = range(self.limits.max_num_seqs + 1)
+        k_of_batch = np.array([self.policy.k if isinstance(self.policy, FixedK) else self.policy.k_for(n)
+                               for n in sizes], dtype=np.int64)
+        draft_s = np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64)) for n in sizes],
+                           dtype=np.float64)
+        par = np.array([1, drafter.min_n, drafter.max_n, k_max, int(self.skips_unfit_batches)], dtype=np.int64)
+        work = [np.zeros(self.limits.max_num_seqs, dtype=np.int64) for _ in range(4)]
+        return par, k_of_batch, draft_s, *work, np.zeros((2, self.limits.max_num_seqs), dtype=np.int64)
+
+    def _inline_ngram(self) -> InlineNgram | None:
+        """`InlineNgram` for the next run (the index's tables may have been replaced since the last)."""
+        if self._inline is None:
+            return None
+        par, k_of_batch, draft_s, rows, starts, lengths, max_lens, drafts = self._inline
+        index = prompt_index(self.drafters[0], self.table.tokens)
+        self.table.reserve_draft_width(int(par[3]))
+        return InlineNgram(par, k_of_batch, draft_s, index.entries, index.regions, index.counts, rows, starts,
+                           lengths, max_lens, drafts)
+
     def _build(self, workload: Workload) -> None:
         cfg, max_len, bs = self.config, self.limits.max_model_len, self.config.block_size
         usable = self.limits.num_kv_blocks - 1
@@ -268,8 +298,9 @@ class Simulator:
         room = self.max_run_steps if chain else 1
         seqs = self.limits.max_num_seqs
         steps = 0
+        inline = self._inline_ngram() if room > 1 else None
         while True:
-            done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert)
+            done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert, inline)
             steps += done
             if why != RUN_FULL:
                 break
@@ -288,8 +319,9 @@ class Simulator:
     def _price(self, k0: int, k1: int) -> float:
         """Times of steps k0 … k1 − 1 (logged, not yet priced); returns the end of the last one.
 
-        Each step's duration is the drafting time spent before it (only the first step of a run can
-        have any: proposals happen at DONE) plus its forward time. The reference of t_A and t_V (the
+        Each step's duration is the drafting time spent before it (the first step's: the event loop's
+        last proposal; the others': `run_steps`'s own, for the n-gram proposer drafting inline) plus
+        its forward time. The reference of t_A and t_V (the
         step priced without its drafts, paper §3.1) times nothing, so `_price_references` prices it
         for all steps at once when the run ends.
         """
@@ -301,10 +333,13 @@ class Simulator:
         offsets = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         forward = step_times(self.cost, query, context, prefill, offsets)
-        draft_s = np.zeros(m)
+        draft_s = steps["draft_s"].copy()
         draft_s[0], self.pending_draft_s = self.pending_draft_s, 0.0
-        # Step j starts when step j − 1 ends, times accumulated in order as one step per event would.
-        ends = np.cumsum(np.concatenate(([(self.now + draft_s[0]) + forward[0]], forward[1:])))
+        # Step j starts when step j − 1 ends and takes its drafting then its forward time, accumulated
+        # in that order as one step per event would: end_j = (end_{j−1} + draft_j) + forward_j.
+        interleaved = np.empty(2 * m + 1)
+        interleaved[0], interleaved[1::2], interleaved[2::2] = self.now, draft_s, forward
+        ends = np.cumsum(interleaved)[2::2]
         steps["time_s"][0] = self.now
         steps["time_s"][1:] = ends[:-1]
         steps["forward_s"], steps["draft_s"] = forward, draft_s
