@@ -360,15 +360,16 @@ def log_step(lg, c, sb, running, waiting, free_blocks):
 
 
 @kernel
-def drafts_from_tokens(c, rows, starts, lengths):
-    """Set the drafts of calls rows[i] to tokens[starts[i]:starts[i] + lengths[i]] (stretches of the token
-    arena, as the n-gram proposer's are) and verify them (`Scheduler.set_drafts`)."""
+def drafts_from(c, rows, source, starts, lengths):
+    """Set the drafts of calls rows[i] to source[starts[i]:starts[i] + lengths[i]] (the token arena, where
+    the n-gram proposer's drafts lie, or the proposals laid end to end) and verify them against the
+    recording (`Scheduler.set_drafts`)."""
     for i in range(rows.shape[0]):
         r = rows[i]
         n = lengths[i]
         slot = c.calls.slot[r]
         for k in range(n):
-            c.slot_drafts[slot, k] = c.tokens[starts[i] + k]
+            c.slot_drafts[slot, k] = source[starts[i] + k]
         accepted = 0
         if n:
             out = c.calls.hist_off[r] + c.calls.prompt_len[r]
@@ -418,7 +419,7 @@ def propose_ngram_inline(c, sb, dr, max_model_len):
     if _ngram_rows_indexed(c.tokens, dr.starts[:m], dr.lengths[:m], dr.max_lens[:m], dr.par[IN_MIN_N],
                            dr.par[IN_MAX_N], dr.drafts[:, :m], dr.entries, dr.regions, dr.counts, 0) < m:
         return -1.0
-    drafts_from_tokens(c, dr.rows[:m], dr.drafts[0, :m], dr.drafts[1, :m])
+    drafts_from(c, dr.rows[:m], c.tokens, dr.drafts[0, :m], dr.drafts[1, :m])
     return dr.draft_s[m]
 
 
@@ -679,24 +680,21 @@ class Scheduler:
     def set_drafts(self, rows: np.ndarray, drafts: list[np.ndarray]) -> None:
         """The drafts of running calls (table rows `rows`) for their next step, verified now with `verify`
         against the recording: a truncated draft accepts the same prefix, cut to its length."""
-        t = self.table
-        cols, handles = t.cols, t.handles
-        lengths = [d.shape[0] for d in drafts]
-        t.reserve_draft_width(max(lengths))
-        buf, acc = t.slot_drafts, [0] * len(drafts)
-        for j, (r, d) in enumerate(zip(rows.tolist(), drafts, strict=True)):
-            if lengths[j]:
-                buf[cols["slot"][r], :lengths[j]] = d
-                acc[j] = verify(d, handles[r].call.output_tokens, int(cols["num_emitted"][r]),
-                                int(cols["target_len"][r]))[0]
-        cols["draft_len"][rows] = lengths
-        cols["draft_acc"][rows] = acc
+        if not drafts:
+            return
+        lengths = np.fromiter((d.shape[0] for d in drafts), dtype=np.int64, count=len(drafts))
+        starts = np.zeros(len(drafts), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        self.table.reserve_draft_width(int(lengths.max()))
+        total = int(starts[-1] + lengths[-1])
+        flat = np.concatenate(drafts).astype(np.int32, copy=False) if total else _EMPTY
+        drafts_from(self.table.nt, np.asarray(rows, dtype=np.int64), flat, starts, lengths)
 
     def set_drafts_from_tokens(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """`set_drafts` for drafts that are stretches of the token arena: tokens[starts[i]:starts[i] + lengths[i]]."""
         if lengths.shape[0]:
             self.table.reserve_draft_width(int(lengths.max()))
-        drafts_from_tokens(self.table.nt, rows, starts, lengths)
+        drafts_from(self.table.nt, rows, self.table.nt.tokens, starts, lengths)
 
     # -- a run of steps ----------------------------------------------------------------------------------
     def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool,
