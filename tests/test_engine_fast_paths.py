@@ -171,3 +171,25 @@ def test_engine_modules_stamp_their_dependencies():
         stem = os.path.splitext(os.path.basename(mod.__file__))[0]
         if os.access(cache, os.W_OK):
             assert os.path.exists(os.path.join(cache, f"{stem}.kernel-deps"))
+
+
+def test_fastcall_resolves_once_per_set_of_containers():
+    from numba import njit
+
+    from agentspec_sim.engine.fastcall import FastCall
+
+    @njit(cache=False)
+    def add_into(out, values, scale):
+        for i in range(values.shape[0]):
+            out[i] += values[i] * scale
+        return out.sum()
+
+    out, values = np.zeros(3), np.arange(3.0)
+    call_fast = FastCall(add_into, containers=(0, 1))
+    assert call_fast(out, values, 2) == 6.0
+    assert call_fast._entry is not None  # resolved: later calls skip the dispatcher
+    assert call_fast(out, values, 1) == 9.0
+    ints = np.arange(3)  # another container (and type): through the dispatcher again, then resolved anew
+    assert call_fast(out, ints, 1) == 12.0 and call_fast._held[1] is ints
+    assert call_fast(out, ints, 1.5) == 16.5  # a scalar of another type: a new overload
+    assert out.tolist() == [0.0, 5.5, 11.0]

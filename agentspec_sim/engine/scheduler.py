@@ -38,6 +38,7 @@ import numpy as np
 
 from agentspec_sim.engine import batched, kv
 from agentspec_sim.engine.batched import _ngram_rows_indexed
+from agentspec_sim.engine.fastcall import FastCall
 from agentspec_sim.engine.kernel_cache import clear_if_changed
 from agentspec_sim.engine.kv import KVCacheManager, allocate_slots, free_call, kernel, lookup
 from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_WAITING, CallState, CallTable, zeros
@@ -583,6 +584,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12))
         self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
         self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
                          zeros(4, dtype=np.int64))
@@ -700,9 +702,9 @@ class Scheduler:
     def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool,
             inline: InlineNgram | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers)."""
-        steps, why = run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log, self.max_num_batched_tokens,
-                               self.max_num_seqs, self.max_model_len, max_steps, step0, chain, stop_on_emit,
-                               inline if inline is not None else _INLINE_OFF)
+        steps, why = self._run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log,
+                                     self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len, max_steps,
+                                     step0, chain, stop_on_emit, inline if inline is not None else _INLINE_OFF)
         if why == RUN_LOSSLESS:
             self._lossless_error()
         return int(steps), int(why)

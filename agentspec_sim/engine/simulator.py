@@ -121,6 +121,7 @@ class Simulator:
         # drafters (ngram-v2) say they do not follow it.
         self.skips_unfit_batches = bool(getattr(kind, "v1_runner", True))
         self._inline = self._inline_tables()
+        self._inline_last: InlineNgram | None = None
         self.states: list[CallState] = []
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
@@ -164,8 +165,13 @@ class Simulator:
         par, k_of_batch, draft_s, rows, starts, lengths, max_lens, drafts = self._inline
         index = prompt_index(self.drafters[0], self.table.tokens)
         self.table.reserve_draft_width(int(par[3]))
-        return InlineNgram(par, k_of_batch, draft_s, index.entries, index.regions, index.counts, rows, starts,
-                           lengths, max_lens, drafts)
+        last = self._inline_last
+        if last is None or last.entries is not index.entries or last.regions is not index.regions \
+                or last.counts is not index.counts:
+            # A new tuple only when the index's tables changed: the scheduler's FastCall keys on it.
+            last = self._inline_last = InlineNgram(par, k_of_batch, draft_s, index.entries, index.regions,
+                                                   index.counts, rows, starts, lengths, max_lens, drafts)
+        return last
 
     def _build(self, workload: Workload) -> None:
         cfg, max_len, bs = self.config, self.limits.max_model_len, self.config.block_size
