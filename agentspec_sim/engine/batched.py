@@ -297,3 +297,6 @@ def propose_ngram_rows_scan(drafter: ngram.NgramDrafter, tokens: np.ndarray, sta
 BATCHED: dict[type[BaseDrafter], Callable[..., tuple[np.ndarray, np.ndarray]]] = {
     ngram.NgramDrafter: propose_ngram_rows,
 }
+# Drafter classes (exactly these, not subclasses) whose proposals the scheduler's `run_steps` can make
+# itself with `propose_ngram_rows`'s index (engine/scheduler.py `InlineNgram`).
+INLINE_NGRAM: frozenset[type[BaseDrafter]] = frozenset({ngram.NgramDrafter})

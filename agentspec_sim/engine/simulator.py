@@ -44,7 +44,7 @@ import polars as pl
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
-from agentspec_sim.engine.batched import BATCHED, MAX_INDEXED_N, prompt_index, propose_ngram_rows
+from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, prompt_index
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
@@ -146,7 +146,7 @@ class Simulator:
         else None and every proposal is `_propose`'s."""
         drafter = self.drafters[0]
         k_max = self.spec.num_speculative_tokens
-        if (BATCHED.get(type(drafter)) is not propose_ngram_rows or drafter.max_n > MAX_INDEXED_N or k_max <= 0
+        if (type(drafter) not in INLINE_NGRAM or drafter.max_n > MAX_INDEXED_N or k_max <= 0
                 or any(self.hooks) or self.per_step or type(self.policy) not in (FixedK, BatchSizeSchedule)):
             return None
         sizes = range(self.limits.max_num_seqs + 1)
