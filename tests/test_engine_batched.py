@@ -14,6 +14,7 @@ import pytest
 
 from agentspec_sim.drafters.base import parse_drafter
 from agentspec_sim.drafters.ngram import NgramDrafter
+from agentspec_sim.drafters.ngram_v2 import ngram_v2_match
 from agentspec_sim.engine.batched import NgramIndex, propose_ngram_rows, propose_ngram_rows_scan
 
 
@@ -114,3 +115,29 @@ def test_a_new_arena_starts_a_new_index():
     second = np.array([1, 2, 9, 3, 4], dtype=np.int32)
     s, n = propose_ngram_rows(drafter, second, np.array([0]), np.array([5]), np.array([3]))
     assert n[0] == 0
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(5, 5), (1, 1), (2, 5), (1, 6)])
+def test_rightmost_index_matches_the_ngram_v2_scan(lo, hi):
+    """`ngram_v2_rows_indexed` (entries moved to each n-gram's latest end) = `ngram_v2_match` on every row
+    of every step: growing histories at shared offsets, and rows restarting shorter at an offset indexed
+    further (a replicate copy behind), where the index hands the row to the scan."""
+    rng = np.random.default_rng(lo * 7 + hi)
+    arena = rng.integers(0, 4, 6000).astype(np.int32)
+    arena[3000:3400] = arena[100:500]
+    rows_off = np.array([0, 0, 1500, 3000, 3000, 4500, 1500], dtype=np.int64)
+    lengths = rng.integers(1, 30, rows_off.shape[0]).astype(np.int64)
+    index = NgramIndex(arena, lo, hi, rightmost=True)
+    index.entries = np.zeros((1 << 6, 3), dtype=np.int64)  # tiny: grows, then empties itself on the way
+    index.max_capacity = 1 << 9
+    for step in range(150):
+        match = np.empty(rows_off.shape[0], dtype=np.int64)
+        index.match_rightmost(arena, rows_off, lengths, match)
+        for off, n, got in zip(rows_off.tolist(), lengths.tolist(), match.tolist(), strict=True):
+            start, _ = ngram_v2_match(arena[off:off + n], lo, hi)
+            assert got == (off + start if start >= 0 else -1), (step, off, n)
+        lengths = np.minimum(lengths + rng.integers(1, 7, lengths.shape[0]), 1490)
+        if step % 17 == 0:
+            lengths[rng.integers(0, lengths.shape[0])] = int(rng.integers(1, 50))
+    if (hi - lo + 1) * 4 ** hi > index.max_capacity:  # more distinct n-grams than the table may hold
+        assert index.rebuilds > 0

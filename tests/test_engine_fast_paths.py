@@ -79,7 +79,9 @@ def test_step_times_equal_step_time_bit_for_bit(hardware, model, tp, p):
 
 @pytest.mark.parametrize("spec", ["ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                             "prompt_lookup_max": 2,
-                                            "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 64, 1]]}])
+                                            "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 64, 1]]},
+                                  "ngram-v2", {"method": "ngram-v2", "num_speculative_tokens": 4,
+                                               "prompt_lookup_min": 2, "prompt_lookup_max": 4}])
 @pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16}])
 def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypatch):
     """`run_steps` drafting with the n-gram index itself (long runs) = the event loop drafting after each
@@ -100,13 +102,30 @@ def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypat
     assert len(by_event_loop) < drafting_steps / 2  # most steps were drafted inside runs
     _same(inline, _run(wl, spec, cfg, cost, max_run_steps=1))
     monkeypatch.setattr(batched.NgramIndex, "initial_capacity", 1 << 4)
-    monkeypatch.setattr(batched.NgramIndex, "max_capacity", 1 << 7)
+    monkeypatch.setattr(batched.NgramIndex, "max_capacity", 1 << 7)  # a table that keeps emptying itself
     small = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
     handed_back = []
     propose_small = small._propose
     monkeypatch.setattr(small, "_propose", lambda *args: handed_back.append(1) or propose_small(*args))
     _same(inline, small.run())
-    assert len(handed_back) > len(by_event_loop)
+    assert len(handed_back) > len(by_event_loop)  # the kernel handed steps back for room
+
+
+@pytest.mark.parametrize("spec", ["ngram", "ngram-v2"])
+def test_inline_ngram_drafting_goes_on_once_the_index_has_room(spec, monkeypatch):
+    # 40 calls at 40 arena offsets: the index's region table (32 regions before it grows) fills mid-run.
+    rng = np.random.default_rng(5)
+    wl = workload(*[agent_query(rng, f"q{i}", 1, prompt_len=40, out_len=40, vocab=4) for i in range(40)])
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
+    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    handed_back = []
+    propose = sim._propose
+    monkeypatch.setattr(sim, "_propose", lambda *args: handed_back.append(1) or propose(*args))
+    result = sim.run()
+    assert 1 <= len(handed_back) < result.engine_steps.height / 10
+    assert sim.drafters[0]._prompt_index.regions.shape[0] > 64
+    _same(result, _run(wl, spec, cfg, cost, max_run_steps=1))
 
 
 def test_batched_ngram_equals_propose():

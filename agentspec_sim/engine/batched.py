@@ -34,6 +34,12 @@ incremental index instead:
 
 State lives on the drafter object (`drafter._prompt_index`), tied to the arena it indexes; a new
 arena (a new simulation, or a test's array) starts a new index.
+
+`ngram-v2` (Model Runner V2: the *rightmost* occurrence of the longest n-gram, k slots padded with
+the last token) uses the same index with each entry moved to the n-gram's latest end as positions
+are added (`ngram_v2_rows_indexed`). Its drafts are not arena stretches, so it has no `BATCHED`
+entry: the scheduler's compiled loop drafts with it (`INLINE_NGRAM`, engine/scheduler.py), and the
+event loop calls `NgramV2Drafter.propose` (the scan) for the steps left to it.
 """
 
 from __future__ import annotations
@@ -44,11 +50,12 @@ from collections.abc import Callable
 import numpy as np
 from numba import njit
 
-from agentspec_sim.drafters import ngram
+from agentspec_sim.drafters import ngram, ngram_v2
 from agentspec_sim.drafters.base import BaseDrafter
 from agentspec_sim.engine.kernel_cache import clear_if_changed
 
-clear_if_changed(__file__, [ngram.__file__])  # `_ngram_rows_scan` compiles in ngram.py's ngram_match
+# `_ngram_rows_scan` compiles in ngram.py's ngram_match, `ngram_v2_rows_indexed` in ngram_v2.py's match.
+clear_if_changed(__file__, [ngram.__file__, ngram_v2.__file__])
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xFF51AFD7ED558CCD)
@@ -103,14 +110,17 @@ def _find(tokens, entries, off, n, end):
 
 
 @njit(cache=True, nogil=True)
-def _insert(tokens, entries, off, n, end):
-    """Add the n-gram ending at `end` of region `off` unless already present (earlier ends come first)."""
+def _insert(tokens, entries, off, n, end, latest):
+    """Add the n-gram ending at `end` of region `off`; if already present, keep its entry (the earliest
+    end: ends come in order) or, with `latest`, move it to `end` (the rightmost)."""
     mask = entries.shape[0] - 1
     h = _gram_hash(tokens, end, n, off)
     s = (h >> 1) & mask
     while entries[s, 0] != 0:
         e = entries[s]
         if e[0] == h and e[1] == off and (e[2] & 255) == n and _same_gram(tokens, e[2] >> 8, end, n):
+            if latest:
+                entries[s, 2] = (end << 8) | n
             return 0
         s = (s + 1) & mask
     entries[s, 0] = h
@@ -135,6 +145,31 @@ def _region(regions, off):
 
 
 @njit(cache=True, nogil=True)
+def _index_region(tokens, entries, regions, counts, off, length, min_n, max_n, latest):
+    """Extend region `off`'s entries to the n-grams ending at positions ≤ length − 2; False (entries not
+    extended) when the tables lack room: counts[2] = entries needed, or NEED_REGIONS."""
+    if 2 * (counts[1] + 1) > regions.shape[0]:
+        counts[2] = NEED_REGIONS
+        return False
+    slot, new = _region(regions, off)
+    if new:
+        counts[1] += 1
+    upto = regions[slot, 1]
+    if upto < length - 1:  # index the n-grams ending at the positions appended since
+        need = (length - 1 - upto) * (max_n - min_n + 1)
+        if 2 * (counts[0] + need) > entries.shape[0]:
+            counts[2] = need
+            return False
+        added = 0
+        for e in range(upto, length - 1):
+            for n in range(min_n, min(max_n, e + 1) + 1):
+                added += _insert(tokens, entries, off, n, off + e, latest)
+        counts[0] += added
+        regions[slot, 1] = length - 1
+    return True
+
+
+@njit(cache=True, nogil=True)
 def _ngram_rows_indexed(tokens, starts, lengths, max_lens, min_n, max_n, drafts, entries, regions, counts,
                         first_row):
     """`_ngram_rows_scan`'s drafts (drafts[:, i] = start, length) from the incremental index, rows
@@ -142,31 +177,14 @@ def _ngram_rows_indexed(tokens, starts, lengths, max_lens, min_n, max_n, drafts,
     would fill the table past half (counts[2] = how many it needs) or when the region table is half
     full (counts[2] = NEED_REGIONS); the caller makes room and calls again from that row.
     counts = [entries, regions, need]."""
-    span = max_n - min_n + 1
     for i in range(first_row, starts.shape[0]):
         off, length = starts[i], lengths[i]
         drafts[0, i] = off
         drafts[1, i] = 0
         if max_lens[i] <= 0:
             continue
-        if 2 * (counts[1] + 1) > regions.shape[0]:
-            counts[2] = NEED_REGIONS
+        if not _index_region(tokens, entries, regions, counts, off, length, min_n, max_n, False):
             return i
-        slot, new = _region(regions, off)
-        if new:
-            counts[1] += 1
-        upto = regions[slot, 1]
-        if upto < length - 1:  # index the n-grams ending at the positions appended since
-            need = (length - 1 - upto) * span
-            if 2 * (counts[0] + need) > entries.shape[0]:
-                counts[2] = need
-                return i
-            added = 0
-            for e in range(upto, length - 1):
-                for n in range(min_n, min(max_n, e + 1) + 1):
-                    added += _insert(tokens, entries, off, n, off + e)
-            counts[0] += added
-            regions[slot, 1] = length - 1
         last = off + length - 1
         for n in range(min(max_n, length - 1), min_n - 1, -1):
             end = _find(tokens, entries, off, n, last)
@@ -174,6 +192,33 @@ def _ngram_rows_indexed(tokens, starts, lengths, max_lens, min_n, max_n, drafts,
                 drafts[0, i] = end + 1
                 drafts[1, i] = min(max_lens[i], off + length - end - 1)
                 break
+    return starts.shape[0]
+
+
+@njit(cache=True, nogil=True)
+def ngram_v2_rows_indexed(tokens, starts, lengths, min_n, max_n, match, entries, regions, counts, first_row):
+    """`ngram_v2.ngram_v2_match` of rows first_row … from an index of *rightmost* ends: match[i] = where
+    row i's draft starts in the arena (after the rightmost occurrence, ending at ≤ len − 2, of the
+    longest suffix n-gram), or −1. The first n from max_n down with an entry decides: an entry at or
+    before len − 2 is the rightmost occurrence there (none lies between it and the indexed end); one
+    past it (the region indexed further by a longer history at this offset, e.g. a replicate copy)
+    leaves the row to the scan. Same stop/resume protocol as `_ngram_rows_indexed`."""
+    for i in range(first_row, starts.shape[0]):
+        off, length = starts[i], lengths[i]
+        match[i] = -1
+        if not _index_region(tokens, entries, regions, counts, off, length, min_n, max_n, True):
+            return i
+        last = off + length - 1
+        for n in range(min(max_n, length - 1), min_n - 1, -1):
+            end = _find(tokens, entries, off, n, last)
+            if end < 0:
+                continue
+            if end <= last - 1:
+                match[i] = end + 1
+            else:
+                start, _ = ngram_v2.ngram_v2_match(tokens[off:off + length], min_n, max_n)
+                match[i] = off + start if start >= 0 else -1
+            break
     return starts.shape[0]
 
 
@@ -210,9 +255,10 @@ class NgramIndex:
     initial_capacity = 1 << 16
     max_capacity = 1 << 23  # 8M slots × 24 bytes = 192 MiB before it is emptied and rebuilt on demand
 
-    def __init__(self, tokens: np.ndarray, min_n: int, max_n: int) -> None:
+    def __init__(self, tokens: np.ndarray, min_n: int, max_n: int, rightmost: bool = False) -> None:
         self.arena = weakref.ref(tokens)
         self.min_n, self.max_n = min_n, max_n
+        self.rightmost = rightmost  # entries hold each n-gram's last end (ngram-v2), not its first (ngram)
         self.counts = np.zeros(3, dtype=np.int64)
         self.rebuilds = 0  # times the table was emptied at max_capacity (for benchmarks)
         # Sized for the arena up front where it fits (an arena's distinct n-grams: about half its tokens).
@@ -222,8 +268,14 @@ class NgramIndex:
         self.entries = _filled((capacity, 3), 0)
         self.regions = _filled((64, 2), -1)
 
-    def serves(self, tokens: np.ndarray, min_n: int, max_n: int) -> bool:
-        return self.arena() is tokens and (self.min_n, self.max_n) == (min_n, max_n)
+    def serves(self, tokens: np.ndarray, min_n: int, max_n: int, rightmost: bool) -> bool:
+        return self.arena() is tokens and (self.min_n, self.max_n, self.rightmost) == (min_n, max_n, rightmost)
+
+    def make_room_if_asked(self) -> None:
+        """Make the room a compiled caller stopped for (counts[2]), if it did and nobody made it since."""
+        if self.counts[2]:
+            self._make_room()
+            self.counts[2] = 0
 
     def _make_room(self) -> None:
         need = int(self.counts[2])
@@ -251,6 +303,7 @@ class NgramIndex:
 
     def propose(self, tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_lens: np.ndarray,
                 drafts: np.ndarray) -> None:
+        """`_ngram_rows_indexed` over all rows (the earliest-end index: `ngram`)."""
         row = 0
         while True:
             row = _ngram_rows_indexed(tokens, starts, lengths, max_lens, self.min_n, self.max_n, drafts,
@@ -259,15 +312,28 @@ class NgramIndex:
                 return
             self._make_room()
 
+    def match_rightmost(self, tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                        match: np.ndarray) -> None:
+        """`ngram_v2_rows_indexed` over all rows (the rightmost-end index: `ngram-v2`)."""
+        row = 0
+        while True:
+            row = ngram_v2_rows_indexed(tokens, starts, lengths, self.min_n, self.max_n, match, self.entries,
+                                        self.regions, self.counts, row)
+            if row == starts.shape[0]:
+                return
+            self._make_room()
+
 
 def prompt_index(drafter: ngram.NgramDrafter, tokens: np.ndarray) -> NgramIndex | None:
-    """The drafter's incremental index of arena `tokens` (made on first use); None where n > 255."""
+    """The drafter's incremental index of arena `tokens` (made on first use; rightmost ends for
+    `ngram-v2`, earliest for `ngram`); None where n > 255."""
     lo, hi = drafter.min_n, drafter.max_n
     if hi > MAX_INDEXED_N:
         return None
+    rightmost = isinstance(drafter, ngram_v2.NgramV2Drafter)
     index = getattr(drafter, "_prompt_index", None)
-    if index is None or not index.serves(tokens, lo, hi):
-        index = drafter._prompt_index = NgramIndex(tokens, lo, hi)
+    if index is None or not index.serves(tokens, lo, hi, rightmost):
+        index = drafter._prompt_index = NgramIndex(tokens, lo, hi, rightmost)
     return index
 
 
@@ -299,4 +365,4 @@ BATCHED: dict[type[BaseDrafter], Callable[..., tuple[np.ndarray, np.ndarray]]] =
 }
 # Drafter classes (exactly these, not subclasses) whose proposals the scheduler's `run_steps` can make
 # itself with `propose_ngram_rows`'s index (engine/scheduler.py `InlineNgram`).
-INLINE_NGRAM: frozenset[type[BaseDrafter]] = frozenset({ngram.NgramDrafter})
+INLINE_NGRAM: frozenset[type[BaseDrafter]] = frozenset({ngram.NgramDrafter, ngram_v2.NgramV2Drafter})

@@ -36,15 +36,17 @@ from typing import NamedTuple
 
 import numpy as np
 
+from agentspec_sim.drafters import ngram_v2
 from agentspec_sim.engine import batched, kv
-from agentspec_sim.engine.batched import _ngram_rows_indexed
+from agentspec_sim.engine.batched import _ngram_rows_indexed, ngram_v2_rows_indexed
 from agentspec_sim.engine.fastcall import FastCall
 from agentspec_sim.engine.kernel_cache import clear_if_changed
 from agentspec_sim.engine.kv import KVCacheManager, allocate_slots, free_call, kernel, lookup
 from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_WAITING, CallState, CallTable, zeros
 
 _EMPTY = np.zeros(0, dtype=np.int32)
-clear_if_changed(__file__, [kv.__file__, batched.__file__])  # this module's kernels compile in theirs
+# This module's kernels compile in kv.py's and batched.py's (and so in ngram_v2.py's).
+clear_if_changed(__file__, [kv.__file__, batched.__file__, ngram_v2.__file__])
 
 # Why requests were left waiting (ScheduledBatch.bound): nobody waiting, max_num_seqs, KV (no room or a
 # preemption), token budget spent.
@@ -102,21 +104,23 @@ class StepBuf(NamedTuple):
     sc: np.ndarray  # int64: [rows, preempted, bound, finished, sampled, bad row]
 
 
-# InlineNgram.par fields.
-IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT = range(5)
+# InlineNgram.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`) or Model Runner V2's (`ngram-v2`).
+IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT, IN_RULE = range(6)
+RULE_V1, RULE_V2 = 0, 1
 
 
 class InlineNgram(NamedTuple):
     """What `run_steps` needs to draft with vLLM's n-gram proposer itself between two steps of a run
     (`propose_ngram_inline`) instead of stopping after every step for the event loop to do it.
 
-    It is the engine's batched n-gram path (`Simulator._propose` with `engine/batched.py`'s index)
-    moved inside the compiled loop: the same index, the same per-call draft limits, the same V1
-    proposer skip near max_model_len, the same verification; tests/test_engine_fast_paths.py checks
-    runs drafted inline against one step per event. Off (par[IN_ON] = 0) for every other drafter.
+    It is the engine's n-gram proposal (`Simulator._propose`: `engine/batched.py`'s index for `ngram`,
+    `NgramV2Drafter.propose` for `ngram-v2`) moved inside the compiled loop: the same rule, the same
+    per-call draft limits, the same V1 proposer skip near max_model_len, the same verification;
+    tests/test_engine_fast_paths.py checks runs drafted inline against one step per event. Off
+    (par[IN_ON] = 0) for every other drafter.
     """
 
-    par: np.ndarray  # int64: [on, min_n, max_n, k_max (num_speculative_tokens), V1 proposer skip]
+    par: np.ndarray  # int64: [on, min_n, max_n, k_max (num_speculative_tokens), V1 proposer skip, rule]
     k_of_batch: np.ndarray  # int64 [max_num_seqs + 1]: draft length allowed at that many scheduled calls
     draft_s: np.ndarray  # float64 [max_num_seqs + 1]: drafting seconds for that many drafting calls
     entries: np.ndarray  # the `NgramIndex` tables (engine/batched.py)
@@ -131,7 +135,7 @@ class InlineNgram(NamedTuple):
     @classmethod
     def off(cls) -> InlineNgram:
         one = np.zeros(1, dtype=np.int64)
-        return cls(np.zeros(5, dtype=np.int64), one, np.zeros(1), np.zeros((1, 3), dtype=np.int64),
+        return cls(np.zeros(6, dtype=np.int64), one, np.zeros(1), np.zeros((1, 3), dtype=np.int64),
                    np.zeros((1, 2), dtype=np.int64), np.zeros(3, dtype=np.int64), one, one, one, one,
                    np.zeros((2, 1), dtype=np.int64))
 
@@ -417,11 +421,37 @@ def propose_ngram_inline(c, sb, dr, max_model_len):
             m += 1
     if m == 0:
         return 0.0
+    if dr.par[IN_RULE] == RULE_V2:
+        if ngram_v2_rows_indexed(c.tokens, dr.starts[:m], dr.lengths[:m], dr.par[IN_MIN_N], dr.par[IN_MAX_N],
+                                 dr.drafts[0, :m], dr.entries, dr.regions, dr.counts, 0) < m:
+            return -1.0
+        drafts_padded(c, dr.rows[:m], dr.drafts[0, :m], dr.max_lens[:m])
+        return dr.draft_s[m]
     if _ngram_rows_indexed(c.tokens, dr.starts[:m], dr.lengths[:m], dr.max_lens[:m], dr.par[IN_MIN_N],
                            dr.par[IN_MAX_N], dr.drafts[:, :m], dr.entries, dr.regions, dr.counts, 0) < m:
         return -1.0
     drafts_from(c, dr.rows[:m], c.tokens, dr.drafts[0, :m], dr.drafts[1, :m])
     return dr.draft_s[m]
+
+
+@kernel
+def drafts_padded(c, rows, match, lengths):
+    """ngram-v2's drafts of calls rows[i]: lengths[i] slots, the arena from match[i] while within the
+    call's history and its last token after (all of them when match[i] < 0), verified as `drafts_from`."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        n = lengths[i]
+        slot = c.calls.slot[r]
+        end = c.calls.hist_off[r] + c.calls.prompt_len[r] + c.calls.num_emitted[r]
+        last = c.tokens[end - 1]
+        for k in range(n):
+            p = match[i] + k
+            c.slot_drafts[slot, k] = c.tokens[p] if match[i] >= 0 and p < end else last
+        out = c.calls.hist_off[r] + c.calls.prompt_len[r]
+        accepted, _ = verify(c.slot_drafts[slot, :n], c.tokens[out:out + c.calls.target_len[r]],
+                             c.calls.num_emitted[r], c.calls.target_len[r])
+        c.calls.draft_len[r] = n
+        c.calls.draft_acc[r] = accepted
 
 
 @kernel

@@ -44,6 +44,7 @@ import polars as pl
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
+from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
 from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, prompt_index
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
@@ -66,6 +67,8 @@ from agentspec_sim.engine.scheduler import (
     EV_ARRIVE,
     EV_FINISH,
     EV_FIRST,
+    RULE_V1,
+    RULE_V2,
     RUN_EMPTY,
     RUN_FULL,
     InlineNgram,
@@ -154,7 +157,8 @@ class Simulator:
                                for n in sizes], dtype=np.int64)
         draft_s = np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64)) for n in sizes],
                            dtype=np.float64)
-        par = np.array([1, drafter.min_n, drafter.max_n, k_max, int(self.skips_unfit_batches)], dtype=np.int64)
+        rule = RULE_V2 if isinstance(drafter, NgramV2Drafter) else RULE_V1
+        par = np.array([1, drafter.min_n, drafter.max_n, k_max, int(self.skips_unfit_batches), rule], dtype=np.int64)
         work = [np.zeros(self.limits.max_num_seqs, dtype=np.int64) for _ in range(4)]
         return par, k_of_batch, draft_s, *work, np.zeros((2, self.limits.max_num_seqs), dtype=np.int64)
 
@@ -164,6 +168,7 @@ class Simulator:
             return None
         par, k_of_batch, draft_s, rows, starts, lengths, max_lens, drafts = self._inline
         index = prompt_index(self.drafters[0], self.table.tokens)
+        index.make_room_if_asked()  # the run before stopped because the index was full
         self.table.reserve_draft_width(int(par[3]))
         last = self._inline_last
         if last is None or last.entries is not index.entries or last.regions is not index.regions \
