@@ -61,15 +61,15 @@ def test_wrong_drafts_emit_exactly_one_token_per_step():
 def test_a_broken_verifier_is_caught_by_the_lossless_check(monkeypatch):
     import agentspec_sim.engine.scheduler as sched
 
-    def accept_everything(c, rows, source, starts, lengths):
-        # Sets the drafts as `drafts_from` does but claims every one was accepted.
+    def accept_everything(c, buf, source, m):
+        # Sets the drafts as `drafts_from_rows` does but claims every one was accepted.
         calls = c.calls
-        for r, start, n in zip(rows.tolist(), starts.tolist(), lengths.tolist(), strict=True):
+        for r, start, n in zip(buf[0, :m].tolist(), buf[1, :m].tolist(), buf[2, :m].tolist(), strict=True):
             c.slot_drafts[calls["slot"][r], :n] = source[start:start + n]
             calls["draft_len"][r] = n
             calls["draft_acc"][r] = min(n, calls["target_len"][r] - calls["num_emitted"][r])
 
-    monkeypatch.setattr(sched, "drafts_from", accept_everything)
+    monkeypatch.setattr(sched, "drafts_from_rows", accept_everything)
     c = call("c", range(8), range(100, 110))
     with pytest.raises(SimulationError, match="lossless"):
         simulate(workload([c]), {"method": "test-wrong", "num_speculative_tokens": 3}, config(), ConstantCost())

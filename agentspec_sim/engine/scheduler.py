@@ -385,6 +385,12 @@ def drafts_from(c, rows, source, starts, lengths):
 
 
 @kernel
+def drafts_from_rows(c, buf, source, m):
+    """`drafts_from` for the first m columns of `buf` (rows: table rows, draft starts, draft lengths)."""
+    drafts_from(c, buf[0, :m], source, buf[1, :m], buf[2, :m])
+
+
+@kernel
 def propose_ngram_inline(c, sb, dr, max_model_len):
     """Drafts for the calls that sampled in the step in `sb`, as `Simulator._propose` makes them with
     the batched n-gram index; returns the drafting seconds, or −1.0 when the index needs room (then
@@ -615,6 +621,11 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12))
+        # set_drafts' work space (rows, starts, lengths; the proposals end to end), kept so that its
+        # kernel call is a FastCall too.
+        self._draft_rows = np.zeros((3, max(max_num_seqs, 1)), dtype=np.int64)
+        self._draft_tokens = np.zeros(max(max_num_seqs, 1) * 8, dtype=np.int32)
+        self._drafts_from = FastCall(drafts_from_rows, containers=(0, 1, 2))
         self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
         self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
                          zeros(4, dtype=np.int64))
@@ -712,15 +723,24 @@ class Scheduler:
     def set_drafts(self, rows: np.ndarray, drafts: list[np.ndarray]) -> None:
         """The drafts of running calls (table rows `rows`) for their next step, verified now with `verify`
         against the recording: a truncated draft accepts the same prefix, cut to its length."""
-        if not drafts:
+        n = len(drafts)
+        if not n:
             return
-        lengths = np.fromiter((d.shape[0] for d in drafts), dtype=np.int64, count=len(drafts))
-        starts = np.zeros(len(drafts), dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
+        buf = self._draft_rows
+        if n > buf.shape[1]:
+            buf = self._draft_rows = np.zeros((3, 2 * n), dtype=np.int64)
+        buf[0, :n] = rows
+        lengths = buf[2, :n]
+        lengths[:] = [d.shape[0] for d in drafts]
+        buf[1, 0] = 0
+        np.cumsum(lengths[:-1], out=buf[1, 1:n])
+        total = int(buf[1, n - 1] + lengths[n - 1])
         self.table.reserve_draft_width(int(lengths.max()))
-        total = int(starts[-1] + lengths[-1])
-        flat = np.concatenate(drafts).astype(np.int32, copy=False) if total else _EMPTY
-        drafts_from(self.table.nt, np.asarray(rows, dtype=np.int64), flat, starts, lengths)
+        if total > self._draft_tokens.shape[0]:
+            self._draft_tokens = np.zeros(2 * total, dtype=np.int32)
+        if total:
+            np.concatenate(drafts, out=self._draft_tokens[:total], casting="unsafe")
+        self._drafts_from(self.table.nt, buf, self._draft_tokens, n)
 
     def set_drafts_from_tokens(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """`set_drafts` for drafts that are stretches of the token arena: tokens[starts[i]:starts[i] + lengths[i]]."""
