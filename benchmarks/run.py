@@ -253,6 +253,8 @@ def section_sweep(args, console) -> dict:
             out = Path(tmp) / f"sweep-{jobs}.parquet"
             cmd = [sys.executable, "-m", "agentspec_sim.cli", "sweep", str(trace_used), "--max-num-seqs",
                    FIGURE1_SEQS, "-j", str(jobs), "-o", str(out), "-q"]
+            if args.sweep_drafters:
+                cmd += ["--drafter", args.sweep_drafters]
             t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             done = subprocess.run(cmd, capture_output=True, text=True)
             wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -262,10 +264,12 @@ def section_sweep(args, console) -> dict:
             import polars as pl
 
             cells = pl.read_parquet(out).height
-            runs.append({"jobs": jobs, "wall_s": wall, "cpu_s": cpu, "cells": cells,
-                         "load_average": os.getloadavg()[0]})
+            runs.append({"trace": trace.name, "queries": args.sweep_queries,
+                         "drafters": args.sweep_drafters or "sweep's default", "jobs": jobs, "wall_s": wall,
+                         "cpu_s": cpu, "cells": cells, "load_average": os.getloadavg()[0]})
             console.print(f"sweep -j {jobs}: {cells} cells in {wall:.1f} s wall ({cpu:.1f} s CPU in all processes)")
-    return {"trace": trace.name, "queries": args.sweep_queries, "max_num_seqs": FIGURE1_SEQS, "runs": runs}
+    return {"trace": trace.name, "queries": args.sweep_queries, "drafters": args.sweep_drafters or "sweep's default",
+            "max_num_seqs": FIGURE1_SEQS, "runs": runs}
 
 
 def section_arctic(args, console) -> dict:
@@ -280,7 +284,8 @@ def section_arctic(args, console) -> dict:
         if args.queries:
             cmd += ["--queries", str(args.queries)]
         subprocess.run(cmd, check=True)
-        return json.loads(out.read_text())
+        runs = json.loads(out.read_text())
+        return {"queries": args.queries, "runs": runs if isinstance(runs, list) else [runs]}
 
 
 SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_sweep, "arctic": section_arctic}
@@ -316,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale-drafter", default="agentspec")
     parser.add_argument("--sweep-jobs", default="1,2")
     parser.add_argument("--sweep-queries", type=int, default=None, help="sweep only the first N queries")
+    parser.add_argument("--sweep-drafters", default=None, help="sweep these drafters (default: sweep's own list)")
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="JSON results file")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
@@ -343,9 +349,10 @@ def main(argv: list[str] | None = None) -> None:
         result.update(measured_at=started, python=platform.python_version(), machine=platform.machine(),
                       cpus=os.cpu_count())
         previous = document["sections"].get(name)
-        if name in ("engine", "scale") and previous:
-            # Runs measured earlier and not this time are kept (one run's key: trace or source, drafter, size).
-            key = ("trace", "source", "target_tokens", "drafter", "max_num_seqs")
+        if name in ("engine", "scale", "sweep") and previous:
+            # Runs measured earlier and not this time are kept (one run's key: trace or source, drafter(s),
+            # size; a sweep's: its trace, queries, drafters and -j).
+            key = ("trace", "source", "target_tokens", "drafter", "max_num_seqs", "drafters", "queries", "jobs")
             fresh = {tuple(r.get(k) for k in key) for r in result["runs"]}
             result["runs"] = [r for r in previous.get("runs", []) if tuple(r.get(k) for k in key) not in fresh] \
                 + result["runs"]
