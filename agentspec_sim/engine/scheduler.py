@@ -729,16 +729,22 @@ class Scheduler:
         buf = self._draft_rows
         if n > buf.shape[1]:
             buf = self._draft_rows = np.zeros((3, 2 * n), dtype=np.int64)
-        buf[0, :n] = rows
-        lengths = buf[2, :n]
-        lengths[:] = [d.shape[0] for d in drafts]
-        buf[1, 0] = 0
-        np.cumsum(lengths[:-1], out=buf[1, 1:n])
-        total = int(buf[1, n - 1] + lengths[n - 1])
-        self.table.reserve_draft_width(int(lengths.max()))
+        if n == 1:  # the usual case at small max_num_seqs: scalars, not array calls
+            total = width = drafts[0].shape[0]
+            buf[0, 0], buf[1, 0], buf[2, 0] = rows[0], 0, total
+        else:
+            buf[0, :n] = rows
+            lengths = buf[2, :n]
+            lengths[:] = [d.shape[0] for d in drafts]
+            buf[1, 0] = 0
+            np.cumsum(lengths[:-1], out=buf[1, 1:n])
+            total, width = int(buf[1, n - 1] + lengths[n - 1]), int(lengths.max())
+        self.table.reserve_draft_width(width)
         if total > self._draft_tokens.shape[0]:
             self._draft_tokens = np.zeros(2 * total, dtype=np.int32)
-        if total:
+        if n == 1:
+            self._draft_tokens[:total] = drafts[0]
+        elif total:
             np.concatenate(drafts, out=self._draft_tokens[:total], casting="unsafe")
         self._drafts_from(self.table.nt, buf, self._draft_tokens, n)
 
