@@ -365,6 +365,18 @@ def log_step(lg, c, sb, running, waiting, free_blocks):
 
 
 @kernel
+def _verify_drafts(c, r, slot, n):
+    """Call r's next drafts are slot_drafts[slot, :n]: record them and how many the recording accepts."""
+    accepted = 0
+    if n:
+        out = c.calls.hist_off[r] + c.calls.prompt_len[r]
+        accepted, _ = verify(c.slot_drafts[slot, :n], c.tokens[out:out + c.calls.target_len[r]],
+                             c.calls.num_emitted[r], c.calls.target_len[r])
+    c.calls.draft_len[r] = n
+    c.calls.draft_acc[r] = accepted
+
+
+@kernel
 def drafts_from(c, rows, source, starts, lengths):
     """Set the drafts of calls rows[i] to source[starts[i]:starts[i] + lengths[i]] (the token arena, where
     the n-gram proposer's drafts lie, or the proposals laid end to end) and verify them against the
@@ -375,13 +387,7 @@ def drafts_from(c, rows, source, starts, lengths):
         slot = c.calls.slot[r]
         for k in range(n):
             c.slot_drafts[slot, k] = source[starts[i] + k]
-        accepted = 0
-        if n:
-            out = c.calls.hist_off[r] + c.calls.prompt_len[r]
-            accepted, _ = verify(c.slot_drafts[slot, :n], c.tokens[out:out + c.calls.target_len[r]],
-                                 c.calls.num_emitted[r], c.calls.target_len[r])
-        c.calls.draft_len[r] = n
-        c.calls.draft_acc[r] = accepted
+        _verify_drafts(c, r, slot, n)
 
 
 @kernel
@@ -407,11 +413,7 @@ def propose_ngram_inline(c, sb, dr, max_model_len):
                 slot = c.calls.slot[r]
                 for k in range(k_max):
                     c.slot_drafts[slot, k] = 0
-                out = c.calls.hist_off[r] + c.calls.prompt_len[r]
-                accepted, _ = verify(c.slot_drafts[slot, :k_max], c.tokens[out:out + c.calls.target_len[r]],
-                                     c.calls.num_emitted[r], c.calls.target_len[r])
-                c.calls.draft_len[r] = k_max
-                c.calls.draft_acc[r] = accepted
+                _verify_drafts(c, r, slot, k_max)
             return 0.0
     k = dr.k_of_batch[min(sb.sc[0], dr.k_of_batch.shape[0] - 1)]
     m = 0
@@ -453,11 +455,7 @@ def drafts_padded(c, rows, match, lengths):
         for k in range(n):
             p = match[i] + k
             c.slot_drafts[slot, k] = c.tokens[p] if match[i] >= 0 and p < end else last
-        out = c.calls.hist_off[r] + c.calls.prompt_len[r]
-        accepted, _ = verify(c.slot_drafts[slot, :n], c.tokens[out:out + c.calls.target_len[r]],
-                             c.calls.num_emitted[r], c.calls.target_len[r])
-        c.calls.draft_len[r] = n
-        c.calls.draft_acc[r] = accepted
+        _verify_drafts(c, r, slot, n)
 
 
 @kernel
