@@ -82,7 +82,8 @@ def test_step_times_equal_step_time_bit_for_bit(hardware, model, tp, p):
                                             "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 64, 1]]},
                                   "ngram-v2", {"method": "ngram-v2", "num_speculative_tokens": 4,
                                                "prompt_lookup_min": 2, "prompt_lookup_max": 4}])
-@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16}])
+@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16},
+                                       {"replicate": 3}])
 def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypatch):
     """`run_steps` drafting with the n-gram index itself (long runs) = the event loop drafting after each
     step, including when the index fills up mid-run (a tiny table: the kernel hands the step back)."""
