@@ -21,12 +21,15 @@ a token and go on; a call's first step after its prefill emits its first token w
 
 Runs of steps. A STEP event runs as many steps as nothing outside the engine can change: no other
 event pending, no drafter that must see the tokens (a drafter proposes after every step that
-emitted), every next call of a query arriving the instant its predecessor ends (those join the
-waiting queue inside the run). It prices them in one `step_times` call and pushes one DONE at the
-end of the last; DONE then does for the run what it does for one step. The steps, their order and
-their times are those of one step per STEP event (`max_run_steps = 1`; tests/test_engine_golden.py
-pins whole runs, tests/test_engine_fast_paths.py compares the two), only without a trip through
-the heap per step: with `normal`, the default trace is a handful of runs.
+emitted — except vLLM's n-gram proposers, `ngram` and `ngram-v2`, which the compiled loop runs
+itself between steps: `scheduler.InlineNgram`), every next call of a query arriving the instant its
+predecessor ends (those join the waiting queue inside the run). It prices them in one `step_times`
+call and pushes one DONE at the end of the last; DONE then does for the run what it does for one
+step. The steps, their order and their times are those of one step per STEP event
+(`max_run_steps = 1`; tests/test_engine_golden.py pins whole runs, tests/test_engine_fast_paths.py
+compares the two), only without a trip through the heap per step: with `normal`, the default trace
+is a handful of runs. The t_A / t_V reference (each drafting step priced without its drafts)
+times nothing and is priced for the whole log when the run ends (`_price_references`).
 """
 
 from __future__ import annotations
