@@ -101,7 +101,8 @@ class StepBuf(NamedTuple):
     rows: np.ndarray  # [max_num_seqs] ROW
     lists: np.ndarray  # [max_num_seqs] LISTS
     hits: np.ndarray  # prefix-cache lookup work space
-    sc: np.ndarray  # int64: [rows, preempted, bound, finished, sampled, bad row]
+    sc: np.ndarray  # int64: [rows, preempted, bound, finished, sampled, bad row, top]
+    # top: max over the batch of num_computed + num_scheduled (the V1 runner's proposer-skip test)
 
 
 # InlineNgram.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`) or Model Runner V2's (`ngram-v2`).
@@ -232,11 +233,14 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
             rows += 1
             budget -= n
 
+    top = 0
     for k in range(rows):
         c.calls.num_computed[sb.rows.call[k]] += sb.rows.n[k]
+        top = max(top, sb.rows.context[k] + sb.rows.n[k])
     sb.sc[0] = rows
     sb.sc[1] = preempted
     sb.sc[2] = bound
+    sb.sc[6] = top
 
 
 @kernel
@@ -403,18 +407,15 @@ def propose_ngram_inline(c, sb, dr, max_model_len):
     nothing is set: the event loop proposes, growing the index)."""
     n_sampled = sb.sc[4]
     k_max = dr.par[IN_K_MAX]
-    if dr.par[IN_SKIP_UNFIT] and sb.sc[0]:
-        top = 0
-        for i in range(sb.sc[0]):
-            top = max(top, sb.rows.context[i] + sb.rows.n[i])
-        if top + k_max > max_model_len:  # vLLM's `_input_fits_in_drafter` fails: k token-0 drafts each
-            for j in range(n_sampled):
-                r = sb.lists.sampled[j]
-                slot = c.calls.slot[r]
-                for k in range(k_max):
-                    c.slot_drafts[slot, k] = 0
-                _verify_drafts(c, r, slot, k_max)
-            return 0.0
+    # vLLM's `_input_fits_in_drafter` fails for the batch: k token-0 drafts each.
+    if dr.par[IN_SKIP_UNFIT] and sb.sc[0] and sb.sc[6] + k_max > max_model_len:
+        for j in range(n_sampled):
+            r = sb.lists.sampled[j]
+            slot = c.calls.slot[r]
+            for k in range(k_max):
+                c.slot_drafts[slot, k] = 0
+            _verify_drafts(c, r, slot, k_max)
+        return 0.0
     k = dr.k_of_batch[min(sb.sc[0], dr.k_of_batch.shape[0] - 1)]
     m = 0
     for j in range(n_sampled):
@@ -628,7 +629,7 @@ class Scheduler:
         self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
                          zeros(4, dtype=np.int64))
         self.sb = StepBuf(zeros(max_num_seqs, dtype=ROW), zeros(max_num_seqs, dtype=LISTS),
-                          zeros(kv.blocks_per_call, dtype=np.int64), zeros(6, dtype=np.int64))
+                          zeros(kv.blocks_per_call, dtype=np.int64), zeros(7, dtype=np.int64))
 
     # -- queues ------------------------------------------------------------------------------------
     def add_request(self, state: CallState) -> None:

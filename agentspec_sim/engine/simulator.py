@@ -505,9 +505,8 @@ class Simulator:
         """Drafts for the calls that sampled a token in the step just ended (`rows`: their table rows)."""
         col = self.table.cols
         if self.skips_unfit_batches:
-            batch = self.scheduler.sb.rows[:num_scheduled]
             k = self.spec.num_speculative_tokens
-            if num_scheduled and int((batch["context"] + batch["n"]).max()) + k > self.limits.max_model_len:
+            if num_scheduled and int(self.scheduler.sb.sc[6]) + k > self.limits.max_model_len:
                 # vLLM's V1 runner (`_input_fits_in_drafter`, as `_suffix_step`): when one request of
                 # the batch is within k tokens of max_model_len the proposer does not run for anyone
                 # and every request gets k token-0 drafts, which the scheduler clips and verifies.
@@ -567,7 +566,7 @@ class Simulator:
         rows = [self.states[r] for r in batch["call"].tolist()]
         sampled = sb.lists["sampled"][:sb.sc[4]].copy()
         k = self.spec.num_speculative_tokens
-        fits = not n_rows or int((batch["context"] + batch["n"]).max()) + k <= max_len
+        fits = not n_rows or int(sb.sc[6]) + k <= max_len
         if not fits:
             self._drafter_hooks(rows, batch["emitted"], batch["started"], np.zeros(n_rows, dtype=bool))
             if k and sampled.shape[0]:
