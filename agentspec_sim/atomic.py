@@ -10,6 +10,7 @@ import contextlib
 import errno
 import gzip
 import io
+import json
 import lzma
 import os
 import tempfile
@@ -93,3 +94,9 @@ def atomic_text(path: str | Path) -> Iterator[io.TextIOWrapper]:
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     with atomic_binary(path, compress=False) as out:
         out.write(data)
+
+
+def write_json_atomic(path: str | Path, value: object) -> None:
+    """`value` as indented JSON text (with a final newline), written atomically."""
+    with atomic_text(path) as out:
+        out.write(json.dumps(value, indent=2) + "\n")

@@ -867,7 +867,7 @@ def fit_coefficients(spec_bench_answers: str | Path) -> tuple[dict[str, float], 
 def regenerate_bundled(spec_bench_answers: str | Path, out_dir: str | Path = ACCEPTANCE_DIR) -> list[Path]:
     """Rewrite every file of `PUBLIC_TARGETS` (atomically): coefficients from Spec-Bench, intercepts
     solved for the public per-position targets on the MT-Bench reference stream."""
-    from agentspec_sim.atomic import atomic_text
+    from agentspec_sim.atomic import write_json_atomic
 
     coefficients, coef_fit = fit_coefficients(spec_bench_answers)
     coef_source = (f"fitted by maximum likelihood on Spec-Bench EAGLE answers ({Path(spec_bench_answers).name}: "
@@ -894,8 +894,7 @@ def regenerate_bundled(spec_bench_answers: str | Path, out_dir: str | Path = ACC
                          "stream": REFERENCE_STREAM,
                          "regenerate": "agentspec_sim.calibrate_acceptance.regenerate_bundled(<spec-bench answers>)"})
         path = Path(out_dir) / f"{method}.{model}.json"
-        with atomic_text(path) as f:
-            f.write(json.dumps(params.to_json(), indent=2) + "\n")
+        write_json_atomic(path, params.to_json())
         written.append(path)
     return written
 

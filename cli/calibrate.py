@@ -41,7 +41,7 @@ def acceptance(
 ) -> None:
     """Fit the acceptance model's per-position intercepts (and feature coefficients) by maximum likelihood
     on per-step accepted lengths; report observed vs fitted acceptance per category."""
-    from agentspec_sim.atomic import atomic_text
+    from agentspec_sim.atomic import write_json_atomic
     from agentspec_sim.calibrate_acceptance import CalibrationError, calibrate_file
     from agentspec_sim.drafters.base import SpecConfigError, drafter_class
     from agentspec_sim.drafters.model_based import ModelBasedDrafter, load_params_file
@@ -74,8 +74,7 @@ def acceptance(
         raise UsageError(f"{file}: {exc}") from None
     document = result.params.to_json()
     document["calibration"]["report"] = [r.to_json() for r in rows]
-    with atomic_text(output) as out:
-        out.write(json.dumps(document, indent=2) + "\n")
+    write_json_atomic(output, document)
     if as_json:
         typer.echo(json.dumps({"output": str(output), "params": result.params.to_json(),
                                "report": [r.to_json() for r in rows]}, indent=2))

@@ -28,7 +28,8 @@ def record(
     from dataclasses import replace
 
     from agentspec_sim.trace.io import load_trace, write_trace
-    from agentspec_sim.validation.vllm_runner import build_llm, methods, release, run_vllm, workload_with_outputs
+    from agentspec_sim.validation.torch_model import free_gpu_memory
+    from agentspec_sim.validation.vllm_runner import build_llm, methods, run_vllm, workload_with_outputs
 
     if max_num_seqs < 1 or (queries is not None and queries < 1):
         raise UsageError("--max-num-seqs and --queries must be ≥ 1")
@@ -39,7 +40,8 @@ def record(
         workload = replace(workload, queries=workload.queries[:queries])
     llm = build_llm(model, methods()["normal"], max_num_seqs=max_num_seqs)
     run = run_vllm(workload, llm, "normal")
-    release(llm)
+    del llm
+    free_gpu_memory()
     written = write_trace(workload_with_outputs(workload, run, model=model), output)
     Console().print(f"recorded {len(run.calls)} calls ({run.output_tokens:,} output tokens in {run.wall_s:.1f} s, "
                     f"{run.goodput_tok_s:,.0f} tok/s) → {output} ({written} lines)")

@@ -98,10 +98,9 @@ def replay(
     if steps is not None:
         _write_steps(steps, [r for r, _ in runs])
     if output is not None:
-        from agentspec_sim.atomic import atomic_text
+        from agentspec_sim.atomic import write_json_atomic
 
-        with atomic_text(output) as out:
-            out.write(json.dumps(document, indent=2) + "\n")
+        write_json_atomic(output, document)
     if as_json:
         typer.echo(json.dumps(document, indent=2))
         return
@@ -163,12 +162,11 @@ def _write_finished(path: Path, config, finished: list, output: Path | None, ste
         _write_steps(steps, [r for r, _ in finished])
         wrote.append(str(steps))
     if output is not None:
-        from agentspec_sim.atomic import atomic_text
+        from agentspec_sim.atomic import write_json_atomic
 
         document = {"trace": str(path), "config": _config_dict(config), "interrupted": True,
                     "runs": [_run_dict(s) for _, s in finished]}
-        with atomic_text(output) as out:
-            out.write(json.dumps(document, indent=2) + "\n")
+        write_json_atomic(output, document)
         wrote.append(str(output))
     if not wrote:
         return f"finished runs: {names} (nothing written: no --output or --steps)"

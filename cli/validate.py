@@ -139,12 +139,12 @@ def vllm_cmd(
 
     from agentspec_sim.engine import EngineConfig, EngineConfigError
     from agentspec_sim.trace.io import load_trace, write_trace
+    from agentspec_sim.validation.torch_model import free_gpu_memory
     from agentspec_sim.validation.vllm_runner import (
         build_llm,
         compare,
         engine_limits,
         methods,
-        release,
         run_vllm,
         workload_with_outputs,
     )
@@ -175,7 +175,8 @@ def vllm_cmd(
         # The simulator gets the KV blocks and context vLLM actually profiled, not its own estimate.
         run_config = replace(config, **engine_limits(llm))
         run = run_vllm(workload, llm, name)
-        release(llm)
+        del llm  # the engine's last reference: its GPU memory can go before the next one is built
+        free_gpu_memory()
         if record_dir is not None:
             record_dir.mkdir(parents=True, exist_ok=True)
             write_trace(workload_with_outputs(workload, run, model=model), record_dir / f"{name}.jsonl")
@@ -183,10 +184,9 @@ def vllm_cmd(
         results.append({**compare(workload, run, m, run_config).to_dict(), "engine_limits": limits})
     document = {"trace": str(trace), "model": model, "max_num_seqs": max_num_seqs, "methods": results}
     if output is not None:
-        from agentspec_sim.atomic import atomic_text
+        from agentspec_sim.atomic import write_json_atomic
 
-        with atomic_text(output) as out:
-            out.write(json.dumps(document, indent=2) + "\n")
+        write_json_atomic(output, document)
     if as_json:
         typer.echo(json.dumps(document, indent=2))
         return

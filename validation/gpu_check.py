@@ -14,7 +14,6 @@ Runs from the source tree through validation/launch.py (no install, no polars).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -33,6 +32,7 @@ from agentspec_sim.validation.timing import (
     run_timing,
     write_outputs,
 )
+from agentspec_sim.validation.torch_model import free_gpu_memory
 
 MODELS = ("qwen3-8b", "gpt-oss-20b")
 MAX_NUM_SEQS = (1, 32, 256)
@@ -51,7 +51,7 @@ def run_gpu_check(out_dir: str | Path, *, quick: bool = False, models: tuple[str
                   max_num_seqs: tuple[int, ...] = MAX_NUM_SEQS, config: TimingConfig | None = None,
                   steps: int | None = None, log: Callable[[str], None] = print) -> list[dict]:
     """Run the check (module docstring); returns the MAPE table rows (also written to OUT/mape.json)."""
-    from agentspec_sim.atomic import atomic_text
+    from agentspec_sim.atomic import write_json_atomic
 
     out = Path(out_dir)
     base = config or TimingConfig()
@@ -94,23 +94,9 @@ def run_gpu_check(out_dir: str | Path, *, quick: bool = False, models: tuple[str
                          "held_out_before": f.mape_before_holdout, "held_out_after": f.mape_after_holdout,
                          "calibration": str(paths.get("calibration"))})
         del session
-        _free_device()
-    with atomic_text(out / "mape.json") as f:
-        f.write(json.dumps({"rows": rows, "wall_s": time.perf_counter() - began, "quick": quick}, indent=2) + "\n")
+        free_gpu_memory()
+    write_json_atomic(out / "mape.json", {"rows": rows, "wall_s": time.perf_counter() - began, "quick": quick})
     return rows
-
-
-def _free_device() -> None:
-    import gc
-
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
 
 
 def format_table(rows: list[dict]) -> str:

@@ -19,7 +19,6 @@ Nothing here imports polars (the GPU path has none); torch is imported when a ru
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -292,7 +291,7 @@ def write_outputs(result: TimingResult, out_dir: str | Path, *, plot: bool = Tru
     hardware.json and model.json (what the predictions used; `--hardware` / `--model` accept them),
     calibration.json (when fitted), scatter.png, summary.json.
     """
-    from agentspec_sim.atomic import atomic_text
+    from agentspec_sim.atomic import write_json_atomic
     from agentspec_sim.validation.hardware_probe import profile_to_json
 
     out = Path(out_dir)
@@ -301,17 +300,14 @@ def write_outputs(result: TimingResult, out_dir: str | Path, *, plot: bool = Tru
              "hardware": out / "hardware.json", "model": out / "model.json", "summary": out / "summary.json"}
     write_table(paths["steps"], result.step_columns())
     write_table(paths["calls"], result.call_columns())
-    with atomic_text(paths["hardware"]) as f:
-        f.write(json.dumps(profile_to_json(result.hardware), indent=2) + "\n")
-    with atomic_text(paths["model"]) as f:
-        f.write(json.dumps(result.spec.hf_config() | {"_name_or_path": result.spec.name}, indent=2) + "\n")
+    write_json_atomic(paths["hardware"], profile_to_json(result.hardware))
+    write_json_atomic(paths["model"], result.spec.hf_config() | {"_name_or_path": result.spec.name})
     if result.fit is not None:
         paths["calibration"] = out / "calibration.json"
         result.fit.calibration.to_file(paths["calibration"], hardware=result.hardware.id, model=result.spec.name,
                                        fit=result.fit.to_dict())
     summary = summary_dict(result)
-    with atomic_text(paths["summary"]) as f:
-        f.write(json.dumps(summary, indent=2) + "\n")
+    write_json_atomic(paths["summary"], summary)
     if plot:
         paths["scatter"] = out / "scatter.png"
         scatter_png(result, paths["scatter"])

@@ -386,3 +386,17 @@ def _swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch
     h = x @ gate_up
     w = h.shape[-1] // 2
     return (torch.nn.functional.silu(h[:, :w]) * h[:, w:]) @ down
+
+
+def free_gpu_memory() -> None:
+    """Collect garbage and hand torch's cached GPU memory back (no-op without torch or CUDA). The caller
+    must have dropped its own references first (`del engine`): nothing here can drop them."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

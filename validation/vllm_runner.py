@@ -305,16 +305,3 @@ def compare(workload: Workload, run: VllmRun, method: Method, config: Any) -> Co
     return Comparison(method.name, measured, simulated, len(run.calls), identical, mismatches)
 
 
-def release(llm: Any) -> None:
-    """Drop an engine and give its GPU memory back before the next method's engine is built."""
-    import gc
-
-    del llm
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
