@@ -108,6 +108,67 @@ def test_varlen_attention_matches_dense_reference(window):
     assert torch.allclose(got.double(), want, atol=1e-5)
 
 
+def _loop_as_kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), **_):
+    """A stand-in for FlashAttention's varlen kernel (CPU torch has none): the reference loop behind the
+    kernel's calling convention (cu_seqlens, window_size = (left, right))."""
+    from agentspec_sim.validation.torch_model import StepInputs
+
+    q_lens = np.diff(cu_q.numpy()).tolist()
+    c_lens = (np.diff(cu_k.numpy()) - np.array(q_lens)).tolist()
+    inputs = StepInputs(q, q, q, cu_q, cu_k, q, q_lens, c_lens, max_q, max_k, int(cu_k[-1]))
+    window = window_size[0] + 1 if window_size[0] >= 0 else None
+    return _attention_loop(q, k, v, inputs, window)
+
+
+@pytest.mark.parametrize("has_gqa_flag", [True, False])
+def test_varlen_adapter_passes_enable_gqa_only_where_the_kernel_takes_it(monkeypatch, has_gqa_flag):
+    """torch 2.10-2.12's varlen_attn has no enable_gqa keyword (passing it raised TypeError, which sent a
+    whole H200 run to the slow loop); 2.13 has it."""
+    import torch.nn.attention.varlen as varlen
+
+    from agentspec_sim.validation.torch_model import _varlen_attention
+
+    seen = {}
+
+    def with_flag(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False):
+        seen["enable_gqa"] = enable_gqa
+        return "ran"
+
+    def without_flag(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)):
+        seen["enable_gqa"] = None
+        return "ran"
+
+    monkeypatch.setattr(varlen, "varlen_attn", with_flag if has_gqa_flag else without_flag)
+    assert _varlen_attention()(1, 2, 3, 4, 5, 6, 7, window_size=(-1, 0)) == "ran"
+    assert seen["enable_gqa"] is (True if has_gqa_flag else None)
+
+
+def test_kernel_self_check_keeps_an_agreeing_kernel_and_drops_a_wrong_one(monkeypatch):
+    import agentspec_sim.validation.torch_model as tmod
+
+    spec = ArchSpec("t", 32, 1, 4, 2, 8, 64, 100)
+    monkeypatch.setattr(tmod, "_varlen_attention", lambda: _loop_as_kernel)
+    tm = TimingModel(spec, dtype=torch.float32)
+    tm.device = torch.device("cpu")
+    tm._varlen, tm.attention_fallback = _loop_as_kernel, None
+    tm._check_varlen()
+    assert tm._varlen is _loop_as_kernel and tm.attention_fallback is None
+
+    def ignores_window(*args, window_size=(-1, -1), **kw):  # a kernel that drops the sliding window
+        return _loop_as_kernel(*args, window_size=(-1, 0), **kw)
+
+    tm._varlen = ignores_window
+    tm._check_varlen()
+    assert tm._varlen is None and "window 4" in tm.attention_fallback
+
+    def refuses(*args, **kw):
+        raise TypeError("varlen_attn() got an unexpected keyword argument 'enable_gqa'")
+
+    tm._varlen, tm.attention_fallback = refuses, None
+    tm._check_varlen()
+    assert tm._varlen is None and "TypeError" in tm.attention_fallback and "enable_gqa" in tm.attention_fallback
+
+
 def test_moe_grouped_gemm_matches_expert_loop():
     spec = ArchSpec.from_profile(load_model("gpt-oss-20b")).tiny()
     tm = TimingModel(spec, dtype=torch.float32)

@@ -27,6 +27,7 @@ from agentspec_sim.validation.timing import (
     TimingConfig,
     TimingResult,
     attach_fit,
+    attention_kind,
     open_session,
     predict,
     run_timing,
@@ -64,7 +65,7 @@ def run_gpu_check(out_dir: str | Path, *, quick: bool = False, models: tuple[str
         t0 = time.perf_counter()
         session = open_session(replace(base, model=model))
         log(f"{model}: built {session.spec.name} on {session.device} in {time.perf_counter() - t0:.1f} s; "
-            f"predicting with {session.hardware.name}")
+            f"predicting with {session.hardware.name}; attention: {attention_kind(session.model)}")
         results: list[TimingResult] = []
         for seqs in max_num_seqs:
             shapes = StepShapes.from_file(bundled_schedule(model, seqs))

@@ -259,8 +259,9 @@ def attention_kind(model: TimingModel) -> str:
     """Which attention ran: FlashAttention varlen, or the per-call reference loop (CPU, or a CUDA fallback)."""
     if model._varlen is not None:
         return "flash varlen_attn"
-    return "per-call reference loop" + (" (CUDA fallback: slower than vLLM's kernel)" if model.attention_fallback
-                                        else "")
+    if model.attention_fallback:
+        return f"per-call reference loop (CUDA fallback, slower than vLLM's kernel: {model.attention_fallback})"
+    return "per-call reference loop"
 
 
 def predict(session: TimingSession, shapes: StepShapes, calibration: Calibration) -> np.ndarray:

@@ -178,7 +178,12 @@ class TimingModel:
         self.lm_head = weight(h, spec.vocab_size)
         self.inv_freq = (1.0 / spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)).to(self.device)
         self._varlen = _varlen_attention() if self.device.type == "cuda" else None
-        self.attention_fallback = self._varlen is None and self.device.type == "cuda"  # reported in summaries
+        # Why a CUDA run uses the reference loop (reported in summaries and by gpu_check), None when it does not.
+        self.attention_fallback: str | None = None
+        if self._varlen is None and self.device.type == "cuda":
+            self.attention_fallback = "this torch has no torch.nn.attention.varlen"
+        elif self._varlen is not None:
+            self._check_varlen()
         self._grouped_mm = hasattr(torch, "_grouped_mm")
 
     # ---- inputs ----
@@ -273,11 +278,35 @@ class TimingModel:
         if self._varlen is not None:
             try:
                 return self._varlen(q, k_cache, v_cache, inputs.cu_q, inputs.cu_k, inputs.max_q, inputs.max_k,
-                                    enable_gqa=True, window_size=(window - 1 if window else -1, 0))
-            except (RuntimeError, TypeError):  # this torch's kernel refuses the shape: the reference loop from now on
+                                    window_size=(window - 1 if window else -1, 0))
+            except (RuntimeError, TypeError) as exc:  # this torch's kernel refuses the shape: the loop from now on
                 self._varlen = None
-                self.attention_fallback = True
+                self.attention_fallback = f"varlen_attn raised {type(exc).__name__}: {exc}"[:300]
         return _attention_loop(q, k_cache, v_cache, inputs, window)
+
+    def _check_varlen(self) -> None:
+        """Run the kernel once against the reference loop on a small mixed batch (prefill over a context,
+        decode, verify; full and sliding window): a torch whose kernel is missing, refuses these
+        arguments or disagrees falls back to the loop, with the reason in `attention_fallback`."""
+        import torch
+
+        spec = self.spec
+        gen = torch.Generator(device=self.device).manual_seed(1)
+        inputs = self.prepare(np.array([5, 1, 3]), np.array([7, 20, 0]), np.array([True, False, False]))
+        q = torch.randn(9, spec.num_heads, spec.head_dim, generator=gen, device=self.device, dtype=self.dtype)
+        k, v = (torch.randn(inputs.total_k, spec.num_kv_heads, spec.head_dim, generator=gen, device=self.device,
+                            dtype=self.dtype) for _ in range(2))
+        for window in (None, 4):
+            got = self._attention(q, k, v, inputs, window)
+            if self._varlen is None:
+                return
+            want = _attention_loop(q, k, v, inputs, window)
+            err = (got.float() - want.float()).abs().max().item()
+            if not err <= 0.05:  # bf16 rounding of values of order 1; a wrong mask or head mapping is O(1)
+                self._varlen = None
+                self.attention_fallback = (f"varlen_attn disagrees with the reference loop (window {window}): "
+                                           f"max abs error {err:.3g}")
+                return
 
     def _moe(self, x: torch.Tensor, layer: dict[str, torch.Tensor]) -> torch.Tensor:
         """Top-k MoE: softmax over the top-k router logits, token copies sorted by expert, one grouped
@@ -319,11 +348,17 @@ class TimingModel:
 
 
 def _varlen_attention():
-    """torch's FlashAttention varlen kernel when this torch has it (2.10+ on CUDA), else None."""
+    """torch's FlashAttention varlen kernel when this torch has it (2.10+ on CUDA), else None. Before 2.13 it
+    takes no `enable_gqa`: FlashAttention maps query heads onto fewer KV heads by itself."""
+    import functools
+    import inspect
+
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
+    if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+        return functools.partial(varlen_attn, enable_gqa=True)
     return varlen_attn
 
 
