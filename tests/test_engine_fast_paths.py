@@ -129,6 +129,55 @@ def test_inline_ngram_drafting_goes_on_once_the_index_has_room(spec, monkeypatch
     _same(result, _run(wl, spec, cfg, cost, max_run_steps=1))
 
 
+EAGLE3 = {"method": "eagle3", "num_speculative_tokens": 4, "seed": 3}
+
+
+@pytest.mark.parametrize("spec", [EAGLE3, {**EAGLE3, "num_speculative_tokens_per_batch_size": [[1, 2, 5], [3, 64, 2]],
+                                           "num_speculative_tokens": 5}])
+@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16},
+                                       {"replicate": 3}, {"max_num_seqs": 1}])
+def test_model_based_drafting_from_tables_equals_the_drafters_own(spec, overrides, monkeypatch):
+    """eagle3 drafting from `AcceptanceTables` — inside `run_steps` and in the event loop — equals the
+    drafter's own `propose` fed by its start_call/observe hooks, step for step."""
+    rng = np.random.default_rng(2)
+    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    assert sim._model is not None and sim._model.par[0] == 1 and not any(sim.hooks)
+    by_event_loop = []
+    propose = sim._propose
+    monkeypatch.setattr(sim, "_propose", lambda *args: by_event_loop.append(1) or propose(*args))
+    tables = sim.run()
+    drafting_steps = int((tables.engine_steps["D"] > 0).sum())
+    assert drafting_steps > 20 and len(by_event_loop) < drafting_steps / 2  # most drafted inside runs
+    _same(tables, _run(wl, spec, cfg, cost, max_run_steps=1))  # the event loop's compiled proposal
+    monkeypatch.setattr(Simulator, "_model_drafts", lambda self: (None, False))
+    reference = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    assert reference._model is None and all(reference.hooks)
+    _same(tables, reference.run())
+
+
+def test_model_based_tables_on_a_real_trace_equal_the_drafters_own(monkeypatch):
+    """The bundled coding trace: prompts that extend the last call's history share one copy-feature
+    stream, and its calls' structures drive the code feature (the qwen3 tokenizer's bytes)."""
+    from dataclasses import replace
+
+    from agentspec_sim.trace.bundled import default_trace_path
+    from agentspec_sim.trace.io import load_trace
+
+    w = load_trace(default_trace_path())
+    wl = replace(w, queries=w.queries[:4])
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=3, max_model_len=40960, num_kv_blocks=20000,
+                 max_num_batched_tokens=8192)
+    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    sim = Simulator(wl, parse_drafter("eagle3"), cfg, resolve(cfg), cost)
+    assert sim._model is not None and int(sim._model.code.sum()) > 100  # code blocks do occur
+    tables = sim.run()
+    monkeypatch.setattr(Simulator, "_model_drafts", lambda self: (None, False))
+    _same(tables, _run(wl, "eagle3", cfg, cost))
+
+
 def test_batched_ngram_equals_propose():
     rng = np.random.default_rng(3)
     for spec in ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,

@@ -241,6 +241,19 @@ def _pnorm(a: float, b: float, p: float) -> float:
     return m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
 
 
+def _draft_seconds(per_pass: float, kv_bytes: float, inv_attn_bw: float, efficiency: float, pass_overhead: float,
+                   num_calls: int, draft_len: int, ctx: float) -> float:
+    """`draft_model_time` from its terms: draft_len passes over num_calls rows whose contexts sum to ctx."""
+    kv_tokens = draft_len * (ctx + num_calls) + num_calls * draft_len * (draft_len - 1) / 2
+    attention = kv_tokens * kv_bytes * inv_attn_bw
+    return (draft_len * per_pass + attention) / efficiency + draft_len * pass_overhead
+
+
+# The same formula compiled, for drafting inside the engine's loop: the same IEEE operations in the same
+# order, hence the same seconds as `draft_model_time` (tests/test_engine_fast_paths.py compares whole runs).
+draft_seconds = njit(cache=True, nogil=True)(_draft_seconds)
+
+
 @dataclass(frozen=True, slots=True)
 class _DraftConsts:
     spec: DraftSpec
@@ -476,9 +489,18 @@ class RooflineCostModel:
         cal = self.calibration
         per_pass = _pnorm(d.bytes * self._inv_bw, d.flops_row * num_calls * self._inv_flops, self._p)
         ctx = float(np.sum(context_lens)) if context_lens is not None else 0.0
-        kv_tokens = draft_len * (ctx + num_calls) + num_calls * draft_len * (draft_len - 1) / 2
-        attention = kv_tokens * d.kv_bytes * self._inv_attn_bw
-        return (draft_len * per_pass + attention) / cal.draft_model_efficiency + draft_len * cal.draft_pass_overhead_s
+        return _draft_seconds(per_pass, d.kv_bytes, self._inv_attn_bw, cal.draft_model_efficiency,
+                              cal.draft_pass_overhead_s, num_calls, draft_len, ctx)
+
+    def draft_model_terms(self, max_calls: int, kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """What `draft_model_time` needs, for compiled callers (`draft_seconds`): the weight pass of
+        0…max_calls rows, and [KV bytes per token, 1 / attention bandwidth, efficiency, pass overhead]."""
+        d = self._draft(kind)
+        cal = self.calibration
+        per_pass = np.array([_pnorm(d.bytes * self._inv_bw, d.flops_row * n * self._inv_flops, self._p)
+                             for n in range(max_calls + 1)], dtype=np.float64)
+        return per_pass, np.array([d.kv_bytes, self._inv_attn_bw, cal.draft_model_efficiency,
+                                   cal.draft_pass_overhead_s], dtype=np.float64)
 
     def model_free_draft_time(self, num_calls: int) -> float:
         """CPU drafting per step: a fixed part plus a per-call part (0 for no calls)."""

@@ -414,6 +414,55 @@ def accepted_prefix(a: np.ndarray, b_copy: float, b_code: float, copy: np.ndarra
     return m
 
 
+@njit(cache=True, nogil=True)
+def draft_from_tables(tokens: np.ndarray, out_start: int, position: int, target_len: int, k: int,
+                      copy: np.ndarray, code: int, key: np.uint64, a: np.ndarray, coef: np.ndarray,
+                      draft: np.ndarray) -> int:
+    """`ModelBasedDrafter.propose` of one call from `AcceptanceTables`: its k draft tokens into draft[:k]
+    (the recording's output starts at tokens[out_start]; `copy` holds copy(p) from p = position on);
+    returns how many the model accepts."""
+    m = min(k, target_len - position)
+    ok = accepted_prefix(a, coef[0], coef[1], copy[:max(m, 0)], code, key, position, k)
+    for i in range(ok):
+        draft[i] = tokens[out_start + position + i]
+    if ok < k:
+        if ok < m:
+            true = tokens[out_start + position + ok]
+            wrong = true - 1 if true > 0 else 1  # any id but the true one
+        else:
+            wrong = tokens[out_start + position - 1]  # past the end of the recording: never accepted
+        for i in range(ok, k):
+            draft[i] = wrong
+    return ok
+
+
+@njit(cache=True, nogil=True)
+def _copy_regions(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, out_at: np.ndarray,
+                  out: np.ndarray) -> None:
+    for i in range(starts.shape[0]):
+        s, n, o = starts[i], lengths[i], out_at[i]
+        copy_stream(tokens[s:s + n], 0, out[o:o + n])
+
+
+@dataclass(frozen=True)
+class AcceptanceTables:
+    """Every call's inputs to the acceptance draw, computed once for a run, so drafting needs no
+    per-call state (the engine drafts from them in compiled code: `draft_from_tables`).
+
+    copy(p) depends on the history before p alone, and calls that share their history's start in the
+    engine's token arena (a query's calls, each prompt extending the last) share one stream over the
+    longest of them: O(arena) work, not O(Σ prompts). code(n) is the call's own automaton's, fed from
+    the call's first output token (`structure.segment`)."""
+
+    copy_at: np.ndarray  # int64 [rows]: copy(prompt_len + n) of row r's output position n is copy[copy_at[r] + n]
+    copy: np.ndarray  # int8
+    code_at: np.ndarray  # int64 [rows]: code(n) of row r is code[code_at[r] + n]
+    code: np.ndarray  # int8
+    keys: np.ndarray  # uint64 [rows]: call_key(seed, call id)
+    a: np.ndarray  # float64: the per-position intercepts
+    coef: np.ndarray  # float64: [b_copy, b_code]
+
+
 class _PerCall:
     """What the drafter keeps per call: its random key, trigram index and structure automaton."""
 
@@ -509,6 +558,68 @@ class ModelBasedDrafter(BaseDrafter):
         except ValueError as exc:  # the target model has no such draft network (e.g. mtp on Qwen3-8B)
             raise SpecConfigError(f"method {self.name!r}: {exc}") from None
 
+    def acceptance_tables(self, tokens: np.ndarray, hist_off: np.ndarray, prompt_len: np.ndarray,
+                          target_len: np.ndarray, calls: Sequence, call_ids: Sequence[str]) -> AcceptanceTables:
+        """`AcceptanceTables` of the calls laid out in an engine token arena: row r's prompt + recorded
+        output (target_len[r] tokens of it) at tokens[hist_off[r]:]; `calls` give the structures,
+        `call_ids` the random keys. The same draws as `propose` (tests/test_model_based.py)."""
+        rows = len(call_ids)
+        extent: dict[int, int] = {}
+        for off, n in zip(hist_off.tolist(), (prompt_len + target_len).tolist(), strict=True):
+            extent[off] = max(extent.get(off, 0), n)
+        starts = np.fromiter(extent.keys(), dtype=np.int64, count=len(extent))
+        lengths = np.fromiter(extent.values(), dtype=np.int64, count=len(extent))
+        out_at = np.zeros(len(extent), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=out_at[1:])
+        copy = np.zeros(int(lengths.sum()) + 1, dtype=np.int8)
+        _copy_regions(tokens, starts, lengths, out_at, copy)
+        region_at = dict(zip(starts.tolist(), out_at.tolist(), strict=True))
+        copy_at = np.array([region_at[o] for o in hist_off.tolist()], dtype=np.int64) + prompt_len
+        code_at = np.zeros(rows, dtype=np.int64)
+        if self.tokenizer is None or rows == 0:
+            code = np.zeros(int(target_len.max(initial=0)) + 1, dtype=np.int8)
+        else:
+            code, code_at = self._code_tables(tokens, hist_off, prompt_len, target_len, calls)
+        keys = np.array([call_key(self.seed, cid) for cid in call_ids], dtype=np.uint64)
+        return AcceptanceTables(copy_at, copy, code_at, code, keys, self._a.copy(),
+                                np.array([self._b_copy, self._b_code], dtype=np.float64))
+
+    def _code_tables(self, tokens: np.ndarray, hist_off: np.ndarray, prompt_len: np.ndarray,
+                     target_len: np.ndarray, calls: Sequence) -> tuple[np.ndarray, np.ndarray]:
+        """(code, code_at): code(n) of every output position, one segment per distinct call (replicate
+        copies share theirs), the calls of one structure segmented together."""
+        from agentspec_sim.drafters.structure import segment_many
+
+        table = token_bytes_for(self.tokenizer)
+        size = len(table)
+        padded = None
+        first: dict[int, int] = {}  # id(call) -> its first row
+        by_structure: dict[tuple, list[int]] = {}
+        for r, call in enumerate(calls):
+            if first.setdefault(id(call), r) == r:
+                by_structure.setdefault(structure_of(call.structure), []).append(r)
+        code_at = np.zeros(len(calls), dtype=np.int64)
+        pieces: list[np.ndarray] = []
+        at = 0
+        for structure, rows in by_structure.items():
+            outputs = []
+            for r in rows:
+                out = tokens[hist_off[r] + prompt_len[r]:hist_off[r] + prompt_len[r] + target_len[r]]
+                if out.shape[0] and (int(out.min()) < 0 or int(out.max()) >= size):
+                    # ids the tokenizer lacks feed no bytes, as `_sync` feeds them
+                    padded = padded or [*table, b""]
+                    out = np.where((out >= 0) & (out < size), out, size)
+                outputs.append(out)
+            labels = segment_many(outputs, padded or table, structure)
+            pieces.append((labels != 0).astype(np.int8))
+            for r, out in zip(rows, outputs, strict=True):
+                code_at[r] = at
+                at += out.shape[0]
+        for r, call in enumerate(calls):
+            code_at[r] = code_at[first[id(call)]]
+        pieces.append(np.zeros(1, dtype=np.int8))
+        return np.concatenate(pieces), code_at
+
     # -- helpers ------------------------------------------------------------------------------------
     def _sync(self, state: CallState, cs: _PerCall) -> None:
         tokens = state.tokens
@@ -574,7 +685,7 @@ def bind_engine_context(spec: SpeculativeConfig, *, model: str | None = None, se
 
 
 __all__ = [
-    "ACCEPTANCE_DIR", "FEATURES", "AcceptanceParams", "CopyIndex", "Eagle3Drafter", "MTPDrafter", "ModelBasedDrafter",
-    "accepted_prefix", "available_params", "bind_engine_context", "call_key", "copy_stream", "load_params",
-    "load_params_file", "resolve_params", "uniform_draw",
+    "ACCEPTANCE_DIR", "FEATURES", "AcceptanceParams", "AcceptanceTables", "CopyIndex", "Eagle3Drafter", "MTPDrafter",
+    "ModelBasedDrafter", "accepted_prefix", "available_params", "bind_engine_context", "call_key", "copy_stream",
+    "draft_from_tables", "load_params", "load_params_file", "resolve_params", "uniform_draw",
 ]

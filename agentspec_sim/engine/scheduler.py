@@ -36,7 +36,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agentspec_sim.drafters import ngram_v2
+from agentspec_sim.cost import roofline
+from agentspec_sim.cost.roofline import draft_seconds
+from agentspec_sim.drafters import model_based, ngram_v2
+from agentspec_sim.drafters.model_based import draft_from_tables
 from agentspec_sim.engine import batched, kv
 from agentspec_sim.engine.batched import _ngram_rows_indexed, ngram_v2_rows_indexed
 from agentspec_sim.engine.fastcall import FastCall
@@ -46,7 +49,7 @@ from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_W
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 # This module's kernels compile in kv.py's and batched.py's (and so in ngram_v2.py's).
-clear_if_changed(__file__, [kv.__file__, batched.__file__, ngram_v2.__file__])
+clear_if_changed(__file__, [kv.__file__, batched.__file__, ngram_v2.__file__, model_based.__file__, roofline.__file__])
 
 # Why requests were left waiting (ScheduledBatch.bound): nobody waiting, max_num_seqs, KV (no room or a
 # preemption), token budget spent.
@@ -105,25 +108,27 @@ class StepBuf(NamedTuple):
     # top: max over the batch of num_computed + num_scheduled (the V1 runner's proposer-skip test)
 
 
-# InlineNgram.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`) or Model Runner V2's (`ngram-v2`).
+# InlineDrafts.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`), Model Runner V2's (`ngram-v2`), or a
+# model-based drafter's acceptance draw (`eagle3`, `mtp`).
 IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT, IN_RULE = range(6)
-RULE_V1, RULE_V2 = 0, 1
+RULE_V1, RULE_V2, RULE_MODEL = 0, 1, 2
 
 
-class InlineNgram(NamedTuple):
-    """What `run_steps` needs to draft with vLLM's n-gram proposer itself between two steps of a run
-    (`propose_ngram_inline`) instead of stopping after every step for the event loop to do it.
+class InlineDrafts(NamedTuple):
+    """What `run_steps` needs to draft itself between two steps of a run (`propose_inline`) instead of
+    stopping after every step for the event loop to do it.
 
-    It is the engine's n-gram proposal (`Simulator._propose`: `engine/batched.py`'s index for `ngram`,
-    `NgramV2Drafter.propose` for `ngram-v2`) moved inside the compiled loop: the same rule, the same
-    per-call draft limits, the same V1 proposer skip near max_model_len, the same verification;
-    tests/test_engine_fast_paths.py checks runs drafted inline against one step per event. Off
-    (par[IN_ON] = 0) for every other drafter.
+    It is the engine's proposal (`Simulator._propose`) moved inside the compiled loop: the same rule,
+    the same per-call draft limits, the same V1 proposer skip near max_model_len, the same verification;
+    tests/test_engine_fast_paths.py checks runs drafted inline against one step per event. For the
+    n-gram proposers: `engine/batched.py`'s index for `ngram`, `NgramV2Drafter.propose` for `ngram-v2`;
+    for `eagle3`/`mtp`: `ModelBasedDrafter.propose` from its `AcceptanceTables`, priced by the cost model's
+    `draft_seconds`. Off (par[IN_ON] = 0) for every other drafter.
     """
 
     par: np.ndarray  # int64: [on, min_n, max_n, k_max (num_speculative_tokens), V1 proposer skip, rule]
     k_of_batch: np.ndarray  # int64 [max_num_seqs + 1]: draft length allowed at that many scheduled calls
-    draft_s: np.ndarray  # float64 [max_num_seqs + 1]: drafting seconds for that many drafting calls
+    draft_s: np.ndarray  # float64 [max_num_seqs + 1]: n-gram drafting seconds for that many drafting calls
     entries: np.ndarray  # the `NgramIndex` tables (engine/batched.py)
     regions: np.ndarray
     counts: np.ndarray
@@ -132,13 +137,24 @@ class InlineNgram(NamedTuple):
     lengths: np.ndarray  # history lengths,
     max_lens: np.ndarray  # draft limits,
     drafts: np.ndarray  # int64 [2, max_num_seqs]: and drafts (start in the arena, length)
+    copy_at: np.ndarray  # `AcceptanceTables` (drafters/model_based.py), per table row
+    copy: np.ndarray
+    code_at: np.ndarray
+    code: np.ndarray
+    keys: np.ndarray
+    a: np.ndarray
+    coef: np.ndarray
+    pass_s: np.ndarray  # float64 [max_num_seqs + 1]: one draft-network pass over that many rows
+    draft_terms: np.ndarray  # float64: the rest of `draft_seconds`' terms (cost/roofline.py)
 
     @classmethod
-    def off(cls) -> InlineNgram:
+    def off(cls) -> InlineDrafts:
         one = np.zeros(1, dtype=np.int64)
+        byte = np.zeros(1, dtype=np.int8)
         return cls(np.zeros(6, dtype=np.int64), one, np.zeros(1), np.zeros((1, 3), dtype=np.int64),
                    np.zeros((1, 2), dtype=np.int64), np.zeros(3, dtype=np.int64), one, one, one, one,
-                   np.zeros((2, 1), dtype=np.int64))
+                   np.zeros((2, 1), dtype=np.int64), one, byte, one, byte, np.zeros(1, dtype=np.uint64),
+                   np.zeros(1), np.zeros(2), np.zeros(1), np.ones(4))
 
 
 @kernel
@@ -401,10 +417,10 @@ def drafts_from_rows(c, buf, source, m):
 
 
 @kernel
-def propose_ngram_inline(c, sb, dr, max_model_len):
-    """Drafts for the calls that sampled in the step in `sb`, as `Simulator._propose` makes them with
-    the batched n-gram index; returns the drafting seconds, or −1.0 when the index needs room (then
-    nothing is set: the event loop proposes, growing the index)."""
+def propose_inline(c, sb, dr, max_model_len):
+    """Drafts for the calls that sampled in the step in `sb`, as `Simulator._propose` makes them; returns
+    the drafting seconds, or −1.0 when the n-gram index needs room (then nothing is set: the event loop
+    proposes, growing the index)."""
     n_sampled = sb.sc[4]
     k_max = dr.par[IN_K_MAX]
     # vLLM's `_input_fits_in_drafter` fails for the batch: k token-0 drafts each.
@@ -430,6 +446,8 @@ def propose_ngram_inline(c, sb, dr, max_model_len):
             m += 1
     if m == 0:
         return 0.0
+    if dr.par[IN_RULE] == RULE_MODEL:
+        return propose_model_rows(c, dr.rows[:m], dr.max_lens[:m], dr)
     if dr.par[IN_RULE] == RULE_V2:
         if ngram_v2_rows_indexed(c.tokens, dr.starts[:m], dr.lengths[:m], dr.par[IN_MIN_N], dr.par[IN_MAX_N],
                                  dr.drafts[0, :m], dr.entries, dr.regions, dr.counts, 0) < m:
@@ -441,6 +459,40 @@ def propose_ngram_inline(c, sb, dr, max_model_len):
         return -1.0
     drafts_from(c, dr.rows[:m], c.tokens, dr.drafts[0, :m], dr.drafts[1, :m])
     return dr.draft_s[m]
+
+
+@kernel
+def propose_model_rows(c, rows, lengths, dr):
+    """A model-based drafter's drafts of calls rows[i], lengths[i] tokens each, from `dr`'s
+    `AcceptanceTables` (`draft_from_tables`), verified as `drafts_from`; returns the draft network's
+    seconds for them (`draft_seconds`: max(lengths) passes over the rows and their contexts)."""
+    k_max = 0
+    ctx = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        k = lengths[i]
+        slot = c.calls.slot[r]
+        n = c.calls.num_emitted[r]
+        target = c.calls.target_len[r]
+        out = c.calls.hist_off[r] + c.calls.prompt_len[r]
+        at = dr.copy_at[r] + n
+        code = dr.code[dr.code_at[r] + n] if n < target else 0
+        draft_from_tables(c.tokens, out, n, target, k, dr.copy[at:at + max(0, min(k, target - n))], code,
+                          dr.keys[r], dr.a, dr.coef, c.slot_drafts[slot])
+        _verify_drafts(c, r, slot, k)
+        k_max = max(k_max, k)
+        ctx += c.calls.prompt_len[r] + n
+    m = rows.shape[0]
+    if m == 0:
+        return 0.0
+    t = dr.draft_terms
+    return draft_seconds(dr.pass_s[m], t[0], t[1], t[2], t[3], m, k_max, float(ctx))
+
+
+@kernel
+def propose_model_buffered(c, dr, m):
+    """`propose_model_rows` of the first m entries of dr's work space (rows, max_lens)."""
+    return propose_model_rows(c, dr.rows[:m], dr.max_lens[:m], dr)
 
 
 @kernel
@@ -474,7 +526,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
     Stops before a step when nothing can run or the log has no room, and after a step in which a
     call finished whose query's next call does not arrive at once (or `chain` is off: other events
     are pending), or — with `stop_on_emit`, when a drafter must see every token — a call emitted,
-    unless the drafter is the n-gram proposer drafting inline (`dr`, `propose_ngram_inline`): then
+    unless the drafter drafts inline (`dr`, `propose_inline`): then
     the run goes on with the drafts set, each step's drafting time in the log's `draft_s` (the
     run's first step gets the event loop's). The last step of a run is always left to the event loop.
     A finished call's next call that arrives at once (think time 0, no recorded arrival, a prompt
@@ -533,7 +585,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
             if dr.par[IN_ON] == 0 or s + 1 >= max_steps or _log_full(lg, c, max_num_seqs):
                 stop = True
             elif sb.sc[4]:
-                draft_s = propose_ngram_inline(c, sb, dr, max_model_len)
+                draft_s = propose_inline(c, sb, dr, max_model_len)
                 if draft_s < 0.0:
                     draft_s = 0.0
                     stop = True
@@ -544,7 +596,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
 
 
 # -- Python API ----------------------------------------------------------------------------------------
-_INLINE_OFF = InlineNgram.off()
+_INLINE_OFF = InlineDrafts.off()
 
 class ScheduledBatch:
     """What one step runs: one entry per scheduled request, in batch-row order.
@@ -625,6 +677,7 @@ class Scheduler:
         self._draft_rows = np.zeros((3, max(max_num_seqs, 1)), dtype=np.int64)
         self._draft_tokens = np.zeros(max(max_num_seqs, 1) * 8, dtype=np.int32)
         self._drafts_from = FastCall(drafts_from_rows, containers=(0, 1, 2))
+        self._model_drafts = FastCall(propose_model_buffered, containers=(0, 1))
         self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
         self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
                          zeros(4, dtype=np.int64))
@@ -747,6 +800,15 @@ class Scheduler:
             np.concatenate(drafts, out=self._draft_tokens[:total], casting="unsafe")
         self._drafts_from(self.table.nt, buf, self._draft_tokens, n)
 
+    def set_model_drafts(self, rows: np.ndarray, lengths: np.ndarray, dr: InlineDrafts) -> float:
+        """A model-based drafter's drafts (`propose_model_rows`) for calls `rows`, `lengths` tokens each;
+        returns the draft network's seconds for them."""
+        m = rows.shape[0]
+        dr.rows[:m] = rows
+        dr.max_lens[:m] = lengths
+        self.table.reserve_draft_width(int(lengths.max()))
+        return float(self._model_drafts(self.table.nt, dr, m))
+
     def set_drafts_from_tokens(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """`set_drafts` for drafts that are stretches of the token arena: tokens[starts[i]:starts[i] + lengths[i]]."""
         if lengths.shape[0]:
@@ -755,7 +817,7 @@ class Scheduler:
 
     # -- a run of steps ----------------------------------------------------------------------------------
     def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool,
-            inline: InlineNgram | None = None) -> tuple[int, int]:
+            inline: InlineDrafts | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers)."""
         steps, why = self._run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log,
                                      self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len, max_steps,

@@ -22,7 +22,7 @@ a token and go on; a call's first step after its prefill emits its first token w
 Runs of steps. A STEP event runs as many steps as nothing outside the engine can change: no other
 event pending, no drafter that must see the tokens (a drafter proposes after every step that
 emitted — except vLLM's n-gram proposers, `ngram` and `ngram-v2`, which the compiled loop runs
-itself between steps: `scheduler.InlineNgram`), every next call of a query arriving the instant its
+itself between steps: `scheduler.InlineDrafts`), every next call of a query arriving the instant its
 predecessor ends (those join the waiting queue inside the run). It prices them in one `step_times`
 call and pushes one DONE at the end of the last; DONE then does for the run what it does for one
 step. The steps, their order and their times are those of one step per STEP event
@@ -47,6 +47,7 @@ import polars as pl
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
+from agentspec_sim.drafters.model_based import ModelBasedDrafter
 from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
 from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, prompt_index
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
@@ -70,11 +71,13 @@ from agentspec_sim.engine.scheduler import (
     EV_ARRIVE,
     EV_FINISH,
     EV_FIRST,
+    IN_ON,
+    RULE_MODEL,
     RULE_V1,
     RULE_V2,
     RUN_EMPTY,
     RUN_FULL,
-    InlineNgram,
+    InlineDrafts,
     Scheduler,
     SimulationError,
 )
@@ -127,7 +130,7 @@ class Simulator:
         # drafters (ngram-v2) say they do not follow it.
         self.skips_unfit_batches = bool(getattr(kind, "v1_runner", True))
         self._inline = self._inline_tables()
-        self._inline_last: InlineNgram | None = None
+        self._inline_last: InlineDrafts | None = None
         self.states: list[CallState] = []
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
@@ -144,10 +147,13 @@ class Simulator:
         self.max_run_steps = 1 if config.check_invariants or self.per_step else 1 << 40
         self._budget_memo: dict[int, int] = {}
         self._build(workload)
+        self._model, self._model_priced = self._model_drafts()
+        if self._model is not None:
+            self.hooks = (False, False, False)  # drafting reads the tables, not per-call drafter state
 
     # -- setup -------------------------------------------------------------------------------------
     def _inline_tables(self) -> tuple[np.ndarray, ...] | None:
-        """The parts of `InlineNgram` fixed for the run, where the n-gram proposer can draft inside
+        """The parts of `InlineDrafts` fixed for the run, where the n-gram proposer can draft inside
         `run_steps` (the batched n-gram path, no hooks, a draft length known from the batch size alone);
         else None and every proposal is `_propose`'s."""
         drafter = self.drafters[0]
@@ -156,17 +162,55 @@ class Simulator:
                 or any(self.hooks) or self.per_step or type(self.policy) not in (FixedK, BatchSizeSchedule)):
             return None
         sizes = range(self.limits.max_num_seqs + 1)
-        k_of_batch = np.array([self.policy.k if isinstance(self.policy, FixedK) else self.policy.k_for(n)
-                               for n in sizes], dtype=np.int64)
         draft_s = np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64)) for n in sizes],
                            dtype=np.float64)
         rule = RULE_V2 if isinstance(drafter, NgramV2Drafter) else RULE_V1
         par = np.array([1, drafter.min_n, drafter.max_n, k_max, int(self.skips_unfit_batches), rule], dtype=np.int64)
         work = [np.zeros(self.limits.max_num_seqs, dtype=np.int64) for _ in range(4)]
-        return par, k_of_batch, draft_s, *work, np.zeros((2, self.limits.max_num_seqs), dtype=np.int64)
+        return par, self._k_of_batch(), draft_s, *work, np.zeros((2, self.limits.max_num_seqs), dtype=np.int64)
 
-    def _inline_ngram(self) -> InlineNgram | None:
-        """`InlineNgram` for the next run (the index's tables may have been replaced since the last)."""
+    def _k_of_batch(self) -> np.ndarray:
+        """The draft length a FixedK / BatchSizeSchedule policy allows at 0…max_num_seqs scheduled calls."""
+        policy = self.policy
+        return np.array([policy.k if isinstance(policy, FixedK) else policy.k_for(n)
+                         for n in range(self.limits.max_num_seqs + 1)], dtype=np.int64)
+
+    def _model_drafts(self) -> tuple[InlineDrafts | None, bool]:
+        """eagle3 / mtp: (`InlineDrafts` holding every call's `AcceptanceTables`, whether it prices the
+        drafting too), or (None, False) for other drafters.
+
+        The acceptance inputs of every call are computed once, up front, so each proposal is a compiled
+        draw (`Scheduler.set_model_drafts`) with no drafter hooks; and where the draft length follows
+        the batch size alone and the cost model gives its draft-network terms, `run_steps` drafts
+        inline (par[IN_ON])."""
+        drafter = self.drafters[0]
+        k_max = self.spec.num_speculative_tokens
+        if not isinstance(drafter, ModelBasedDrafter) or k_max <= 0 or self.per_step:
+            return None, False
+        n, seqs, cols = len(self.states), self.limits.max_num_seqs, self.table.cols
+        tables = drafter.acceptance_tables(self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n],
+                                           cols["target_len"][:n], [s.call for s in self.states],
+                                           [s.call_id for s in self.states])
+        try:
+            pass_s, terms = self.cost.draft_model_terms(seqs, kind=drafter.name)
+            priced = True
+        except (AttributeError, TypeError, ValueError):  # not a roofline, or no such draft network: Python prices
+            pass_s, terms, priced = np.zeros(seqs + 1), np.ones(4), False
+        inline = priced and type(self.policy) in (FixedK, BatchSizeSchedule)
+        off = InlineDrafts.off()
+        par = np.array([int(inline), 0, 0, k_max, int(self.skips_unfit_batches), RULE_MODEL], dtype=np.int64)
+        k_of_batch = self._k_of_batch() if inline else off.k_of_batch
+        self.table.reserve_draft_width(k_max)
+        work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
+        return InlineDrafts(par, k_of_batch, off.draft_s, off.entries, off.regions, off.counts, *work,
+                            np.zeros((2, seqs), dtype=np.int64), tables.copy_at, tables.copy, tables.code_at,
+                            tables.code, tables.keys, tables.a, tables.coef, pass_s, terms), priced
+
+    def _inline_drafts(self) -> InlineDrafts | None:
+        """`InlineDrafts` for the next run, or None when `run_steps` cannot draft for this drafter (the
+        n-gram index's tables may have been replaced since the last run)."""
+        if self._model is not None:
+            return self._model if self._model.par[IN_ON] else None
         if self._inline is None:
             return None
         par, k_of_batch, draft_s, rows, starts, lengths, max_lens, drafts = self._inline
@@ -177,8 +221,10 @@ class Simulator:
         if last is None or last.entries is not index.entries or last.regions is not index.regions \
                 or last.counts is not index.counts:
             # A new tuple only when the index's tables changed: the scheduler's FastCall keys on it.
-            last = self._inline_last = InlineNgram(par, k_of_batch, draft_s, index.entries, index.regions,
-                                                   index.counts, rows, starts, lengths, max_lens, drafts)
+            off = InlineDrafts.off()
+            last = self._inline_last = InlineDrafts(par, k_of_batch, draft_s, index.entries, index.regions,
+                                                    index.counts, rows, starts, lengths, max_lens, drafts,
+                                                    *off[11:])
         return last
 
     def _build(self, workload: Workload) -> None:
@@ -312,7 +358,7 @@ class Simulator:
         room = self.max_run_steps if chain else 1
         seqs = self.limits.max_num_seqs
         steps = 0
-        inline = self._inline_ngram() if room > 1 else None
+        inline = self._inline_drafts() if room > 1 else None
         while True:
             done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert, inline)
             steps += done
@@ -522,6 +568,11 @@ class Simulator:
                 return
             kept = keep.nonzero()[0]
             sampled, rows, lens = [sampled[i] for i in kept.tolist()], rows[kept], lens[kept]
+        if self._model is not None:
+            seconds = self.scheduler.set_model_drafts(rows, lens, self._model)
+            self.pending_draft_s = seconds if self._model_priced else \
+                float(self.drafters[0].draft_time(self.cost, sampled, lens))
+            return
         batched = BATCHED.get(type(self.drafters[0]))
         if batched is not None:
             # The same drafts as the drafter's propose, for all rows in one compiled call (engine/batched.py).
