@@ -476,3 +476,25 @@ def test_without_a_token_map_structure_is_not_read(tok):
     drafter = drafter_of("agentspec-s", tokenizer=None)
     drafts = drive(drafter, [first, second])
     assert draft_after(tok, second, drafts, "Now value = scale").startswith("_all(data_points)")
+
+
+@pytest.mark.parametrize("method", ["agentspec", "agentspec-s"])
+def test_precomputed_output_labels_draft_as_the_fed_automaton(monkeypatch, method):
+    """Engine calls label their output from one `segment` pass at start (their recording is known);
+    the drafts equal those of an automaton fed token by token, also across calls of one query, whose
+    prompts continue from the automaton the last output left."""
+    from dataclasses import replace
+
+    from agentspec_sim.drafters.agentspec import History
+    from agentspec_sim.trace.bundled import default_trace_path
+    from agentspec_sim.trace.io import load_trace
+
+    w = load_trace(default_trace_path())
+    calls = [c for q in w.queries[:2] for c in q.calls[:4]]
+    calls = [replace(c, output_tokens=c.output_tokens[:150]) for c in calls]
+    precomputed = drive(drafter_of(method), calls, k=8)
+    start = History.start
+    monkeypatch.setattr(History, "start", lambda self, call, prompt, output=None: start(self, call, prompt))
+    fed = drive(drafter_of(method), calls, k=8)
+    assert precomputed == fed
+    assert sum(len(d) for drafts in fed.values() for d in drafts) > 200

@@ -216,7 +216,8 @@ class _Store:
 class _Cursor:
     """One call's view of the history: its store, its output automaton, label → block."""
 
-    __slots__ = ("automaton", "blocks", "lineage", "prompt_clean", "store", "structure")
+    __slots__ = ("automaton", "blocks", "labels", "lineage", "next", "output", "prompt_clean", "prompt_len", "store",
+                 "structure")
 
     def __init__(self, store: _Store, blocks: list[int], structure: Any, lineage: int) -> None:
         self.store = store
@@ -225,6 +226,12 @@ class _Cursor:
         self.automaton: StructureAutomaton | None = StructureAutomaton(structure) if len(blocks) > 1 else None
         self.lineage = lineage
         self.prompt_clean = True  # the prompt left the automaton at ROOT with nothing pending
+        # When the call's output is known up front (the engine's calls): every output token's label,
+        # and the automaton is fed only when its state is needed past them (`History._catch_up`).
+        self.labels: np.ndarray | None = None
+        self.output: np.ndarray | None = None
+        self.prompt_len = 0
+        self.next = 0  # stream position of the next output token
 
 
 class History:
@@ -248,8 +255,11 @@ class History:
         self.lineages = itertools.count()
 
     # -- calls --------------------------------------------------------------------------------
-    def start(self, call: Call, prompt: np.ndarray) -> _Cursor:
-        """A call starts: index the part of its prompt not yet in the query's history."""
+    def start(self, call: Call, prompt: np.ndarray, output: np.ndarray | None = None) -> _Cursor:
+        """A call starts: index the part of its prompt not yet in the query's history. `output`: the
+        tokens it will emit, when known (a replay): their labels are taken from one `segment` pass
+        instead of feeding the automaton token by token. A label depends only on the tokens before
+        it (`segment`'s contract), so the drafter still sees nothing it could not have seen."""
         key = (call.agent_id, call.query_id)
         store = self.stores.get(key)
         if store is None:
@@ -282,18 +292,27 @@ class History:
                 auto.feed(b"".join([table[t] for t in prompt.tolist()]))
             cursor.prompt_clean = auto.block == ROOT and not auto.pending
         self._queue_runs(cursor, prompt, shared, labels)
+        if output is not None and cursor.automaton is not None:
+            cursor.labels = segment(output, self.table, structure)
+            cursor.output = output
+            cursor.prompt_len = cursor.next = prompt.shape[0]
         return cursor
 
     def emit(self, cursor: _Cursor, stream: np.ndarray, start: int, n: int) -> None:
         """The call emitted stream[start:start + n] (its prompt + output buffer): label and queue them."""
         if cursor.automaton is None:
             labels = np.zeros(n, dtype=np.int32)
+        elif cursor.labels is not None:
+            i = start - cursor.prompt_len
+            labels = cursor.labels[i:i + n]
+            cursor.next = start + n
         else:
             labels = self._feed(cursor.automaton, stream[start:start + n])
         self._queue_runs(cursor, stream, start, labels)
 
     def finish(self, cursor: _Cursor, tokens: np.ndarray) -> None:
         """The call is done: `tokens` (prompt + output) is what the next prompt of its query may extend."""
+        self._catch_up(cursor)
         store = cursor.store
         store.running -= 1
         store.docs.append(np.array(tokens, dtype=np.int32))  # a copy: the engine owns the call's buffer
@@ -306,7 +325,21 @@ class History:
 
     def block_of(self, cursor: _Cursor) -> int:
         """The arena block of the call's active block (where the next token starts)."""
+        if cursor.labels is not None:
+            i = cursor.next - cursor.prompt_len
+            if i < cursor.labels.shape[0]:
+                return cursor.blocks[cursor.labels[i]]
+            self._catch_up(cursor)
         return cursor.blocks[cursor.automaton.block_index if cursor.automaton is not None else 0]
+
+    def _catch_up(self, cursor: _Cursor) -> None:
+        """Feed the automaton the output emitted so far (its labels were precomputed) and drop the labels:
+        from here on the automaton is fed as tokens come."""
+        if cursor.labels is None:
+            return
+        table = self.table
+        cursor.automaton.feed(b"".join([table[t] for t in cursor.output[:cursor.next - cursor.prompt_len].tolist()]))
+        cursor.labels = cursor.output = None
 
     # -- shared histories (agentspec+'s global corpus) -----------------------------------------
     def blocks_for(self, key: Any, structure: Any) -> list[int]:
@@ -597,7 +630,8 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
     # -- the engine's hooks ----------------------------------------------------------------------
     def start_call(self, state: CallState) -> None:
         """Index the prompt (the part new to the query's history); the first token comes with `observe`."""
-        state.drafter_state = self.history.start(state.call, state.history[:state.prompt_len])
+        state.drafter_state = self.history.start(state.call, state.history[:state.prompt_len],
+                                                 state.call.output_tokens[:state.target_len])
 
     def observe(self, state: CallState, emitted: np.ndarray) -> None:
         """Feed the emitted tokens to the call's automaton and queue them into their blocks."""
