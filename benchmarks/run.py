@@ -49,13 +49,16 @@ FIGURE1_SEQS = "1,2,4,8,16,32,64,128,256"
 # -- child side ---------------------------------------------------------------------------------------
 class DrafterClock:
     """Wraps a drafter class's own hooks (only those it overrides: the engine skips the others) and the
-    engine's batched proposer for it, summing seconds and rows per hook. Proposals the scheduler makes
-    inside its compiled loop (`ngram`, engine/batched.py `INLINE_NGRAM`) are not seen here: they are
-    part of the engine's time, and "propose" counts only those made by the event loop."""
+    engine's batched proposer for it (the n-gram index; eagle3/mtp's acceptance tables), summing seconds
+    and rows per hook. Proposals the scheduler makes inside its compiled loop (`ngram`, `ngram-v2`,
+    `eagle3`, `mtp`: engine/scheduler.py `InlineDrafts`) are not seen here: they are part of the engine's
+    time, and "propose" counts only those made by the event loop."""
 
     def __init__(self, kind: type) -> None:
         from agentspec_sim.drafters.base import BaseDrafter
+        from agentspec_sim.drafters.model_based import ModelBasedDrafter
         from agentspec_sim.engine import batched
+        from agentspec_sim.engine.scheduler import Scheduler
 
         self.seconds = dict.fromkeys(HOOKS, 0.0)
         self.rows = dict.fromkeys(HOOKS, 0)
@@ -65,6 +68,8 @@ class DrafterClock:
                 setattr(kind, name, self._timed(name, own, method=True))
         if kind in batched.BATCHED:
             batched.BATCHED[kind] = self._timed("propose", batched.BATCHED[kind], method=False)
+        if issubclass(kind, ModelBasedDrafter):  # eagle3/mtp: the event loop drafts from the acceptance tables
+            Scheduler.set_model_drafts = self._timed("propose", Scheduler.set_model_drafts, method=True)
 
     def _timed(self, name: str, fn, method: bool):
         clock = time.perf_counter
@@ -182,8 +187,9 @@ def section_engine(args, console) -> dict:
                       cpu(r["propose_us_per_call_step"], ".2f"), cpu(r["observe_us_per_call_step"], ".2f"),
                       cpu(r["start_ms_per_call"], ".3f"), f"{r['peak_rss_mib']:,.0f}")
     console.print(table)
-    console.print("µs and ms columns: wall-clock timings × the run's CPU / wall ratio. ngram drafts inside the "
-                  "compiled loop: its propose column counts only the proposals left to the event loop.")
+    console.print("µs and ms columns: wall-clock timings × the run's CPU / wall ratio. ngram, ngram-v2 and eagle3 "
+                  "draft inside the compiled loop: their propose column counts only the proposals left to the event "
+                  "loop.")
     return {"hardware": args.hardware, "model": "qwen3-8b", "queries": args.queries, "runs": runs}
 
 

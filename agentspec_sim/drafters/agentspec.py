@@ -192,6 +192,17 @@ def _allocate(n, c, ct, budget, g_min, out):
         out[i] = 0 if n[i] <= 0 else max(ct[i], shares[i])
 
 
+@njit(cache=True, nogil=True)
+def _capped_lengths(meta, max_lens, budget, g_min, k, budgeted, out):
+    """`_AgentSpecBase.lengths`: out = min(allocate(n, c, |CT*|) or k, |P|, max_lens, k)."""
+    if budgeted:
+        _allocate(meta[:, META_N], meta[:, META_C], meta[:, META_CT], budget, g_min, out)
+    else:
+        out[:] = k
+    for i in range(out.shape[0]):
+        out[i] = min(min(out[i], meta[i, META_P]), min(max_lens[i], k))
+
+
 # --------------------------------------------------------------------------------------------
 # The history cache H(agent, query, block).
 
@@ -663,13 +674,13 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
         return [out[i, :lengths[i]] for i in range(len(rows))]
 
     def lengths(self, meta: np.ndarray, max_lens: np.ndarray) -> np.ndarray:
-        """Draft lengths from the lookups' (n, c, |CT*|, |P|): the budget, then the caps."""
-        if self.budgeted:
-            cands = Candidates.of(meta[:, META_N], meta[:, META_C], meta[:, META_CT])
-            wanted = allocate(cands, self.batch_share(meta.shape[0]), self.g_min)
-        else:
-            wanted = np.full(meta.shape[0], self.k, dtype=np.int64)
-        return np.minimum(np.minimum(wanted, meta[:, META_P]), np.minimum(max_lens, self.k))
+        """Draft lengths from the lookups' (n, c, |CT*|, |P|): the budget (`allocate`), then the caps
+        min(·, |P|, max_lens, k) — in one compiled call, a step's fixed cost at small batches."""
+        out = np.empty(meta.shape[0], dtype=np.int64)
+        budget = self.batch_share(meta.shape[0]) if self.budgeted else 0
+        _capped_lengths(meta, max_lens, int(budget), float(self.g_min) if self.budgeted else 0.0, int(self.k),
+                        self.budgeted, out)
+        return out
 
 
 @register_drafter("agentspec")
