@@ -36,7 +36,9 @@ and (b) to write the draft: the true tokens for the accepted prefix, then at the
 slot a token guaranteed to differ from the true one, then filler (that rejected token again), so
 the engine's ordinary greedy verification reproduces the drawn acceptance. Slots past the end of
 the recording are filler too (never accepted). Everything else (the trigram index, the structure
-automaton) is built from the prompt and the emitted tokens only.
+automaton) is built from the prompt and the emitted tokens only. `acceptance_tables` makes the same
+reads for a whole run up front (copy(p) from the tokens up to p, code(n) from the output before n),
+so the engine can draw in compiled code without the per-call state (docs/model-based-drafters.md).
 
 Config (vLLM `--speculative-config`): `num_speculative_tokens` (required), `num_speculative_tokens_
 per_batch_size`, and vLLM's `model` (the draft weights: accepted, ignored). Simulator keys:
