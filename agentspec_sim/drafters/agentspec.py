@@ -211,11 +211,10 @@ class _Store:
     """The history of one (agent, query): its blocks (delimiter pair or None → arena block), the
     position where each block's last segment ends, and the query's last calls' token sequences."""
 
-    __slots__ = ("automaton", "blocks", "docs", "lineage", "running", "structure", "tails", "used")
+    __slots__ = ("automaton", "blocks", "docs", "lineage", "running", "structure", "used")
 
     def __init__(self) -> None:
         self.blocks: dict[tuple[str, str] | None, int] = {}
-        self.tails: dict[int, tuple[int, int]] = {}  # block → (lineage, end position) of its last segment
         self.docs: list[np.ndarray] = []  # last calls' prompt + output, oldest first
         self.automaton: StructureAutomaton | None = None  # the automaton at the end of docs[-1], if known
         self.structure: Any = None  # the structure of docs[-1]'s call
@@ -227,7 +226,7 @@ class _Store:
 class _Cursor:
     """One call's view of the history: its store, its output automaton, label → block."""
 
-    __slots__ = ("automaton", "blocks", "labels", "lineage", "next", "output", "prompt_clean", "prompt_len", "store",
+    __slots__ = ("automaton", "blocks", "labels", "lineage", "output", "prompt_clean", "prompt_len", "store",
                  "structure")
 
     def __init__(self, store: _Store, blocks: list[int], structure: Any, lineage: int) -> None:
@@ -242,7 +241,6 @@ class _Cursor:
         self.labels: np.ndarray | None = None
         self.output: np.ndarray | None = None
         self.prompt_len = 0
-        self.next = 0  # stream position of the next output token
 
 
 class History:
@@ -264,6 +262,9 @@ class History:
         self.queue: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # (block, tokens, lead-in or None)
         self.clock = itertools.count()
         self.lineages = itertools.count()
+        # Per arena block: (lineage, end position) of its last segment; a run that starts there continues it.
+        self.tail_lin = np.full(64, -1, dtype=np.int64)
+        self.tail_pos = np.zeros(64, dtype=np.int64)
 
     # -- calls --------------------------------------------------------------------------------
     def start(self, call: Call, prompt: np.ndarray, output: np.ndarray | None = None) -> _Cursor:
@@ -306,7 +307,7 @@ class History:
         if output is not None and cursor.automaton is not None:
             cursor.labels = segment(output, self.table, structure)
             cursor.output = output
-            cursor.prompt_len = cursor.next = prompt.shape[0]
+            cursor.prompt_len = prompt.shape[0]
         return cursor
 
     def emit(self, cursor: _Cursor, stream: np.ndarray, start: int, n: int) -> None:
@@ -316,14 +317,13 @@ class History:
         elif cursor.labels is not None:
             i = start - cursor.prompt_len
             labels = cursor.labels[i:i + n]
-            cursor.next = start + n
         else:
             labels = self._feed(cursor.automaton, stream[start:start + n])
         self._queue_runs(cursor, stream, start, labels)
 
     def finish(self, cursor: _Cursor, tokens: np.ndarray) -> None:
         """The call is done: `tokens` (prompt + output) is what the next prompt of its query may extend."""
-        self._catch_up(cursor)
+        self._catch_up(cursor, tokens.shape[0] - cursor.prompt_len)
         store = cursor.store
         store.running -= 1
         store.docs.append(np.array(tokens, dtype=np.int32))  # a copy: the engine owns the call's buffer
@@ -334,22 +334,22 @@ class History:
         store.automaton = cursor.automaton if cursor.prompt_clean else None
         cursor.automaton = None
 
-    def block_of(self, cursor: _Cursor) -> int:
-        """The arena block of the call's active block (where the next token starts)."""
+    def block_of(self, cursor: _Cursor, emitted: int = 0) -> int:
+        """The arena block of the call's active block (where the next token starts), after `emitted`
+        output tokens (read only when the output's labels were precomputed)."""
         if cursor.labels is not None:
-            i = cursor.next - cursor.prompt_len
-            if i < cursor.labels.shape[0]:
-                return cursor.blocks[cursor.labels[i]]
-            self._catch_up(cursor)
+            if emitted < cursor.labels.shape[0]:
+                return cursor.blocks[cursor.labels[emitted]]
+            self._catch_up(cursor, emitted)
         return cursor.blocks[cursor.automaton.block_index if cursor.automaton is not None else 0]
 
-    def _catch_up(self, cursor: _Cursor) -> None:
-        """Feed the automaton the output emitted so far (its labels were precomputed) and drop the labels:
-        from here on the automaton is fed as tokens come."""
+    def _catch_up(self, cursor: _Cursor, emitted: int) -> None:
+        """Feed the automaton the first `emitted` output tokens (their labels were precomputed) and drop
+        the labels: from here on the automaton is fed as tokens come."""
         if cursor.labels is None:
             return
         table = self.table
-        cursor.automaton.feed(b"".join([table[t] for t in cursor.output[:cursor.next - cursor.prompt_len].tolist()]))
+        cursor.automaton.feed(b"".join([table[t] for t in cursor.output[:emitted].tolist()]))
         cursor.labels = cursor.output = None
 
     # -- shared histories (agentspec+'s global corpus) -----------------------------------------
@@ -441,15 +441,15 @@ class History:
         # Runs of one label: their first token continues the block's last segment or starts one.
         starts = np.flatnonzero(np.diff(labels, prepend=-1))
         ends = np.append(starts[1:], T)
-        store = cursor.store
+        tail_lin, tail_pos = self.tail_lin, self.tail_pos
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
             block = cursor.blocks[labels[s]]
             pos = P + s
-            if store.tails.get(block) != (cursor.lineage, pos):
+            if tail_lin[block] != cursor.lineage or tail_pos[block] != pos:
                 lead = min(self.max_n, pos)
                 app[s, 4] = pre + s - min(lead, pre + s)
                 app[s, 5] = min(lead, pre + s)
-            store.tails[block] = (cursor.lineage, P + e)
+            tail_lin[block], tail_pos[block] = cursor.lineage, P + e
         out = np.zeros((T, self.width), dtype=np.int32)
         meta = np.zeros((T, META_FIELDS), dtype=np.int64)
         self.arena.run(ops, tb, out, meta, self.max_candidates, MAX_SCAN, MIN_SUPPORT)
@@ -473,6 +473,10 @@ class History:
         block = store.blocks.get(key)
         if block is None:
             block = store.blocks[key] = self.arena.new_block()
+            if block >= self.tail_lin.shape[0]:
+                grow = max(64, 2 * self.tail_lin.shape[0])
+                self.tail_lin = np.concatenate([self.tail_lin, np.full(grow, -1, dtype=np.int64)])
+                self.tail_pos = np.concatenate([self.tail_pos, np.zeros(grow, dtype=np.int64)])
         return block
 
     def _feed(self, automaton: StructureAutomaton, tokens: np.ndarray) -> np.ndarray:
@@ -492,21 +496,21 @@ class History:
         n = labels.shape[0]
         if n == 0:
             return
-        store = cursor.store
         if n == 1 or not labels.any():
             bounds = [(0, n)]
         else:
             cuts = np.flatnonzero(labels[1:] != labels[:-1]) + 1
             edges = [0, *cuts.tolist(), n]
             bounds = list(itertools.pairwise(edges))
+        tail_lin, tail_pos = self.tail_lin, self.tail_pos
         for s, e in bounds:
             block = cursor.blocks[labels[s]]
             pos = start + s
-            if store.tails.get(block) == (cursor.lineage, pos):
+            if tail_lin[block] == cursor.lineage and tail_pos[block] == pos:
                 self.queue.append((block, stream[pos:start + e], None))
             else:
                 self.queue.append((block, stream[pos:start + e], stream[max(0, pos - self.max_n):pos]))
-            store.tails[block] = (cursor.lineage, start + e)
+            tail_lin[block], tail_pos[block] = cursor.lineage, start + e
 
 
 def _shared_prefix(docs: list[np.ndarray], prompt: np.ndarray) -> tuple[int, int]:
@@ -667,7 +671,8 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
         requests = []
         for row in rows:
             end = row.prompt_len + row.num_emitted
-            requests.append((history.block_of(row.drafter_state), row.history[max(0, end - max_n):end]))
+            requests.append((history.block_of(row.drafter_state, row.num_emitted),
+                             row.history[max(0, end - max_n):end]))
         out, meta = history.lookup(requests)
         lengths = self.lengths(meta, np.asarray(max_lens, dtype=np.int64))
         self.last = (meta, lengths)

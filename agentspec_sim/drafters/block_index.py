@@ -505,10 +505,14 @@ class BlockArena:
         self.hk = np.zeros(table_size, dtype=np.uint64)
         self.hv = np.zeros(table_size, dtype=np.int32)
         self.used = np.zeros(1, dtype=np.int64)
-        self.live_tokens = 0  # tokens (SEPs and lead-ins included) held by live blocks
-        self._cap: list[int] = []  # Python mirrors of each block's length and capacity
-        self._len: list[int] = []
+        # Tokens (SEPs and lead-ins included) held by live blocks: [0] counts what `run` reserved and
+        # `free_block` dropped, [1] what compiled callers appended after `room_for` said there was room.
+        self.live = np.zeros(2, dtype=np.int64)
         self._stale = False  # freed blocks' keys are still in the table
+
+    @property
+    def live_tokens(self) -> int:
+        return int(self.live[0] + self.live[1])
 
     # -- blocks ---------------------------------------------------------------------------------
     def new_block(self) -> int:
@@ -519,58 +523,59 @@ class BlockArena:
             self.bk = bk
         self.bk[b] = (0, 0, 0, -1, 1)
         self.num_blocks += 1
-        self._cap.append(0)
-        self._len.append(0)
         return b
 
     def free_block(self, b: int) -> None:
         if self.bk[b, BLIVE]:
             self.bk[b, BLIVE] = 0
-            self.live_tokens -= self._len[b]
-            self._cap[b] = self._len[b] = 0
+            self.live[0] -= self.bk[b, BLEN]
+            self.bk[b, BCAP] = 0
             self._stale = True
 
     def block_len(self, b: int) -> int:
-        return self._len[b]
+        return int(self.bk[b, BLEN])
 
     def block_tokens(self, b: int) -> np.ndarray:
         """The block's stream (a view): SEP (-1) before each segment, then its lead-in and tokens."""
         off = int(self.bk[b, BOFF])
-        return self.pool[off:off + self._len[b]]
+        return self.pool[off:off + int(self.bk[b, BLEN])]
 
     # -- room -----------------------------------------------------------------------------------
-    def _reserve(self, b: int, n: int) -> None:
-        need = self._len[b] + n
-        if need > self._cap[b]:
-            cap = max(need + 64, 2 * self._cap[b])
+    def _reserve(self, b: int, n: int, pending: dict[int, int]) -> None:
+        """Room for n more tokens in block b, after the `pending` ones this batch already reserved."""
+        length = int(self.bk[b, BLEN])
+        need = length + pending.get(b, 0) + n
+        cap = int(self.bk[b, BCAP])
+        if need > cap:
+            cap = max(need + 64, 2 * cap)
             if self.pool_top + cap > self.pool.shape[0]:
                 self._compact(cap)
-            off, length = int(self.bk[b, BOFF]), self._len[b]
+            off = int(self.bk[b, BOFF])
             top = self.pool_top
             self.pool[top:top + length] = self.pool[off:off + length]
             self.pv[:, top:top + length] = self.pv[:, off:off + length]
             self.bk[b, BOFF] = top
             self.bk[b, BCAP] = cap
-            self._cap[b] = cap
             self.pool_top = top + cap
-        self._len[b] = need
-        self.live_tokens += n
+        pending[b] = need - length
+        self.live[0] += n
 
     def _compact(self, extra: int) -> None:
         """Copy the live blocks into fresh arrays (at least twice what they and `extra` need)."""
-        live = sum(self._cap[b] for b in range(self.num_blocks) if self.bk[b, BLIVE])
+        bk = self.bk[:self.num_blocks]
+        live = int(bk[bk[:, BLIVE] != 0, BCAP].sum())
         size = max(self.pool.shape[0], 2 * (live + extra))
         pool = np.zeros(size, dtype=np.int32)
         pv = np.zeros((self.pv.shape[0], size), dtype=np.int32)
         top = 0
         for b in range(self.num_blocks):
-            if not self.bk[b, BLIVE] or not self._cap[b]:
+            if not self.bk[b, BLIVE] or not self.bk[b, BCAP]:
                 continue
             off, length = int(self.bk[b, BOFF]), int(self.bk[b, BLEN])
             pool[top:top + length] = self.pool[off:off + length]
             pv[:, top:top + length] = self.pv[:, off:off + length]
             self.bk[b, BOFF] = top
-            top += self._cap[b]
+            top += int(self.bk[b, BCAP])
         self.pool, self.pv, self.pool_top = pool, pv, top
 
     def _reserve_slots(self, extra: int) -> None:
@@ -607,8 +612,9 @@ class BlockArena:
                     zip(appends[:, 1].tolist(), appends[:, 3].tolist(), appends[:, 5].tolist(), strict=True)]
         if grow:
             extra = 0
+            pending: dict[int, int] = {}
             for b, n in grow:
-                self._reserve(b, n)
+                self._reserve(b, n, pending)
                 extra += n
             self._reserve_slots(extra * self.levels.shape[0])
         run_ops(self.pool, self.pv, self.bk, self.hk, self.hv, self.used, self.levels, ops, tb,
