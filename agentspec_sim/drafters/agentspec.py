@@ -165,19 +165,31 @@ def allocate(cands: Candidates, budget: int, g_min: float) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _allocate(n, c, ct, budget, g_min, out):
-    """`allocate`'s kernel: g by equation 1 (as `redundancy_score`), shares by largest remainder."""
+    """`allocate`'s kernel (`_allocate_into` with its own work space)."""
     k = n.shape[0]
-    g = np.zeros(k)
+    fwork = np.empty((2, k))
+    iwork = np.empty((3, k), dtype=np.int64)
+    _allocate_into(n, c, ct, budget, g_min, out, fwork, iwork)
+
+
+@njit(cache=True, nogil=True)
+def _allocate_into(n, c, ct, budget, g_min, out, fwork, iwork):
+    """g by equation 1 (as `redundancy_score`), shares by largest remainder; allocates nothing (the
+    engine's compiled loop calls it): fwork float64 [2, ≥ k], iwork int64 [3, ≥ k]."""
+    k = n.shape[0]
+    g, frac = fwork[0], fwork[1]
+    shares, order, tmp = iwork[0], iwork[1], iwork[2]
     total = 0.0
     for i in range(k):
+        g[i] = 0.0
+        shares[i] = 0
         if n[i] > 0:
             g[i] = c[i] / n[i] * (g_min + (1.0 - g_min) * (1.0 - np.exp(1.0 - n[i])))
             total += g[i]
-    shares = np.zeros(k, dtype=np.int64)
     if total > 0 and budget > 0:
-        frac = np.full(k, -1.0)
         given = 0
         for i in range(k):
+            frac[i] = -1.0
             exact = budget * g[i] / total
             shares[i] = np.int64(np.floor(exact))
             given += shares[i]
@@ -185,7 +197,7 @@ def _allocate(n, c, ct, budget, g_min, out):
                 frac[i] = exact - shares[i]
         left = budget - given
         if left > 0:
-            order = np.argsort(-frac, kind="mergesort")  # stable: equal fractions keep row order
+            _order_descending(frac, k, order, tmp)  # stable: equal fractions keep row order
             for j in range(min(left, k)):
                 shares[order[j]] += 1
     for i in range(k):
@@ -193,10 +205,49 @@ def _allocate(n, c, ct, budget, g_min, out):
 
 
 @njit(cache=True, nogil=True)
-def _capped_lengths(meta, max_lens, budget, g_min, k, budgeted, out):
-    """`_AgentSpecBase.lengths`: out = min(allocate(n, c, |CT*|) or k, |P|, max_lens, k)."""
+def _order_descending(keys, k, order, tmp):
+    """order[:k] = the indices of keys[:k] by decreasing key, equal keys in index order (a stable
+    bottom-up merge sort: the permutation `np.argsort(-keys, kind="stable")` gives), into `order`."""
+    for i in range(k):
+        order[i] = i
+    src, dst = order, tmp
+    passes = 0
+    width = 1
+    while width < k:
+        for lo in range(0, k, 2 * width):
+            mid = min(lo + width, k)
+            hi = min(lo + 2 * width, k)
+            i, j, o = lo, mid, lo
+            while i < mid and j < hi:
+                if keys[src[j]] > keys[src[i]]:
+                    dst[o] = src[j]
+                    j += 1
+                else:
+                    dst[o] = src[i]
+                    i += 1
+                o += 1
+            while i < mid:
+                dst[o] = src[i]
+                i += 1
+                o += 1
+            while j < hi:
+                dst[o] = src[j]
+                j += 1
+                o += 1
+        src, dst = dst, src
+        passes += 1
+        width *= 2
+    if passes % 2 == 1:
+        for i in range(k):
+            order[i] = tmp[i]
+
+
+@njit(cache=True, nogil=True)
+def capped_lengths(meta, max_lens, budget, g_min, k, budgeted, out, fwork, iwork):
+    """`_AgentSpecBase.lengths`: out = min(allocate(n, c, |CT*|) or k, |P|, max_lens, k); fwork / iwork:
+    `_allocate_into`'s work space."""
     if budgeted:
-        _allocate(meta[:, META_N], meta[:, META_C], meta[:, META_CT], budget, g_min, out)
+        _allocate_into(meta[:, META_N], meta[:, META_C], meta[:, META_CT], budget, g_min, out, fwork, iwork)
     else:
         out[:] = k
     for i in range(out.shape[0]):
@@ -265,6 +316,11 @@ class History:
         # Per arena block: (lineage, end position) of its last segment; a run that starts there continues it.
         self.tail_lin = np.full(64, -1, dtype=np.int64)
         self.tail_pos = np.zeros(64, dtype=np.int64)
+        # Engine calls (`attach_row`): the block of each output token, from row_at[row]; each row's lineage.
+        self.tok_block = np.zeros(1024, dtype=np.int64)
+        self.tok_top = 0
+        self.row_at = np.full(64, -1, dtype=np.int64)
+        self.row_lineage = np.full(64, -1, dtype=np.int64)
 
     # -- calls --------------------------------------------------------------------------------
     def start(self, call: Call, prompt: np.ndarray, output: np.ndarray | None = None) -> _Cursor:
@@ -304,11 +360,35 @@ class History:
                 auto.feed(b"".join([table[t] for t in prompt.tolist()]))
             cursor.prompt_clean = auto.block == ROOT and not auto.pending
         self._queue_runs(cursor, prompt, shared, labels)
-        if output is not None and cursor.automaton is not None:
-            cursor.labels = segment(output, self.table, structure)
+        if output is not None:
+            cursor.labels = (segment(output, self.table, structure) if cursor.automaton is not None
+                             else np.zeros(output.shape[0], dtype=np.int32))
             cursor.output = output
             cursor.prompt_len = prompt.shape[0]
         return cursor
+
+    def attach_row(self, row: int, cursor: _Cursor) -> None:
+        """Record an engine call (table row `row`, output labels known) for compiled drafting: its lineage
+        and the block of each of its output tokens (`engine/scheduler.py` `InlineHistory`)."""
+        blocks = np.asarray(cursor.blocks, dtype=np.int64)[cursor.labels]
+        n = blocks.shape[0]
+        if self.tok_top + n > self.tok_block.shape[0]:
+            grown = np.zeros(max(2 * self.tok_block.shape[0], self.tok_top + n), dtype=np.int64)
+            grown[:self.tok_top] = self.tok_block[:self.tok_top]
+            self.tok_block = grown
+        self.tok_block[self.tok_top:self.tok_top + n] = blocks
+        if row >= self.row_at.shape[0]:
+            size = max(2 * self.row_at.shape[0], row + 1)
+            self.row_at = np.concatenate([self.row_at, np.full(size - self.row_at.shape[0], -1, dtype=np.int64)])
+            self.row_lineage = np.concatenate([self.row_lineage,
+                                               np.full(size - self.row_lineage.shape[0], -1, dtype=np.int64)])
+        self.row_at[row] = self.tok_top
+        self.row_lineage[row] = cursor.lineage
+        self.tok_top += n
+
+    def detach_row(self, row: int) -> None:
+        if row < self.row_at.shape[0]:
+            self.row_at[row] = -1
 
     def emit(self, cursor: _Cursor, stream: np.ndarray, start: int, n: int) -> None:
         """The call emitted stream[start:start + n] (its prompt + output buffer): label and queue them."""
@@ -348,8 +428,9 @@ class History:
         the labels: from here on the automaton is fed as tokens come."""
         if cursor.labels is None:
             return
-        table = self.table
-        cursor.automaton.feed(b"".join([table[t] for t in cursor.output[:emitted].tolist()]))
+        if cursor.automaton is not None:
+            table = self.table
+            cursor.automaton.feed(b"".join([table[t] for t in cursor.output[:emitted].tolist()]))
         cursor.labels = cursor.output = None
 
     # -- shared histories (agentspec+'s global corpus) -----------------------------------------
@@ -645,8 +726,10 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
     # -- the engine's hooks ----------------------------------------------------------------------
     def start_call(self, state: CallState) -> None:
         """Index the prompt (the part new to the query's history); the first token comes with `observe`."""
-        state.drafter_state = self.history.start(state.call, state.history[:state.prompt_len],
-                                                 state.call.output_tokens[:state.target_len])
+        cursor = self.history.start(state.call, state.history[:state.prompt_len],
+                                    state.call.output_tokens[:state.target_len])
+        state.drafter_state = cursor
+        self.history.attach_row(state.index, cursor)
 
     def observe(self, state: CallState, emitted: np.ndarray) -> None:
         """Feed the emitted tokens to the call's automaton and queue them into their blocks."""
@@ -661,6 +744,7 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
         cursor = state.drafter_state
         if cursor is not None:
             self.history.finish(cursor, state.tokens)
+            self.history.detach_row(state.index)
             state.drafter_state = None
         self.history.evict()
 
@@ -681,10 +765,11 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
     def lengths(self, meta: np.ndarray, max_lens: np.ndarray) -> np.ndarray:
         """Draft lengths from the lookups' (n, c, |CT*|, |P|): the budget (`allocate`), then the caps
         min(·, |P|, max_lens, k) — in one compiled call, a step's fixed cost at small batches."""
-        out = np.empty(meta.shape[0], dtype=np.int64)
-        budget = self.batch_share(meta.shape[0]) if self.budgeted else 0
-        _capped_lengths(meta, max_lens, int(budget), float(self.g_min) if self.budgeted else 0.0, int(self.k),
-                        self.budgeted, out)
+        m = meta.shape[0]
+        out = np.empty(m, dtype=np.int64)
+        budget = self.batch_share(m) if self.budgeted else 0
+        capped_lengths(meta, max_lens, int(budget), float(self.g_min) if self.budgeted else 0.0, int(self.k),
+                       self.budgeted, out, np.empty((2, m)), np.empty((3, m), dtype=np.int64))
         return out
 
 

@@ -331,11 +331,17 @@ def _lookup(pool, pv, bk, hk, hv, levels, block, tb, co, cn, max_cand, max_scan,
 @njit(cache=True, nogil=True)
 def run_ops(pool, pv, bk, hk, hv, used, levels, ops, tb, max_cand, max_scan, min_support, out, meta):
     """Apply `ops` in order (layout above). Pre: pool room and table slots reserved for every APPEND."""
+    work = np.empty((3, max(max_cand, 1)), dtype=np.int64)
+    keys = np.empty(levels.shape[0], dtype=np.uint64)
+    run_ops_into(pool, pv, bk, hk, hv, used, levels, ops, tb, max_cand, max_scan, min_support, out, meta, work, keys)
+
+
+@njit(cache=True, nogil=True)
+def run_ops_into(pool, pv, bk, hk, hv, used, levels, ops, tb, max_cand, max_scan, min_support, out, meta, work,
+                 keys):
+    """`run_ops` with its work space given (int64 [3, ≥ max_cand], uint64 [levels]): allocates nothing."""
     nlev = levels.shape[0]
-    cpos = np.empty(max(max_cand, 1), dtype=np.int64)
-    clen = np.empty(max(max_cand, 1), dtype=np.int64)
-    active = np.empty(max(max_cand, 1), dtype=np.int64)
-    keys = np.empty(nlev, dtype=np.uint64)
+    cpos, clen, active = work[0], work[1], work[2]
     for r in range(ops.shape[0]):
         kind = ops[r, 0]
         b = ops[r, 1]

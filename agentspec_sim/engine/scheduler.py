@@ -38,7 +38,13 @@ import numpy as np
 
 from agentspec_sim.cost import roofline
 from agentspec_sim.cost.roofline import draft_seconds
-from agentspec_sim.drafters import model_based, ngram_v2
+from agentspec_sim.drafters import agentspec, block_index, model_based, ngram_v2
+from agentspec_sim.drafters.agentspec import capped_lengths
+from agentspec_sim.drafters.block_index import BCAP as BA_CAP
+from agentspec_sim.drafters.block_index import BLEN as BA_LEN
+from agentspec_sim.drafters.block_index import OP_APPEND as BA_APPEND
+from agentspec_sim.drafters.block_index import OP_LOOKUP as BA_LOOKUP
+from agentspec_sim.drafters.block_index import run_ops_into as ba_run_ops
 from agentspec_sim.drafters.model_based import draft_from_tables
 from agentspec_sim.engine import batched, kv
 from agentspec_sim.engine.batched import _ngram_rows_indexed, ngram_v2_rows_indexed
@@ -49,7 +55,8 @@ from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_W
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 # This module's kernels compile in kv.py's and batched.py's (and so in ngram_v2.py's).
-clear_if_changed(__file__, [kv.__file__, batched.__file__, ngram_v2.__file__, model_based.__file__, roofline.__file__])
+clear_if_changed(__file__, [kv.__file__, batched.__file__, ngram_v2.__file__, model_based.__file__, roofline.__file__,
+                            agentspec.__file__, block_index.__file__])
 
 # Why requests were left waiting (ScheduledBatch.bound): nobody waiting, max_num_seqs, KV (no room or a
 # preemption), token budget spent.
@@ -108,10 +115,10 @@ class StepBuf(NamedTuple):
     # top: max over the batch of num_computed + num_scheduled (the V1 runner's proposer-skip test)
 
 
-# InlineDrafts.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`), Model Runner V2's (`ngram-v2`), or a
-# model-based drafter's acceptance draw (`eagle3`, `mtp`).
+# InlineDrafts.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`), Model Runner V2's (`ngram-v2`), a
+# model-based drafter's acceptance draw (`eagle3`, `mtp`), or AgentSpec's block histories (`InlineHistory`).
 IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT, IN_RULE = range(6)
-RULE_V1, RULE_V2, RULE_MODEL = 0, 1, 2
+RULE_V1, RULE_V2, RULE_MODEL, RULE_HISTORY = 0, 1, 2, 3
 
 
 class InlineDrafts(NamedTuple):
@@ -155,6 +162,55 @@ class InlineDrafts(NamedTuple):
                    np.zeros((1, 2), dtype=np.int64), np.zeros(3, dtype=np.int64), one, one, one, one,
                    np.zeros((2, 1), dtype=np.int64), one, byte, one, byte, np.zeros(1, dtype=np.uint64),
                    np.zeros(1), np.zeros(2), np.zeros(1), np.ones(4))
+
+
+# InlineHistory.par fields.
+AH_MAX_N, AH_MAX_CAND, AH_MAX_SCAN, AH_MIN_SUPPORT, AH_K, AH_BUDGETED = range(6)
+
+
+class InlineHistory(NamedTuple):
+    """AgentSpec's history (drafters/agentspec.py `History`: the block arena, each block's last segment,
+    each engine call's output tokens' blocks) as `run_steps` drafts from it between two steps
+    (`propose_history_inline`): the drafter's observe (each emitted run of one block appended to it,
+    continuing its last segment or as a new one with its lead-in) and propose (lookups, the budget,
+    the caps) for a step in which no call started or finished; any other step goes to the event loop.
+    """
+
+    par: np.ndarray  # int64: [max_n, max_candidates, max_scan, min_support, k, budgeted]
+    g_min: np.ndarray  # float64 [1]
+    budget_of: np.ndarray  # int64 [max_num_seqs + 1]: B_t for that many drafting calls
+    pool: np.ndarray  # the `BlockArena` arrays
+    pv: np.ndarray
+    bk: np.ndarray
+    hk: np.ndarray
+    hv: np.ndarray
+    used: np.ndarray
+    levels: np.ndarray
+    live: np.ndarray
+    tail_lin: np.ndarray  # History.tail_lin / tail_pos
+    tail_pos: np.ndarray
+    tok_block: np.ndarray  # History.tok_block: the block of each engine call's output token, from row_at[row]
+    row_at: np.ndarray
+    row_lineage: np.ndarray
+    need: np.ndarray  # int64 [blocks] work space (zero between calls)
+    ops: np.ndarray  # int64 [., 8] work space: the step's `block_index.run_ops` batch
+    out: np.ndarray  # int32 [max_num_seqs, width]
+    meta: np.ndarray  # int64 [max_num_seqs, 5]
+    lens: np.ndarray  # int64 [max_num_seqs]
+    fwork: np.ndarray  # float64 [2, max_num_seqs]: the budget's work space (`capped_lengths`)
+    iwork: np.ndarray  # int64 [3, max_num_seqs]
+    cands: np.ndarray  # int64 [3, max_candidates]: the lookups' work space (`run_ops_into`)
+    keys: np.ndarray  # uint64 [levels]
+
+    @classmethod
+    def off(cls) -> InlineHistory:
+        one = np.zeros(1, dtype=np.int64)
+        return cls(np.zeros(6, dtype=np.int64), np.zeros(1), one, np.zeros(1, dtype=np.int32),
+                   np.zeros((1, 1), dtype=np.int32), np.zeros((1, 5), dtype=np.int64), np.zeros(1, dtype=np.uint64),
+                   np.zeros(1, dtype=np.int32), one, one, np.zeros(2, dtype=np.int64), one, one, one, one, one, one,
+                   np.zeros((1, 8), dtype=np.int64), np.zeros((1, 1), dtype=np.int32), np.zeros((1, 5), dtype=np.int64),
+                   one, np.zeros((2, 1)), np.zeros((3, 1), dtype=np.int64), np.zeros((3, 1), dtype=np.int64),
+                   np.zeros(1, dtype=np.uint64))
 
 
 @kernel
@@ -496,6 +552,128 @@ def propose_model_buffered(c, dr, m):
 
 
 @kernel
+def _run_end(tok_block, at, j, end):
+    """The end of the run of equal blocks from output token j (< end) of the call whose blocks start at `at`."""
+    b = tok_block[at + j]
+    t = j + 1
+    while t < end and tok_block[at + t] == b:
+        t += 1
+    return t
+
+
+@kernel
+def propose_history_inline(c, sb, dr, ah, max_model_len):
+    """`Simulator._drafter_hooks` (observe) then `_propose` for AgentSpec's history (`InlineHistory`), for
+    the step in `sb`; returns the drafting seconds, or −1.0 with nothing changed when the event loop must
+    do it: a call started or finished (Python hooks), the V1 proposer skip, or no room in the arena."""
+    n = sb.sc[0]
+    if sb.sc[3]:
+        return -1.0
+    k_max = dr.par[IN_K_MAX]
+    if dr.par[IN_SKIP_UNFIT] and n and sb.sc[6] + k_max > max_model_len:
+        return -1.0
+    for i in range(n):
+        if sb.rows.emitted[i] and (sb.rows.started[i] or ah.row_at[sb.rows.call[i]] < 0):
+            return -1.0
+    max_n = ah.par[AH_MAX_N]
+    # Room for every emitted run as a new segment (SEP + lead-in + tokens: an upper bound), as `BlockArena.run`
+    # reserves it, checked before anything changes.
+    total = 0
+    room = True
+    for sweep in range(2):
+        for i in range(n):
+            e = sb.rows.emitted[i]
+            if e == 0:
+                continue
+            r = sb.rows.call[i]
+            at = ah.row_at[r]
+            end = c.calls.num_emitted[r]
+            j = end - e
+            while j < end:
+                t = _run_end(ah.tok_block, at, j, end)
+                b = ah.tok_block[at + j]
+                if sweep == 0:
+                    ah.need[b] += t - j + max_n + 1
+                    total += t - j + max_n + 1
+                    if ah.bk[b, BA_LEN] + ah.need[b] > ah.bk[b, BA_CAP]:
+                        room = False
+                else:
+                    ah.need[b] = 0
+                j = t
+    if not room or 2 * (ah.used[0] + total * ah.levels.shape[0]) > ah.hk.shape[0]:
+        return -1.0
+    # observe: each emitted run of one block, in row order
+    ops = ah.ops
+    nops = 0
+    added = 0
+    for i in range(n):
+        e = sb.rows.emitted[i]
+        if e == 0:
+            continue
+        r = sb.rows.call[i]
+        at = ah.row_at[r]
+        lineage = ah.row_lineage[r]
+        base = c.calls.hist_off[r]
+        prompt = c.calls.prompt_len[r]
+        end = c.calls.num_emitted[r]
+        j = end - e
+        while j < end:
+            t = _run_end(ah.tok_block, at, j, end)
+            b = ah.tok_block[at + j]
+            pos = prompt + j
+            ops[nops, 0] = BA_APPEND
+            ops[nops, 1] = b
+            ops[nops, 2] = base + pos
+            ops[nops, 3] = t - j
+            if ah.tail_lin[b] == lineage and ah.tail_pos[b] == pos:
+                ops[nops, 4] = 0
+                ops[nops, 5] = -1
+                added += t - j
+            else:
+                lead = min(max_n, pos)
+                ops[nops, 4] = base + pos - lead
+                ops[nops, 5] = lead
+                added += t - j + lead + 1
+            ah.tail_lin[b] = lineage
+            ah.tail_pos[b] = prompt + t
+            nops += 1
+            j = t
+    # propose: a lookup per drafting call, then the budget and the caps
+    k = dr.k_of_batch[min(n, dr.k_of_batch.shape[0] - 1)]
+    m = 0
+    for j in range(sb.sc[4]):
+        r = sb.lists.sampled[j]
+        length = c.calls.prompt_len[r] + c.calls.num_emitted[r]
+        limit = min(k, max_model_len - length)
+        if limit > 0:
+            dr.rows[m] = r
+            dr.max_lens[m] = limit
+            cn = min(max_n, length)
+            ops[nops, 0] = BA_LOOKUP
+            ops[nops, 1] = ah.tok_block[ah.row_at[r] + c.calls.num_emitted[r]]
+            ops[nops, 2] = c.calls.hist_off[r] + length - cn
+            ops[nops, 3] = cn
+            ops[nops, 4] = m
+            nops += 1
+            m += 1
+    ba_run_ops(ah.pool, ah.pv, ah.bk, ah.hk, ah.hv, ah.used, ah.levels, ops[:nops], c.tokens, ah.par[AH_MAX_CAND],
+               ah.par[AH_MAX_SCAN], ah.par[AH_MIN_SUPPORT], ah.out[:m], ah.meta[:m], ah.cands, ah.keys)
+    ah.live[1] += added
+    if m == 0:
+        return 0.0
+    capped_lengths(ah.meta[:m], dr.max_lens[:m], ah.budget_of[m], ah.g_min[0], ah.par[AH_K], ah.par[AH_BUDGETED] != 0,
+                   ah.lens[:m], ah.fwork, ah.iwork)
+    for j in range(m):
+        r = dr.rows[j]
+        slot = c.calls.slot[r]
+        length = ah.lens[j]
+        for t in range(length):
+            c.slot_drafts[slot, t] = ah.out[j, t]
+        _verify_drafts(c, r, slot, length)
+    return dr.draft_s[m]
+
+
+@kernel
 def drafts_padded(c, rows, match, lengths):
     """ngram-v2's drafts of calls rows[i]: lengths[i] slots, the arena from match[i] while within the
     call's history and its last token after (all of them when match[i] < 0), verified as `drafts_from`."""
@@ -520,7 +698,7 @@ def _log_full(lg, c, max_num_seqs):
 
 @kernel
 def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_len, max_steps, step0, chain,
-              stop_on_emit, dr):
+              stop_on_emit, dr, ah):
     """Up to `max_steps` steps, logged to `lg`; returns (steps, why it stopped).
 
     Stops before a step when nothing can run or the log has no room, and after a step in which a
@@ -584,6 +762,11 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
             # Draft inline only where the loop goes on (room for another step); else the event loop does.
             if dr.par[IN_ON] == 0 or s + 1 >= max_steps or _log_full(lg, c, max_num_seqs):
                 stop = True
+            elif dr.par[IN_RULE] == RULE_HISTORY:  # also with nobody drafting: the emitted tokens are observed
+                draft_s = propose_history_inline(c, sb, dr, ah, max_model_len)
+                if draft_s < 0.0:
+                    draft_s = 0.0
+                    stop = True
             elif sb.sc[4]:
                 draft_s = propose_inline(c, sb, dr, max_model_len)
                 if draft_s < 0.0:
@@ -597,6 +780,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
 
 # -- Python API ----------------------------------------------------------------------------------------
 _INLINE_OFF = InlineDrafts.off()
+_HISTORY_OFF = InlineHistory.off()
 
 class ScheduledBatch:
     """What one step runs: one entry per scheduled request, in batch-row order.
@@ -671,7 +855,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12))
+        self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12, 13))
         # set_drafts' work space (rows, starts, lengths; the proposals end to end), kept so that its
         # kernel call is a FastCall too.
         self._draft_rows = np.zeros((3, max(max_num_seqs, 1)), dtype=np.int64)
@@ -817,11 +1001,12 @@ class Scheduler:
 
     # -- a run of steps ----------------------------------------------------------------------------------
     def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool,
-            inline: InlineDrafts | None = None) -> tuple[int, int]:
+            inline: InlineDrafts | None = None, history: InlineHistory | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers)."""
         steps, why = self._run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log,
                                      self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len, max_steps,
-                                     step0, chain, stop_on_emit, inline if inline is not None else _INLINE_OFF)
+                                     step0, chain, stop_on_emit, inline if inline is not None else _INLINE_OFF,
+                                     history if history is not None else _HISTORY_OFF)
         if why == RUN_LOSSLESS:
             self._lossless_error()
         return int(steps), int(why)

@@ -46,6 +46,7 @@ import polars as pl
 
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
+from agentspec_sim.drafters.agentspec import MAX_SCAN, MIN_SUPPORT, AgentSpecDrafter
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
 from agentspec_sim.drafters.model_based import ModelBasedDrafter
 from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
@@ -72,12 +73,14 @@ from agentspec_sim.engine.scheduler import (
     EV_FINISH,
     EV_FIRST,
     IN_ON,
+    RULE_HISTORY,
     RULE_MODEL,
     RULE_V1,
     RULE_V2,
     RUN_EMPTY,
     RUN_FULL,
     InlineDrafts,
+    InlineHistory,
     Scheduler,
     SimulationError,
 )
@@ -148,6 +151,8 @@ class Simulator:
         self._budget_memo: dict[int, int] = {}
         self._build(workload)
         self._model, self._model_priced = self._model_drafts()
+        self._history = self._history_drafts()
+        self._history_last: InlineHistory | None = None
         if self._model is not None:
             self.hooks = (False, False, False)  # drafting reads the tables, not per-call drafter state
 
@@ -206,11 +211,71 @@ class Simulator:
                             np.zeros((2, seqs), dtype=np.int64), tables.copy_at, tables.copy, tables.code_at,
                             tables.code, tables.keys, tables.a, tables.coef, pass_s, terms), priced
 
+    def _history_drafts(self) -> InlineDrafts | None:
+        """agentspec: the `InlineDrafts` part of drafting inside `run_steps` from its history (rule
+        RULE_HISTORY; the history's arrays come with each run, `_inline_history`), or None where the
+        event loop drafts: replicate copies (a drafter each), draft lengths not fixed, k = 0."""
+        drafter = self.drafters[0]
+        k_max = self.spec.num_speculative_tokens
+        if (type(drafter) is not AgentSpecDrafter or len(self.drafters) > 1 or k_max <= 0 or self.per_step
+                or type(self.policy) is not FixedK):
+            return None
+        seqs = self.limits.max_num_seqs
+        draft_s = np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64))
+                            for n in range(seqs + 1)], dtype=np.float64)
+        off = InlineDrafts.off()
+        par = np.array([1, 0, 0, k_max, int(self.skips_unfit_batches), RULE_HISTORY], dtype=np.int64)
+        work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
+        self.table.reserve_draft_width(max(drafter.k, 1))
+        return InlineDrafts(par, self._k_of_batch(), draft_s, off.entries, off.regions, off.counts, *work,
+                            np.zeros((2, seqs), dtype=np.int64), *off[11:])
+
+    def _inline_history(self) -> InlineHistory:
+        """`InlineHistory` for the next run: the agentspec history's current arrays (a new tuple only when
+        one was replaced: the scheduler's FastCall keys on it). Appends the event loop queued (a started
+        call's prompt, a finished call's last tokens) are applied first, as the next lookup would."""
+        drafter = self.drafters[0]
+        history = drafter.history
+        if history.queue:
+            history.lookup(())
+        arena = history.arena
+        last = self._history_last
+        current = (arena.pool, arena.pv, arena.bk, arena.hk, arena.hv, history.tail_lin, history.tail_pos,
+                   history.tok_block, history.row_at, history.row_lineage)
+        if last is None or any(a is not b for a, b in zip(current, (last.pool, last.pv, last.bk, last.hk, last.hv,
+                                                                     last.tail_lin, last.tail_pos, last.tok_block,
+                                                                     last.row_at, last.row_lineage), strict=True)):
+            seqs = self.limits.max_num_seqs
+            k = drafter.k
+            width = history.width
+            budgeted = bool(drafter.budgeted)
+            budget_of = np.array([drafter.step_budget(n) if budgeted and n else 0 for n in range(seqs + 1)],
+                                 dtype=np.int64)
+            par = np.array([history.max_n, history.max_candidates, MAX_SCAN, MIN_SUPPORT, k, int(budgeted)],
+                           dtype=np.int64)
+            need = last.need if last is not None and last.need.shape[0] >= arena.bk.shape[0] else \
+                np.zeros(arena.bk.shape[0], dtype=np.int64)
+            ops = last.ops if last is not None else np.zeros((seqs * (k + 3) + 8, 8), dtype=np.int64)
+            out = last.out if last is not None else np.zeros((seqs, width), dtype=np.int32)
+            meta = last.meta if last is not None else np.zeros((seqs, 5), dtype=np.int64)
+            lens = last.lens if last is not None else np.zeros(seqs, dtype=np.int64)
+            work = (last[-4:] if last is not None else
+                    (np.zeros((2, seqs)), np.zeros((3, seqs), dtype=np.int64),
+                     np.zeros((3, max(history.max_candidates, 1)), dtype=np.int64),
+                     np.zeros(arena.levels.shape[0], dtype=np.uint64)))
+            last = self._history_last = InlineHistory(
+                par, np.array([drafter.g_min if budgeted else 0.0]), budget_of, arena.pool, arena.pv, arena.bk,
+                arena.hk, arena.hv, arena.used, arena.levels, arena.live, history.tail_lin, history.tail_pos,
+                history.tok_block, history.row_at, history.row_lineage, need, ops, out, meta, lens, *work)
+        return last
+
     def _inline_drafts(self) -> InlineDrafts | None:
         """`InlineDrafts` for the next run, or None when `run_steps` cannot draft for this drafter (the
         n-gram index's tables may have been replaced since the last run)."""
         if self._model is not None:
             return self._model if self._model.par[IN_ON] else None
+        if self._history is not None:
+            return self._history
         if self._inline is None:
             return None
         par, k_of_batch, draft_s, rows, starts, lengths, max_lens, drafts = self._inline
@@ -358,9 +423,11 @@ class Simulator:
         room = self.max_run_steps if chain else 1
         seqs = self.limits.max_num_seqs
         steps = 0
-        inline = self._inline_drafts() if room > 1 else None
+        inline = self._inline_drafts()  # also for one step (it drafts nothing then): the same containers
+        history = self._inline_history() if inline is not None and self._history is not None else None
         while True:
-            done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert, inline)
+            done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert, inline,
+                                  history)
             steps += done
             if why != RUN_FULL:
                 break
