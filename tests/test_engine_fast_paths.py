@@ -178,6 +178,64 @@ def test_model_based_tables_on_a_real_trace_equal_the_drafters_own(monkeypatch):
     _same(tables, _run(wl, "eagle3", cfg, cost))
 
 
+AGENTSPEC = {"method": "agentspec", "num_speculative_tokens": 6, "min_match_len": 2, "alpha": 24}
+
+
+@pytest.mark.parametrize("spec", [AGENTSPEC, {**AGENTSPEC, "budget": "token_budget"}])
+@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16},
+                                       {"max_num_seqs": 1}])
+@pytest.mark.parametrize("tiny_arena", [False, True])
+def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spec, overrides, tiny_arena,
+                                                                            monkeypatch):
+    """agentspec observing and proposing in compiled code — inside `run_steps`, and for the last step of a
+    run (`_history_step`: hooks for the calls that started or finished, the rest compiled) — equals the
+    drafter's own hooks and propose, step for step; with a tiny arena most steps find no room and go to
+    the event loop, which grows it."""
+    from agentspec_sim.drafters.block_index import BlockArena
+
+    if tiny_arena:
+        monkeypatch.setattr(BlockArena.__init__, "__defaults__", (8, 16))
+    rng = np.random.default_rng(4)
+    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    assert sim._history is not None
+    by_python = []
+    propose = type(sim.drafters[0]).propose
+    monkeypatch.setattr(type(sim.drafters[0]), "propose", lambda *args: by_python.append(1) or propose(*args))
+    compiled = sim.run()
+    drafting_steps = int((compiled.engine_steps["D"] > 0).sum())
+    assert drafting_steps > 20
+    if not tiny_arena:
+        assert len(by_python) < drafting_steps / 4  # most proposals were compiled
+    _same(compiled, _run(wl, spec, cfg, cost, max_run_steps=1))  # every step through `_history_step`
+    monkeypatch.setattr(Simulator, "_history_drafts", lambda self: None)
+    reference = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    assert reference._history is None
+    _same(compiled, reference.run())
+
+
+def test_agentspec_history_on_a_real_trace_equals_the_drafters_own(monkeypatch):
+    """The bundled coding trace: structures (several blocks per call, lead-ins), prompts that extend the
+    last call's history, arena growth."""
+    from dataclasses import replace
+
+    from agentspec_sim.trace.bundled import default_trace_path
+    from agentspec_sim.trace.io import load_trace
+
+    w = load_trace(default_trace_path())
+    wl = replace(w, queries=w.queries[:4])
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=3, max_model_len=40960, num_kv_blocks=20000,
+                 max_num_batched_tokens=8192)
+    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    sim = Simulator(wl, parse_drafter("agentspec"), cfg, resolve(cfg), cost)
+    compiled = sim.run()
+    assert int(np.unique(sim.drafters[0].history.tok_block[:sim.drafters[0].history.tok_top]).shape[0]) > 8
+    monkeypatch.setattr(Simulator, "_history_drafts", lambda self: None)
+    _same(compiled, _run(wl, "agentspec", cfg, cost))
+
+
 def test_batched_ngram_equals_propose():
     rng = np.random.default_rng(3)
     for spec in ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,

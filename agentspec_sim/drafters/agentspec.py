@@ -729,7 +729,8 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
         cursor = self.history.start(state.call, state.history[:state.prompt_len],
                                     state.call.output_tokens[:state.target_len])
         state.drafter_state = cursor
-        self.history.attach_row(state.index, cursor)
+        if cursor.labels is not None:
+            self.history.attach_row(state.index, cursor)
 
     def observe(self, state: CallState, emitted: np.ndarray) -> None:
         """Feed the emitted tokens to the call's automaton and queue them into their blocks."""

@@ -201,6 +201,7 @@ class InlineHistory(NamedTuple):
     iwork: np.ndarray  # int64 [3, max_num_seqs]
     cands: np.ndarray  # int64 [3, max_candidates]: the lookups' work space (`run_ops_into`)
     keys: np.ndarray  # uint64 [levels]
+    hooked: np.ndarray  # int8 [max_num_seqs]: batch rows the event loop ran the drafter's hooks for (0 in runs)
 
     @classmethod
     def off(cls) -> InlineHistory:
@@ -210,7 +211,7 @@ class InlineHistory(NamedTuple):
                    np.zeros(1, dtype=np.int32), one, one, np.zeros(2, dtype=np.int64), one, one, one, one, one, one,
                    np.zeros((1, 8), dtype=np.int64), np.zeros((1, 1), dtype=np.int32), np.zeros((1, 5), dtype=np.int64),
                    one, np.zeros((2, 1)), np.zeros((3, 1), dtype=np.int64), np.zeros((3, 1), dtype=np.int64),
-                   np.zeros(1, dtype=np.uint64))
+                   np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.int8))
 
 
 @kernel
@@ -564,37 +565,45 @@ def _run_end(tok_block, at, j, end):
 @kernel
 def propose_history_inline(c, sb, dr, ah, max_model_len):
     """`Simulator._drafter_hooks` (observe) then `_propose` for AgentSpec's history (`InlineHistory`), for
-    the step in `sb`; returns the drafting seconds, or −1.0 with nothing changed when the event loop must
-    do it: a call started or finished (Python hooks), the V1 proposer skip, or no room in the arena."""
+    the step in `sb`, the rows marked in `ah.hooked` already observed by the event loop; returns the
+    drafting seconds, or −1.0 with nothing changed when the event loop must do it: a call that started or
+    finished and was not hooked (its Python hooks), the V1 proposer skip, or no room in the arena."""
     n = sb.sc[0]
-    if sb.sc[3]:
-        return -1.0
     k_max = dr.par[IN_K_MAX]
     if dr.par[IN_SKIP_UNFIT] and n and sb.sc[6] + k_max > max_model_len:
         return -1.0
     for i in range(n):
-        if sb.rows.emitted[i] and (sb.rows.started[i] or ah.row_at[sb.rows.call[i]] < 0):
-            return -1.0
+        if sb.rows.emitted[i] and not ah.hooked[i]:
+            r = sb.rows.call[i]
+            if sb.rows.started[i] or c.calls.status[r] == S_FINISHED or ah.row_at[r] < 0:
+                return -1.0
     max_n = ah.par[AH_MAX_N]
-    # Room for every emitted run as a new segment (SEP + lead-in + tokens: an upper bound), as `BlockArena.run`
-    # reserves it, checked before anything changes.
+    # Room for what each emitted run appends (its tokens; a new segment also its SEP and lead-in), as
+    # `BlockArena.run` reserves it, checked before anything changes. Only a block's first run in the step
+    # can continue its last segment (the rows of a step are calls of different queries: no block is
+    # shared, and a later run of a block in the same call follows another block's run).
     total = 0
     room = True
     for sweep in range(2):
         for i in range(n):
             e = sb.rows.emitted[i]
-            if e == 0:
+            if e == 0 or ah.hooked[i]:
                 continue
             r = sb.rows.call[i]
             at = ah.row_at[r]
+            prompt = c.calls.prompt_len[r]
             end = c.calls.num_emitted[r]
             j = end - e
             while j < end:
                 t = _run_end(ah.tok_block, at, j, end)
                 b = ah.tok_block[at + j]
                 if sweep == 0:
-                    ah.need[b] += t - j + max_n + 1
-                    total += t - j + max_n + 1
+                    pos = prompt + j
+                    grow = t - j
+                    if ah.need[b] or ah.tail_lin[b] != ah.row_lineage[r] or ah.tail_pos[b] != pos:
+                        grow += min(max_n, pos) + 1
+                    ah.need[b] += grow
+                    total += grow
                     if ah.bk[b, BA_LEN] + ah.need[b] > ah.bk[b, BA_CAP]:
                         room = False
                 else:
@@ -608,7 +617,7 @@ def propose_history_inline(c, sb, dr, ah, max_model_len):
     added = 0
     for i in range(n):
         e = sb.rows.emitted[i]
-        if e == 0:
+        if e == 0 or ah.hooked[i]:
             continue
         r = sb.rows.call[i]
         at = ah.row_at[r]
@@ -862,6 +871,7 @@ class Scheduler:
         self._draft_tokens = np.zeros(max(max_num_seqs, 1) * 8, dtype=np.int32)
         self._drafts_from = FastCall(drafts_from_rows, containers=(0, 1, 2))
         self._model_drafts = FastCall(propose_model_buffered, containers=(0, 1))
+        self._history_drafts = FastCall(propose_history_inline, containers=(0, 1, 2, 3))
         self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
         self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
                          zeros(4, dtype=np.int64))
@@ -992,6 +1002,12 @@ class Scheduler:
         dr.max_lens[:m] = lengths
         self.table.reserve_draft_width(int(lengths.max()))
         return float(self._model_drafts(self.table.nt, dr, m))
+
+    def history_drafts(self, dr: InlineDrafts, ah: InlineHistory) -> float:
+        """`propose_history_inline` for the step in the step buffer (the event loop's call): the drafting
+        seconds, or −1.0 when the event loop must observe and propose itself."""
+        self.table.reserve_draft_width(int(dr.par[IN_K_MAX]))
+        return float(self._history_drafts(self.table.nt, self.sb, dr, ah, self.max_model_len))
 
     def set_drafts_from_tokens(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """`set_drafts` for drafts that are stretches of the token arena: tokens[starts[i]:starts[i] + lengths[i]]."""

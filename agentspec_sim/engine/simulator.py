@@ -259,10 +259,10 @@ class Simulator:
             out = last.out if last is not None else np.zeros((seqs, width), dtype=np.int32)
             meta = last.meta if last is not None else np.zeros((seqs, 5), dtype=np.int64)
             lens = last.lens if last is not None else np.zeros(seqs, dtype=np.int64)
-            work = (last[-4:] if last is not None else
+            work = (last[-5:] if last is not None else
                     (np.zeros((2, seqs)), np.zeros((3, seqs), dtype=np.int64),
                      np.zeros((3, max(history.max_candidates, 1)), dtype=np.int64),
-                     np.zeros(arena.levels.shape[0], dtype=np.uint64)))
+                     np.zeros(arena.levels.shape[0], dtype=np.uint64), np.zeros(seqs, dtype=np.int8)))
             last = self._history_last = InlineHistory(
                 par, np.array([drafter.g_min if budgeted else 0.0]), budget_of, arena.pool, arena.pv, arena.bk,
                 arena.hk, arena.hv, arena.used, arena.levels, arena.live, history.tail_lin, history.tail_pos,
@@ -561,12 +561,15 @@ class Simulator:
             # The last step of the run is still in the scheduler's step buffer.
             sb = self.scheduler.sb
             n_last = int(sb.sc[0])
+            drafted = False
             if self.per_step:
                 self._suffix_step(n_last)
+            elif self._history is not None:
+                drafted = self._history_step(n_last)
             elif any(self.hooks):
                 rows = sb.rows[:n_last]
                 self._drafter_hooks([self.states[r] for r in rows["call"].tolist()], rows["emitted"], rows["started"])
-            if self.spec.num_speculative_tokens and sb.sc[4] and not self.per_step:
+            if self.spec.num_speculative_tokens and sb.sc[4] and not self.per_step and not drafted:
                 sampled = sb.lists["sampled"][:sb.sc[4]].copy()
                 self._propose([self.states[r] for r in sampled.tolist()], sampled, n_last)
         if self.config.check_invariants:
@@ -575,6 +578,30 @@ class Simulator:
         self._push(self.now, STEP, None)
 
     # -- pieces of DONE ---------------------------------------------------------------------------------
+    def _history_step(self, n_rows: int) -> bool:
+        """agentspec after the last step of a run: the drafter's hooks for the calls that started or finished
+        (in row order, as `_drafter_hooks`), then the compiled observe and propose for the rest
+        (`Scheduler.history_drafts`). Rows of one step are calls of different queries, whose histories
+        share no block, so the order between them does not matter; the hooks' appends are applied first,
+        as the next lookup would. Returns whether the step was drafted (else the event loop observes the
+        other rows and proposes, as without the compiled path)."""
+        sb = self.scheduler.sb
+        rows = sb.rows[:n_rows]
+        emitted, started, calls = rows["emitted"], rows["started"], rows["call"]
+        hooked = (emitted > 0) & ((started != 0) | (self.table.cols["status"][calls] == S_FINISHED))
+        states = [self.states[r] for r in calls.tolist()]
+        if hooked.any():
+            self._drafter_hooks(states, emitted * hooked, started)
+        ah = self._inline_history()
+        ah.hooked[:n_rows] = hooked
+        seconds = self.scheduler.history_drafts(self._history, ah)
+        ah.hooked[:n_rows] = 0
+        if seconds < 0.0:
+            self._drafter_hooks(states, emitted * ~hooked, started)
+            return False
+        self.pending_draft_s = seconds
+        return True
+
     def _drafter_hooks(self, rows: list[CallState], emitted: np.ndarray, started: np.ndarray,
                        may_observe: np.ndarray | None = None) -> None:
         """start_call / observe / finish_call for the rows that emitted, in row order (`may_observe`
