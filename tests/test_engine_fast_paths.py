@@ -236,6 +236,41 @@ def test_agentspec_history_on_a_real_trace_equals_the_drafters_own(monkeypatch):
     _same(compiled, _run(wl, "agentspec", cfg, cost))
 
 
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 8}
+
+
+@pytest.mark.parametrize("spec", [SUFFIX, {**SUFFIX, "suffix_decoding_max_cached_requests": 3}])
+@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16},
+                                       {"num_kv_blocks": 40, "max_num_seqs": 6}, {"max_num_seqs": 1}])
+@pytest.mark.parametrize("tiny_forest", [False, True])
+def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_forest, monkeypatch):
+    """The suffix proposer driven inside `run_steps` (`propose_suffix_inline`: steps where every active
+    call and only those emitted) equals the event loop driving the drafter after every step — with calls
+    stopped by preemption or the token budget, finishing, evicted from the response cache, near
+    max_model_len, and a forest too small for most steps (they go back to the event loop, which grows it)."""
+    from agentspec_sim.drafters.suffix_tree import SuffixForest
+
+    if tiny_forest:
+        monkeypatch.setattr(SuffixForest.__init__, "__defaults__", (4, 16))
+    rng = np.random.default_rng(8)
+    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    assert sim._suffix is not None
+    by_python = []
+    step = sim._suffix_step
+    monkeypatch.setattr(sim, "_suffix_step", lambda *args: by_python.append(1) or step(*args))
+    compiled = sim.run()
+    steps = compiled.engine_steps.height
+    if not tiny_forest and set(overrides) <= {"max_num_seqs"}:
+        assert len(by_python) < steps / 3  # most steps were driven inside runs
+    reference = _run(wl, spec, cfg, cost, max_run_steps=1)
+    _same(compiled, reference)
+    monkeypatch.setattr(Simulator, "_suffix_drafts", lambda self: None)
+    _same(compiled, _run(wl, spec, cfg, cost))
+
+
 def test_batched_ngram_equals_propose():
     rng = np.random.default_rng(3)
     for spec in ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,

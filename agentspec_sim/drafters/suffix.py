@@ -76,10 +76,11 @@ _EMPTY_OUT = np.zeros((0, 0), dtype=np.int32)
 class _Slot:
     """The drafter's view of one call: its prompt tree, its response in the global tree, its queue marks."""
 
-    __slots__ = ("active", "global_seq", "local_root", "local_seq", "qidx", "qround", "seen", "state")
+    __slots__ = ("active", "global_seq", "local_root", "local_seq", "qidx", "qround", "row", "seen", "state")
 
     def __init__(self, state: CallState) -> None:
         self.state = state
+        self.row = state.index  # the engine's table row (`SuffixDrafter.row_state`)
         self.local_root = -1
         self.local_seq = -1
         self.global_seq = -1  # its response's sequence in the global tree; -1: not cached
@@ -118,6 +119,11 @@ class SuffixDrafter(BaseDrafter):
         self.reuse_tokens = 0
         self.queue: list[tuple[int, _Slot, int, int]] = []  # (kind, call, end of its tokens, how many)
         self.round = 0
+        # For the engine's compiled steps (engine/scheduler.py `InlineSuffix`): per table row [local_root,
+        # local_seq, global_seq, active], and how many calls are active; written by `propose`.
+        self.row_state = np.full((64, 4), -1, dtype=np.int64)
+        self.n_active = np.zeros(1, dtype=np.int64)
+        self.touched: list[_Slot] = []  # slots whose row_state changed since the last `propose`
 
     @classmethod
     def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
@@ -152,6 +158,7 @@ class SuffixDrafter(BaseDrafter):
             slot.active = True
             self.active[slot] = None
             self.queue.append((_START, slot, 0, 0))
+            self.touched.append(slot)
         slot.seen = self.round
         slot.qround = self.round
         slot.qidx = len(self.queue)
@@ -190,6 +197,7 @@ class SuffixDrafter(BaseDrafter):
             if slot.local_root >= 0:
                 dropped.append((slot.local_root, slot.local_seq))
             slot.local_root = slot.local_seq = -1
+            self.touched.append(slot)
         for root, seq in batch.kept:
             self._keep_tree(root, seq)
         if len(self.reuse) > REUSE_MAX_TREES or self.reuse_tokens > REUSE_MAX_TOKENS:
@@ -197,12 +205,25 @@ class SuffixDrafter(BaseDrafter):
         if dropped:
             self._free_trees(dropped)
         self.round += 1
+        self._mirror_rows()
         return [out[i, :out_n[i]] for i in range(len(rows))]
+
+    def _mirror_rows(self) -> None:
+        """Write the changed calls' trees and activity into `row_state` (what compiled steps read)."""
+        table = self.row_state
+        for slot in self.touched:
+            if slot.row >= table.shape[0]:
+                grown = np.full((max(2 * table.shape[0], slot.row + 1), 4), -1, dtype=np.int64)
+                grown[:table.shape[0]] = table
+                table = self.row_state = grown
+            table[slot.row] = (slot.local_root, slot.local_seq, slot.global_seq, int(slot.active))
+        self.touched = []
+        self.n_active[0] = len(self.active)
 
     # -- prompt trees ------------------------------------------------------------------------------
     def _trim_reuse(self, dropped: list[tuple[int, int]]) -> None:
         """Drop the least recently kept prompt trees beyond the bound (at least what the running calls hold)."""
-        running = sum(self.forest.seq_len[s.local_seq] for s in self.active if s.local_seq >= 0)
+        running = sum(int(self.forest.seq_len[s.local_seq]) for s in self.active if s.local_seq >= 0)
         max_trees = max(REUSE_MAX_TREES, 2 * len(self.active))
         max_tokens = max(REUSE_MAX_TOKENS, 2 * running)
         while self.reuse and (len(self.reuse) > max_trees or self.reuse_tokens > max_tokens):
@@ -215,7 +236,7 @@ class SuffixDrafter(BaseDrafter):
         """Keep a prompt tree no call uses any more (its ops all applied) for reuse."""
         if root < 0:
             return
-        n = self.forest.seq_len[seq]
+        n = int(self.forest.seq_len[seq])
         last = int(self.forest.seq_tokens(seq)[n - 1]) if n else -1
         self.reuse[root] = (seq, n, last)
         self.reuse_tokens += n
@@ -288,6 +309,7 @@ class _Batch:
             if slot.local_root >= 0:
                 self.kept.append((slot.local_root, slot.local_seq))
             slot.local_root = slot.local_seq = -1
+            self.d.touched.append(slot)
             slot.state = None  # the response may stay cached long after; the call's buffers need not
 
     def _start(self, slot: _Slot) -> None:
@@ -304,13 +326,14 @@ class _Batch:
         root, seq = d._take_tree(prompt)
         if root < 0:
             root, seq = forest.new_tree(), forest.new_seq()
-        have = forest.seq_len[seq]
+        have = int(forest.seq_len[seq])
         n = state.prompt_len - have
         if n:
             off = self._tokens(prompt[have:])
             forest.reserve(seq, n)
             self.ops.append([OP_APPEND, root, seq, -1, off, n, 0, 0, 0, -1])
         slot.local_root, slot.local_seq = root, seq
+        d.touched.append(slot)
         if d.max_cached != 0:
             gseq = forest.new_seq()
             slot.global_seq = gseq
@@ -324,6 +347,7 @@ class _Batch:
         gseq = slot.global_seq
         del d.cached[gseq]
         slot.global_seq = -1
+        d.touched.append(slot)
         # The removed response's tokens stay in the pool (nodes of the global tree may still read them):
         # its sequence is never released.
         self.ops.append([OP_REMOVE, d.global_root, gseq, -1, 0, 0, 0, 0, 0, -1])

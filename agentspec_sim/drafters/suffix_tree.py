@@ -606,11 +606,18 @@ def run_ops(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, offse
     Returns -1 when done, or the op to resume at when the arena is short of room (one append can
     create up to `depth` nodes): then meta[M_RTOK] is the token to resume from; nothing is half-done.
     """
+    work = np.empty((3, max(out.shape[1], 1)), dtype=np.int32)
+    return run_ops_into(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, offset, min_prob, out, out_n,
+                        first_op, first_tok, work)
+
+
+@njit(cache=True, nogil=True)
+def run_ops_into(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, offset, min_prob, out, out_n,
+                 first_op, first_tok, work):
+    """`run_ops` with its work space given (int32 [3, ≥ out's width]): allocates nothing."""
     depth = act.shape[1]
     width = out.shape[1]
-    tmp = np.empty(max(width, 1), dtype=np.int32)
-    best_l = np.empty(max(width, 1), dtype=np.int32)
-    best_g = np.empty(max(width, 1), dtype=np.int32)
+    tmp, best_l, best_g = work[0], work[1], work[2]
     for r in range(first_op, ops.shape[0]):
         kind = ops[r, 0]
         if kind == OP_APPEND:
@@ -710,8 +717,9 @@ class SuffixForest:
         self.pool = np.zeros(pool_capacity, dtype=np.int32)
         self.pool_top = 0
         self.pool_garbage = 0
-        # Python mirrors of sq's length and capacity (reads from numpy scalars are slow).
-        self.seq_len: list[int] = [0] * self.sq.shape[0]
+        # Mirrors of sq's length (with what a batch being built has reserved; an array, so that compiled
+        # callers appending to a sequence keep it) and capacity (a list: reads from numpy scalars are slow).
+        self.seq_len = np.zeros(self.sq.shape[0], dtype=np.int64)
         self.seq_cap: list[int] = [0] * self.sq.shape[0]
         self.seq_live: list[bool] = [False] * self.sq.shape[0]
 
@@ -759,7 +767,7 @@ class SuffixForest:
         self.sq, self.act = sq, act
         self.free_seqs.extend(range(capacity - 1, old - 1, -1))
         if old:
-            self.seq_len.extend([0] * (capacity - old))
+            self.seq_len = np.concatenate([self.seq_len, np.zeros(capacity - old, dtype=np.int64)])
             self.seq_cap.extend([0] * (capacity - old))
             self.seq_live.extend([False] * (capacity - old))
 
@@ -785,11 +793,11 @@ class SuffixForest:
 
     def seq_tokens(self, s: int) -> np.ndarray:
         off = int(self.sq[s, SOFF])
-        return self.pool[off:off + self.seq_len[s]]
+        return self.pool[off:off + int(self.seq_len[s])]
 
     def reserve(self, s: int, n: int) -> None:
         """Pool space for n more tokens of sequence s (the batch will append them)."""
-        need = self.seq_len[s] + n
+        need = int(self.seq_len[s]) + n
         if need > self.seq_cap[s]:
             self._relocate(s, max(need + 64, 2 * self.seq_cap[s]))
         self.seq_len[s] = need

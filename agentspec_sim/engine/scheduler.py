@@ -38,7 +38,7 @@ import numpy as np
 
 from agentspec_sim.cost import roofline
 from agentspec_sim.cost.roofline import draft_seconds
-from agentspec_sim.drafters import agentspec, block_index, model_based, ngram_v2
+from agentspec_sim.drafters import agentspec, block_index, model_based, ngram_v2, suffix_tree
 from agentspec_sim.drafters.agentspec import capped_lengths
 from agentspec_sim.drafters.block_index import BCAP as BA_CAP
 from agentspec_sim.drafters.block_index import BLEN as BA_LEN
@@ -46,6 +46,10 @@ from agentspec_sim.drafters.block_index import OP_APPEND as BA_APPEND
 from agentspec_sim.drafters.block_index import OP_LOOKUP as BA_LOOKUP
 from agentspec_sim.drafters.block_index import run_ops_into as ba_run_ops
 from agentspec_sim.drafters.model_based import draft_from_tables
+from agentspec_sim.drafters.suffix_tree import OP_STEP as ST_OP_STEP
+from agentspec_sim.drafters.suffix_tree import SCAP as ST_SCAP
+from agentspec_sim.drafters.suffix_tree import room as st_room
+from agentspec_sim.drafters.suffix_tree import run_ops_into as st_run_ops
 from agentspec_sim.engine import batched, kv
 from agentspec_sim.engine.batched import _ngram_rows_indexed, ngram_v2_rows_indexed
 from agentspec_sim.engine.fastcall import FastCall
@@ -56,7 +60,7 @@ from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_W
 _EMPTY = np.zeros(0, dtype=np.int32)
 # This module's kernels compile in kv.py's and batched.py's (and so in ngram_v2.py's).
 clear_if_changed(__file__, [kv.__file__, batched.__file__, ngram_v2.__file__, model_based.__file__, roofline.__file__,
-                            agentspec.__file__, block_index.__file__])
+                            agentspec.__file__, block_index.__file__, suffix_tree.__file__])
 
 # Why requests were left waiting (ScheduledBatch.bound): nobody waiting, max_num_seqs, KV (no room or a
 # preemption), token budget spent.
@@ -116,9 +120,10 @@ class StepBuf(NamedTuple):
 
 
 # InlineDrafts.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`), Model Runner V2's (`ngram-v2`), a
-# model-based drafter's acceptance draw (`eagle3`, `mtp`), or AgentSpec's block histories (`InlineHistory`).
+# model-based drafter's acceptance draw (`eagle3`, `mtp`), AgentSpec's block histories (`InlineHistory`), or
+# suffix decoding's trees (`InlineSuffix`).
 IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT, IN_RULE = range(6)
-RULE_V1, RULE_V2, RULE_MODEL, RULE_HISTORY = 0, 1, 2, 3
+RULE_V1, RULE_V2, RULE_MODEL, RULE_HISTORY, RULE_SUFFIX = 0, 1, 2, 3, 4
 
 
 class InlineDrafts(NamedTuple):
@@ -212,6 +217,45 @@ class InlineHistory(NamedTuple):
                    np.zeros((1, 8), dtype=np.int64), np.zeros((1, 1), dtype=np.int32), np.zeros((1, 5), dtype=np.int64),
                    one, np.zeros((2, 1)), np.zeros((3, 1), dtype=np.int64), np.zeros((3, 1), dtype=np.int64),
                    np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.int8))
+
+
+# InlineSuffix.par fields.
+SX_DEPTH, SX_K, SX_GLOBAL_ROOT = range(3)
+
+
+class InlineSuffix(NamedTuple):
+    """Suffix decoding's state (drafters/suffix.py `SuffixDrafter`: its `SuffixForest` and each engine
+    call's trees and activity) as `run_steps` drives it between two steps (`propose_suffix_inline`): for a
+    step in which every active call, and only those, emitted — none starts, stops or finishes — each call's
+    tokens go into its prompt tree and its response in the global tree and the drafting calls speculate,
+    in batch order, as `SuffixDrafter.propose` applies them; any other step goes to the event loop.
+    """
+
+    par: np.ndarray  # int64: [depth, k, global root]
+    fpar: np.ndarray  # float32: [max_spec_factor, offset, min_token_prob]
+    nd: np.ndarray  # the `SuffixForest` arrays
+    gp: np.ndarray
+    sq: np.ndarray
+    act: np.ndarray
+    pool: np.ndarray
+    ht: np.ndarray
+    meta: np.ndarray
+    seq_len: np.ndarray
+    row_state: np.ndarray  # SuffixDrafter.row_state / n_active
+    n_active: np.ndarray
+    ops: np.ndarray  # int64 [max_num_seqs, 10] work space: the step's `suffix_tree.run_ops` batch
+    out: np.ndarray  # int32 [max_num_seqs, k]
+    out_n: np.ndarray  # int32 [max_num_seqs]
+    work: np.ndarray  # int32 [3, k]
+
+    @classmethod
+    def off(cls) -> InlineSuffix:
+        one = np.zeros(1, dtype=np.int64)
+        return cls(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.float32), np.zeros((1, 16), dtype=np.int32),
+                   np.zeros((1, 3), dtype=np.int32), np.zeros((1, 5), dtype=np.int64), np.zeros((1, 1), dtype=np.int32),
+                   np.zeros(1, dtype=np.int32), np.zeros((1, 2), dtype=np.int64), np.zeros(8, dtype=np.int64), one,
+                   np.zeros((1, 4), dtype=np.int64), one, np.zeros((1, 10), dtype=np.int64),
+                   np.zeros((1, 1), dtype=np.int32), np.zeros(1, dtype=np.int32), np.zeros((3, 1), dtype=np.int32))
 
 
 @kernel
@@ -683,6 +727,82 @@ def propose_history_inline(c, sb, dr, ah, max_model_len):
 
 
 @kernel
+def propose_suffix_inline(c, sb, dr, sx, max_model_len):
+    """`Simulator._suffix_step` for the step in `sb` from `InlineSuffix`; returns the drafting seconds, or
+    −1.0 with nothing changed when the event loop must do it: the V1 runner's proposer skip, a call that
+    starts, stops (active, not in the batch), finishes or reached max_model_len, or no room in the forest."""
+    n = sb.sc[0]
+    if n and sb.sc[6] + dr.par[IN_K_MAX] > max_model_len:
+        return -1.0
+    if sb.sc[3]:
+        return -1.0
+    depth = sx.par[SX_DEPTH]
+    rows_emitted = 0
+    need = 0
+    for i in range(n):
+        e = sb.rows.emitted[i]
+        if e == 0:
+            continue
+        r = sb.rows.call[i]
+        if sb.rows.started[i] or r >= sx.row_state.shape[0] or sx.row_state[r, 3] != 1:
+            return -1.0
+        if c.calls.prompt_len[r] + c.calls.num_emitted[r] >= max_model_len:
+            return -1.0
+        local, glob = sx.row_state[r, 1], sx.row_state[r, 2]
+        if sx.seq_len[local] + e > sx.sq[local, ST_SCAP] or (glob >= 0 and sx.seq_len[glob] + e > sx.sq[glob, ST_SCAP]):
+            return -1.0
+        need += 2 * depth * e + 1
+        rows_emitted += 1
+    if rows_emitted != sx.n_active[0] or not st_room(sx.nd, sx.ht, sx.meta, need):
+        return -1.0
+    if rows_emitted == 0:
+        return 0.0
+    k = dr.k_of_batch[min(n, dr.k_of_batch.shape[0] - 1)]
+    ops = sx.ops
+    m = 0
+    nops = 0
+    for i in range(n):
+        e = sb.rows.emitted[i]
+        if e == 0:
+            continue
+        r = sb.rows.call[i]
+        end = c.calls.prompt_len[r] + c.calls.num_emitted[r]
+        base = c.calls.hist_off[r]
+        ctx = min(depth, end)
+        local, glob = sx.row_state[r, 1], sx.row_state[r, 2]
+        ops[nops, 0] = ST_OP_STEP
+        ops[nops, 1] = sx.row_state[r, 0]
+        ops[nops, 2] = local
+        ops[nops, 3] = glob
+        ops[nops, 4] = base + end - e
+        ops[nops, 5] = e
+        ops[nops, 6] = base + end - ctx
+        ops[nops, 7] = ctx
+        ops[nops, 8] = 0
+        ops[nops, 9] = -1
+        limit = min(k, max_model_len - end - 1)  # the V1 runner's suffix budget
+        if limit > 0:
+            ops[nops, 8] = min(limit, sx.par[SX_K])
+            ops[nops, 9] = m
+            dr.rows[m] = r
+            m += 1
+        sx.seq_len[local] += e
+        if glob >= 0:
+            sx.seq_len[glob] += e
+        nops += 1
+    st_run_ops(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.par[SX_GLOBAL_ROOT], ops[:nops], c.tokens,
+               sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work)
+    for j in range(m):
+        r = dr.rows[j]
+        slot = c.calls.slot[r]
+        length = sx.out_n[j]
+        for t in range(length):
+            c.slot_drafts[slot, t] = sx.out[j, t]
+        _verify_drafts(c, r, slot, length)
+    return dr.draft_s[m]
+
+
+@kernel
 def drafts_padded(c, rows, match, lengths):
     """ngram-v2's drafts of calls rows[i]: lengths[i] slots, the arena from match[i] while within the
     call's history and its last token after (all of them when match[i] < 0), verified as `drafts_from`."""
@@ -707,7 +827,7 @@ def _log_full(lg, c, max_num_seqs):
 
 @kernel
 def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_len, max_steps, step0, chain,
-              stop_on_emit, dr, ah):
+              stop_on_emit, dr, ah, sx):
     """Up to `max_steps` steps, logged to `lg`; returns (steps, why it stopped).
 
     Stops before a step when nothing can run or the log has no room, and after a step in which a
@@ -767,10 +887,16 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
                     _event(lg, EV_ARRIVE, nxt, step)
             if not at_once:
                 stop = True
-        if stop_on_emit and emitted and not stop:
+        # Suffix decoding runs its proposer after every step, emitting or not (`propose_suffix_inline`).
+        if stop_on_emit and (emitted or dr.par[IN_RULE] == RULE_SUFFIX) and not stop:
             # Draft inline only where the loop goes on (room for another step); else the event loop does.
             if dr.par[IN_ON] == 0 or s + 1 >= max_steps or _log_full(lg, c, max_num_seqs):
                 stop = True
+            elif dr.par[IN_RULE] == RULE_SUFFIX:
+                draft_s = propose_suffix_inline(c, sb, dr, sx, max_model_len)
+                if draft_s < 0.0:
+                    draft_s = 0.0
+                    stop = True
             elif dr.par[IN_RULE] == RULE_HISTORY:  # also with nobody drafting: the emitted tokens are observed
                 draft_s = propose_history_inline(c, sb, dr, ah, max_model_len)
                 if draft_s < 0.0:
@@ -790,6 +916,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
 # -- Python API ----------------------------------------------------------------------------------------
 _INLINE_OFF = InlineDrafts.off()
 _HISTORY_OFF = InlineHistory.off()
+_SUFFIX_OFF = InlineSuffix.off()
 
 class ScheduledBatch:
     """What one step runs: one entry per scheduled request, in batch-row order.
@@ -864,7 +991,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12, 13))
+        self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12, 13, 14))
         # set_drafts' work space (rows, starts, lengths; the proposals end to end), kept so that its
         # kernel call is a FastCall too.
         self._draft_rows = np.zeros((3, max(max_num_seqs, 1)), dtype=np.int64)
@@ -1017,12 +1144,14 @@ class Scheduler:
 
     # -- a run of steps ----------------------------------------------------------------------------------
     def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool,
-            inline: InlineDrafts | None = None, history: InlineHistory | None = None) -> tuple[int, int]:
+            inline: InlineDrafts | None = None, history: InlineHistory | None = None,
+            suffix: InlineSuffix | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers)."""
         steps, why = self._run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log,
                                      self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len, max_steps,
                                      step0, chain, stop_on_emit, inline if inline is not None else _INLINE_OFF,
-                                     history if history is not None else _HISTORY_OFF)
+                                     history if history is not None else _HISTORY_OFF,
+                                     suffix if suffix is not None else _SUFFIX_OFF)
         if why == RUN_LOSSLESS:
             self._lossless_error()
         return int(steps), int(why)

@@ -50,6 +50,7 @@ from agentspec_sim.drafters.agentspec import MAX_SCAN, MIN_SUPPORT, AgentSpecDra
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
 from agentspec_sim.drafters.model_based import ModelBasedDrafter
 from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
+from agentspec_sim.drafters.suffix import SuffixDrafter
 from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, prompt_index
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
@@ -75,12 +76,14 @@ from agentspec_sim.engine.scheduler import (
     IN_ON,
     RULE_HISTORY,
     RULE_MODEL,
+    RULE_SUFFIX,
     RULE_V1,
     RULE_V2,
     RUN_EMPTY,
     RUN_FULL,
     InlineDrafts,
     InlineHistory,
+    InlineSuffix,
     Scheduler,
     SimulationError,
 )
@@ -153,6 +156,10 @@ class Simulator:
         self._model, self._model_priced = self._model_drafts()
         self._history = self._history_drafts()
         self._history_last: InlineHistory | None = None
+        self._suffix = self._suffix_drafts()
+        self._suffix_last: InlineSuffix | None = None
+        if self._suffix is not None and not config.check_invariants:
+            self.max_run_steps = 1 << 40  # the compiled loop drives the proposer after every step itself
         if self._model is not None:
             self.hooks = (False, False, False)  # drafting reads the tables, not per-call drafter state
 
@@ -230,6 +237,45 @@ class Simulator:
         return InlineDrafts(par, self._k_of_batch(), draft_s, off.entries, off.regions, off.counts, *work,
                             np.zeros((2, seqs), dtype=np.int64), *off[11:])
 
+    def _suffix_drafts(self) -> InlineDrafts | None:
+        """suffix: the `InlineDrafts` part of driving the proposer inside `run_steps` (rule RULE_SUFFIX; the
+        forest's arrays come with each run, `_inline_suffix`), or None: replicate copies, draft lengths not
+        fixed, k = 0."""
+        drafter = self.drafters[0]
+        k_max = self.spec.num_speculative_tokens
+        if type(drafter) is not SuffixDrafter or len(self.drafters) > 1 or k_max <= 0 \
+                or type(self.policy) is not FixedK:
+            return None
+        seqs = self.limits.max_num_seqs
+        draft_s = np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64))
+                            for n in range(seqs + 1)], dtype=np.float64)
+        off = InlineDrafts.off()
+        par = np.array([1, 0, 0, k_max, 1, RULE_SUFFIX], dtype=np.int64)
+        work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
+        self.table.reserve_draft_width(max(drafter.k, 1))
+        return InlineDrafts(par, self._k_of_batch(), draft_s, off.entries, off.regions, off.counts, *work,
+                            np.zeros((2, seqs), dtype=np.int64), *off[11:])
+
+    def _inline_suffix(self) -> InlineSuffix:
+        """`InlineSuffix` for the next run (a new tuple only when an array was replaced: the scheduler's
+        FastCall keys on it). While the drafter holds queued work (a call's finish seen in a step where
+        the proposer was skipped) the run drives nothing (par[IN_ON] = 0): its next `propose` applies it."""
+        drafter = self.drafters[0]
+        self._suffix.par[IN_ON] = 0 if drafter.queue or drafter.touched else 1
+        forest = drafter.forest
+        current = (forest.nd, forest.gp, forest.sq, forest.act, forest.pool, forest.ht, forest.meta,
+                   forest.seq_len, drafter.row_state)
+        last = self._suffix_last
+        if last is None or any(a is not b for a, b in zip(current, last[2:11], strict=True)):
+            seqs, k = self.limits.max_num_seqs, max(drafter.k, 1)
+            par = np.array([drafter.depth, drafter.k, drafter.global_root], dtype=np.int64)
+            fpar = np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32)
+            work = last[12:] if last is not None else (np.zeros((seqs, 10), dtype=np.int64),
+                                                       np.zeros((seqs, k), dtype=np.int32),
+                                                       np.zeros(seqs, dtype=np.int32), np.zeros((3, k), dtype=np.int32))
+            last = self._suffix_last = InlineSuffix(par, fpar, *current, drafter.n_active, *work)
+        return last
+
     def _inline_history(self) -> InlineHistory:
         """`InlineHistory` for the next run: the agentspec history's current arrays (a new tuple only when
         one was replaced: the scheduler's FastCall keys on it). Appends the event loop queued (a started
@@ -276,6 +322,8 @@ class Simulator:
             return self._model if self._model.par[IN_ON] else None
         if self._history is not None:
             return self._history
+        if self._suffix is not None:
+            return self._suffix
         if self._inline is None:
             return None
         par, k_of_batch, draft_s, rows, starts, lengths, max_lens, drafts = self._inline
@@ -425,9 +473,10 @@ class Simulator:
         steps = 0
         inline = self._inline_drafts()  # also for one step (it drafts nothing then): the same containers
         history = self._inline_history() if inline is not None and self._history is not None else None
+        suffix = self._inline_suffix() if inline is not None and self._suffix is not None else None
         while True:
             done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert, inline,
-                                  history)
+                                  history, suffix)
             steps += done
             if why != RUN_FULL:
                 break
