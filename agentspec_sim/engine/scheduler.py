@@ -833,9 +833,11 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
     Stops before a step when nothing can run or the log has no room, and after a step in which a
     call finished whose query's next call does not arrive at once (or `chain` is off: other events
     are pending), or — with `stop_on_emit`, when a drafter must see every token — a call emitted,
-    unless the drafter drafts inline (`dr`, `propose_inline`): then
-    the run goes on with the drafts set, each step's drafting time in the log's `draft_s` (the
-    run's first step gets the event loop's). The last step of a run is always left to the event loop.
+    unless the drafter drafts inline (`dr`: `propose_inline` for the n-gram and model-based rules,
+    `propose_history_inline` with `ah` for agentspec, `propose_suffix_inline` with `sx` for suffix, which
+    is driven after every step, emitting or not) and can do this step: then the run goes on with the
+    drafts set, each step's drafting time in the log's `draft_s` (the run's first step gets the event
+    loop's); a step it cannot do ends the run. The last step of a run is always left to the event loop.
     A finished call's next call that arrives at once (think time 0, no recorded arrival, a prompt
     that fits) joins the waiting queue here, as the event loop would add it before the next step.
     RUN_LOSSLESS: the update's lossless check failed (the step is not logged; see `update_step`).

@@ -21,8 +21,11 @@ a token and go on; a call's first step after its prefill emits its first token w
 
 Runs of steps. A STEP event runs as many steps as nothing outside the engine can change: no other
 event pending, no drafter that must see the tokens (a drafter proposes after every step that
-emitted — except vLLM's n-gram proposers, `ngram` and `ngram-v2`, which the compiled loop runs
-itself between steps: `scheduler.InlineDrafts`), every next call of a query arriving the instant its
+emitted — except where the compiled loop drafts itself between steps, `scheduler.InlineDrafts`:
+vLLM's n-gram proposers `ngram` and `ngram-v2`; `eagle3`/`mtp` from their acceptance tables;
+`agentspec` from its history in steps where no call starts or finishes (`InlineHistory`); `suffix`
+in steps where exactly the active calls emitted (`InlineSuffix`); anything else stops the run and
+the drafter's own Python hooks do that step), every next call of a query arriving the instant its
 predecessor ends (those join the waiting queue inside the run). It prices them in one `step_times`
 call and pushes one DONE at the end of the last; DONE then does for the run what it does for one
 step. The steps, their order and their times are those of one step per STEP event
