@@ -716,14 +716,20 @@ def propose_history_inline(c, sb, dr, ah, max_model_len):
         return 0.0
     capped_lengths(ah.meta[:m], dr.max_lens[:m], ah.budget_of[m], ah.g_min[0], ah.par[AH_K], ah.par[AH_BUDGETED] != 0,
                    ah.lens[:m], ah.fwork, ah.iwork)
-    for j in range(m):
-        r = dr.rows[j]
-        slot = c.calls.slot[r]
-        length = ah.lens[j]
-        for t in range(length):
-            c.slot_drafts[slot, t] = ah.out[j, t]
-        _verify_drafts(c, r, slot, length)
+    _drafts_from_out(c, dr.rows, ah.out, ah.lens, m)
     return dr.draft_s[m]
+
+
+@kernel
+def _drafts_from_out(c, rows, out, lengths, m):
+    """The drafts of calls rows[j], j < m: out[j, :lengths[j]], verified as `drafts_from`."""
+    for j in range(m):
+        r = rows[j]
+        slot = c.calls.slot[r]
+        length = lengths[j]
+        for t in range(length):
+            c.slot_drafts[slot, t] = out[j, t]
+        _verify_drafts(c, r, slot, length)
 
 
 @kernel
@@ -792,13 +798,7 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
         nops += 1
     st_run_ops(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.par[SX_GLOBAL_ROOT], ops[:nops], c.tokens,
                sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work)
-    for j in range(m):
-        r = dr.rows[j]
-        slot = c.calls.slot[r]
-        length = sx.out_n[j]
-        for t in range(length):
-            c.slot_drafts[slot, t] = sx.out[j, t]
-        _verify_drafts(c, r, slot, length)
+    _drafts_from_out(c, dr.rows, sx.out, sx.out_n, m)
     return dr.draft_s[m]
 
 
