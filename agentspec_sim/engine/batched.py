@@ -364,5 +364,5 @@ BATCHED: dict[type[BaseDrafter], Callable[..., tuple[np.ndarray, np.ndarray]]] =
     ngram.NgramDrafter: propose_ngram_rows,
 }
 # Drafter classes (exactly these, not subclasses) whose proposals the scheduler's `run_steps` can make
-# itself with `propose_ngram_rows`'s index (engine/scheduler.py `InlineNgram`).
+# itself with `propose_ngram_rows`'s index (engine/scheduler.py `InlineDrafts`).
 INLINE_NGRAM: frozenset[type[BaseDrafter]] = frozenset({ngram.NgramDrafter, ngram_v2.NgramV2Drafter})
