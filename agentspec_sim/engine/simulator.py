@@ -76,6 +76,7 @@ from agentspec_sim.engine.scheduler import (
     EV_ARRIVE,
     EV_FINISH,
     EV_FIRST,
+    IN_K_MAX,
     IN_ON,
     RULE_HISTORY,
     RULE_MODEL,
@@ -167,22 +168,34 @@ class Simulator:
             self.hooks = (False, False, False)  # drafting reads the tables, not per-call drafter state
 
     # -- setup -------------------------------------------------------------------------------------
-    def _inline_tables(self) -> tuple[np.ndarray, ...] | None:
+    def _inline_tables(self) -> InlineDrafts | None:
         """The parts of `InlineDrafts` fixed for the run, where the n-gram proposer can draft inside
         `run_steps` (the batched n-gram path, no hooks, a draft length known from the batch size alone);
-        else None and every proposal is `_propose`'s."""
+        else None and every proposal is `_propose`'s. The index's tables come with each run."""
         drafter = self.drafters[0]
-        k_max = self.spec.num_speculative_tokens
-        if (type(drafter) not in INLINE_NGRAM or drafter.max_n > MAX_INDEXED_N or k_max <= 0
+        if (type(drafter) not in INLINE_NGRAM or drafter.max_n > MAX_INDEXED_N or self.spec.num_speculative_tokens <= 0
                 or any(self.hooks) or self.per_step or type(self.policy) not in (FixedK, BatchSizeSchedule)):
             return None
-        sizes = range(self.limits.max_num_seqs + 1)
-        draft_s = np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64)) for n in sizes],
-                           dtype=np.float64)
         rule = RULE_V2 if isinstance(drafter, NgramV2Drafter) else RULE_V1
-        par = np.array([1, drafter.min_n, drafter.max_n, k_max, int(self.skips_unfit_batches), rule], dtype=np.int64)
-        work = [np.zeros(self.limits.max_num_seqs, dtype=np.int64) for _ in range(4)]
-        return par, self._k_of_batch(), draft_s, *work, np.zeros((2, self.limits.max_num_seqs), dtype=np.int64)
+        return self._inline_base(rule, True, self._k_of_batch(), self._model_free_draft_s(),
+                                 min_n=drafter.min_n, max_n=drafter.max_n)
+
+    def _inline_base(self, rule: int, on: bool, k_of_batch: np.ndarray, draft_s: np.ndarray, min_n: int = 0,
+                     max_n: int = 0, **fields: np.ndarray) -> InlineDrafts:
+        """`InlineDrafts` for `rule` with fresh work space; the fields of other rules stay `off()`'s."""
+        seqs = self.limits.max_num_seqs
+        par = np.array([int(on), min_n, max_n, self.spec.num_speculative_tokens, int(self.skips_unfit_batches),
+                        rule], dtype=np.int64)
+        work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
+        return InlineDrafts.off()._replace(par=par, k_of_batch=k_of_batch, draft_s=draft_s, rows=work[0],
+                                           starts=work[1], lengths=work[2], max_lens=work[3],
+                                           drafts=np.zeros((2, seqs), dtype=np.int64), **fields)
+
+    def _model_free_draft_s(self) -> np.ndarray:
+        """The drafter's CPU drafting seconds for 0…max_num_seqs drafting calls."""
+        drafter = self.drafters[0]
+        return np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64))
+                         for n in range(self.limits.max_num_seqs + 1)], dtype=np.float64)
 
     def _k_of_batch(self) -> np.ndarray:
         """The draft length a FixedK / BatchSizeSchedule policy allows at 0…max_num_seqs scheduled calls."""
@@ -213,51 +226,33 @@ class Simulator:
             pass_s, terms, priced = np.zeros(seqs + 1), np.ones(4), False
         inline = priced and type(self.policy) in (FixedK, BatchSizeSchedule)
         off = InlineDrafts.off()
-        par = np.array([int(inline), 0, 0, k_max, int(self.skips_unfit_batches), RULE_MODEL], dtype=np.int64)
-        k_of_batch = self._k_of_batch() if inline else off.k_of_batch
         self.table.reserve_draft_width(k_max)
-        work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
-        return InlineDrafts(par, k_of_batch, off.draft_s, off.entries, off.regions, off.counts, *work,
-                            np.zeros((2, seqs), dtype=np.int64), tables.copy_at, tables.copy, tables.code_at,
-                            tables.code, tables.keys, tables.a, tables.coef, pass_s, terms), priced
+        return self._inline_base(RULE_MODEL, inline, self._k_of_batch() if inline else off.k_of_batch, off.draft_s,
+                                 copy_at=tables.copy_at, copy=tables.copy, code_at=tables.code_at, code=tables.code,
+                                 keys=tables.keys, a=tables.a, coef=tables.coef, pass_s=pass_s,
+                                 draft_terms=terms), priced
 
     def _history_drafts(self) -> InlineDrafts | None:
         """agentspec: the `InlineDrafts` part of drafting inside `run_steps` from its history (rule
         RULE_HISTORY; the history's arrays come with each run, `_inline_history`), or None where the
         event loop drafts: replicate copies (a drafter each), draft lengths not fixed, k = 0."""
         drafter = self.drafters[0]
-        k_max = self.spec.num_speculative_tokens
-        if (type(drafter) is not AgentSpecDrafter or len(self.drafters) > 1 or k_max <= 0 or self.per_step
-                or type(self.policy) is not FixedK):
+        if (type(drafter) is not AgentSpecDrafter or len(self.drafters) > 1 or self.spec.num_speculative_tokens <= 0
+                or self.per_step or type(self.policy) is not FixedK):
             return None
-        seqs = self.limits.max_num_seqs
-        draft_s = np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64))
-                            for n in range(seqs + 1)], dtype=np.float64)
-        off = InlineDrafts.off()
-        par = np.array([1, 0, 0, k_max, int(self.skips_unfit_batches), RULE_HISTORY], dtype=np.int64)
-        work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
         self.table.reserve_draft_width(max(drafter.k, 1))
-        return InlineDrafts(par, self._k_of_batch(), draft_s, off.entries, off.regions, off.counts, *work,
-                            np.zeros((2, seqs), dtype=np.int64), *off[11:])
+        return self._inline_base(RULE_HISTORY, True, self._k_of_batch(), self._model_free_draft_s())
 
     def _suffix_drafts(self) -> InlineDrafts | None:
         """suffix: the `InlineDrafts` part of driving the proposer inside `run_steps` (rule RULE_SUFFIX; the
         forest's arrays come with each run, `_inline_suffix`), or None: replicate copies, draft lengths not
         fixed, k = 0."""
         drafter = self.drafters[0]
-        k_max = self.spec.num_speculative_tokens
-        if type(drafter) is not SuffixDrafter or len(self.drafters) > 1 or k_max <= 0 \
-                or type(self.policy) is not FixedK:
+        if (type(drafter) is not SuffixDrafter or len(self.drafters) > 1 or self.spec.num_speculative_tokens <= 0
+                or type(self.policy) is not FixedK):
             return None
-        seqs = self.limits.max_num_seqs
-        draft_s = np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64))
-                            for n in range(seqs + 1)], dtype=np.float64)
-        off = InlineDrafts.off()
-        par = np.array([1, 0, 0, k_max, 1, RULE_SUFFIX], dtype=np.int64)
-        work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
         self.table.reserve_draft_width(max(drafter.k, 1))
-        return InlineDrafts(par, self._k_of_batch(), draft_s, off.entries, off.regions, off.counts, *work,
-                            np.zeros((2, seqs), dtype=np.int64), *off[11:])
+        return self._inline_base(RULE_SUFFIX, True, self._k_of_batch(), self._model_free_draft_s())
 
     def _inline_suffix(self) -> InlineSuffix:
         """`InlineSuffix` for the next run (a new tuple only when an array was replaced: the scheduler's
@@ -266,17 +261,19 @@ class Simulator:
         drafter = self.drafters[0]
         self._suffix.par[IN_ON] = 0 if drafter.queue or drafter.touched else 1
         forest = drafter.forest
-        current = (forest.nd, forest.gp, forest.sq, forest.act, forest.pool, forest.ht, forest.meta,
-                   forest.seq_len, drafter.row_state)
+        current = {"nd": forest.nd, "gp": forest.gp, "sq": forest.sq, "act": forest.act, "pool": forest.pool,
+                   "ht": forest.ht, "meta": forest.meta, "seq_len": forest.seq_len, "row_state": drafter.row_state}
         last = self._suffix_last
-        if last is None or any(a is not b for a, b in zip(current, last[2:11], strict=True)):
+        if last is None:
             seqs, k = self.limits.max_num_seqs, max(drafter.k, 1)
-            par = np.array([drafter.depth, drafter.k, drafter.global_root], dtype=np.int64)
-            fpar = np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32)
-            work = last[12:] if last is not None else (np.zeros((seqs, 10), dtype=np.int64),
-                                                       np.zeros((seqs, k), dtype=np.int32),
-                                                       np.zeros(seqs, dtype=np.int32), np.zeros((3, k), dtype=np.int32))
-            last = self._suffix_last = InlineSuffix(par, fpar, *current, drafter.n_active, *work)
+            last = self._suffix_last = InlineSuffix(
+                par=np.array([drafter.depth, drafter.k, drafter.global_root], dtype=np.int64),
+                fpar=np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32),
+                n_active=drafter.n_active, ops=np.zeros((seqs, 10), dtype=np.int64),
+                out=np.zeros((seqs, k), dtype=np.int32), out_n=np.zeros(seqs, dtype=np.int32),
+                work=np.zeros((3, k), dtype=np.int32), **current)
+        elif _replaced(last, current):
+            last = self._suffix_last = last._replace(**current)
         return last
 
     def _inline_history(self) -> InlineHistory:
@@ -288,34 +285,31 @@ class Simulator:
         if history.queue:
             history.lookup(())
         arena = history.arena
+        current = {"pool": arena.pool, "pv": arena.pv, "bk": arena.bk, "hk": arena.hk, "hv": arena.hv,
+                   "tail_lin": history.tail_lin, "tail_pos": history.tail_pos, "tok_block": history.tok_block,
+                   "row_at": history.row_at, "row_lineage": history.row_lineage}
         last = self._history_last
-        current = (arena.pool, arena.pv, arena.bk, arena.hk, arena.hv, history.tail_lin, history.tail_pos,
-                   history.tok_block, history.row_at, history.row_lineage)
-        if last is None or any(a is not b for a, b in zip(current, (last.pool, last.pv, last.bk, last.hk, last.hv,
-                                                                     last.tail_lin, last.tail_pos, last.tok_block,
-                                                                     last.row_at, last.row_lineage), strict=True)):
-            seqs = self.limits.max_num_seqs
-            k = drafter.k
-            width = history.width
+        if last is None:
+            seqs, k = self.limits.max_num_seqs, drafter.k
             budgeted = bool(drafter.budgeted)
-            budget_of = np.array([drafter.step_budget(n) if budgeted and n else 0 for n in range(seqs + 1)],
-                                 dtype=np.int64)
-            par = np.array([history.max_n, history.max_candidates, MAX_SCAN, MIN_SUPPORT, k, int(budgeted)],
-                           dtype=np.int64)
-            need = last.need if last is not None and last.need.shape[0] >= arena.bk.shape[0] else \
-                np.zeros(arena.bk.shape[0], dtype=np.int64)
-            ops = last.ops if last is not None else np.zeros((seqs * (k + 3) + 8, 8), dtype=np.int64)
-            out = last.out if last is not None else np.zeros((seqs, width), dtype=np.int32)
-            meta = last.meta if last is not None else np.zeros((seqs, 5), dtype=np.int64)
-            lens = last.lens if last is not None else np.zeros(seqs, dtype=np.int64)
-            work = (last[-5:] if last is not None else
-                    (np.zeros((2, seqs)), np.zeros((3, seqs), dtype=np.int64),
-                     np.zeros((3, max(history.max_candidates, 1)), dtype=np.int64),
-                     np.zeros(arena.levels.shape[0], dtype=np.uint64), np.zeros(seqs, dtype=np.int8)))
             last = self._history_last = InlineHistory(
-                par, np.array([drafter.g_min if budgeted else 0.0]), budget_of, arena.pool, arena.pv, arena.bk,
-                arena.hk, arena.hv, arena.used, arena.levels, arena.live, history.tail_lin, history.tail_pos,
-                history.tok_block, history.row_at, history.row_lineage, need, ops, out, meta, lens, *work)
+                par=np.array([history.max_n, history.max_candidates, MAX_SCAN, MIN_SUPPORT, k, int(budgeted)],
+                             dtype=np.int64),
+                g_min=np.array([drafter.g_min if budgeted else 0.0]),
+                budget_of=np.array([drafter.step_budget(n) if budgeted and n else 0 for n in range(seqs + 1)],
+                                   dtype=np.int64),
+                used=arena.used, levels=arena.levels, live=arena.live,
+                need=np.zeros(arena.bk.shape[0], dtype=np.int64),
+                ops=np.zeros((seqs * (k + 3) + 8, 8), dtype=np.int64),
+                out=np.zeros((seqs, history.width), dtype=np.int32), meta=np.zeros((seqs, 5), dtype=np.int64),
+                lens=np.zeros(seqs, dtype=np.int64), fwork=np.zeros((2, seqs)),
+                iwork=np.zeros((3, seqs), dtype=np.int64),
+                cands=np.zeros((3, max(history.max_candidates, 1)), dtype=np.int64),
+                keys=np.zeros(arena.levels.shape[0], dtype=np.uint64), hooked=np.zeros(seqs, dtype=np.int8),
+                **current)
+        elif _replaced(last, current):
+            need = last.need if last.need.shape[0] >= arena.bk.shape[0] else np.zeros(arena.bk.shape[0], dtype=np.int64)
+            last = self._history_last = last._replace(need=need, **current)
         return last
 
     def _inline_drafts(self) -> InlineDrafts | None:
@@ -329,18 +323,14 @@ class Simulator:
             return self._suffix
         if self._inline is None:
             return None
-        par, k_of_batch, draft_s, rows, starts, lengths, max_lens, drafts = self._inline
         index = prompt_index(self.drafters[0], self.table.tokens)
         index.make_room_if_asked()  # the run before stopped because the index was full
-        self.table.reserve_draft_width(int(par[3]))
+        self.table.reserve_draft_width(int(self._inline.par[IN_K_MAX]))
         last = self._inline_last
-        if last is None or last.entries is not index.entries or last.regions is not index.regions \
-                or last.counts is not index.counts:
+        current = {"entries": index.entries, "regions": index.regions, "counts": index.counts}
+        if last is None or _replaced(last, current):
             # A new tuple only when the index's tables changed: the scheduler's FastCall keys on it.
-            off = InlineDrafts.off()
-            last = self._inline_last = InlineDrafts(par, k_of_batch, draft_s, index.entries, index.regions,
-                                                    index.counts, rows, starts, lengths, max_lens, drafts,
-                                                    *off[11:])
+            last = self._inline_last = self._inline._replace(**current)
         return last
 
     def _build(self, workload: Workload) -> None:
@@ -874,6 +864,11 @@ class Simulator:
         return RunResult(self.config, self.limits, self.spec, self.spec.name, engine_steps, calls, queries,
                          num_preemptions=self.scheduler.num_preemptions, wall_s=wall_s,
                          steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids))
+
+
+def _replaced(held: tuple, current: dict[str, np.ndarray]) -> bool:
+    """Whether any of `current`'s arrays is not the one the named tuple `held` holds (compared by identity)."""
+    return any(getattr(held, name) is not array for name, array in current.items())
 
 
 def _token_arena(calls: list[Call], targets: list[int]) -> tuple[np.ndarray, np.ndarray]:
