@@ -518,14 +518,26 @@ def drafts_from_rows(c, buf, source, m):
 
 
 @kernel
+def _proposer_skipped(sb, dr, max_model_len):
+    """vLLM's V1 runner does not run the proposer for the batch in `sb` (`_input_fits_in_drafter` fails:
+    some call's num_computed + num_scheduled + k exceeds max_model_len), for drafters that follow it."""
+    return dr.par[IN_SKIP_UNFIT] != 0 and sb.sc[0] > 0 and sb.sc[6] + dr.par[IN_K_MAX] > max_model_len
+
+
+@kernel
+def _batch_k(sb, dr):
+    """The draft length the policy allows at the batch size of the step in `sb` (`InlineDrafts.k_of_batch`)."""
+    return dr.k_of_batch[min(sb.sc[0], dr.k_of_batch.shape[0] - 1)]
+
+
+@kernel
 def propose_inline(c, sb, dr, max_model_len):
     """Drafts for the calls that sampled in the step in `sb`, as `Simulator._propose` makes them; returns
     the drafting seconds, or −1.0 when the n-gram index needs room (then nothing is set: the event loop
     proposes, growing the index)."""
     n_sampled = sb.sc[4]
     k_max = dr.par[IN_K_MAX]
-    # vLLM's `_input_fits_in_drafter` fails for the batch: k token-0 drafts each.
-    if dr.par[IN_SKIP_UNFIT] and sb.sc[0] and sb.sc[6] + k_max > max_model_len:
+    if _proposer_skipped(sb, dr, max_model_len):  # k token-0 drafts each
         for j in range(n_sampled):
             r = sb.lists.sampled[j]
             slot = c.calls.slot[r]
@@ -533,7 +545,7 @@ def propose_inline(c, sb, dr, max_model_len):
                 c.slot_drafts[slot, k] = 0
             _verify_drafts(c, r, slot, k_max)
         return 0.0
-    k = dr.k_of_batch[min(sb.sc[0], dr.k_of_batch.shape[0] - 1)]
+    k = _batch_k(sb, dr)
     m = 0
     for j in range(n_sampled):
         r = sb.lists.sampled[j]
@@ -613,8 +625,7 @@ def propose_history_inline(c, sb, dr, ah, max_model_len):
     drafting seconds, or −1.0 with nothing changed when the event loop must do it: a call that started or
     finished and was not hooked (its Python hooks), the V1 proposer skip, or no room in the arena."""
     n = sb.sc[0]
-    k_max = dr.par[IN_K_MAX]
-    if dr.par[IN_SKIP_UNFIT] and n and sb.sc[6] + k_max > max_model_len:
+    if _proposer_skipped(sb, dr, max_model_len):
         return -1.0
     for i in range(n):
         if sb.rows.emitted[i] and not ah.hooked[i]:
@@ -692,7 +703,7 @@ def propose_history_inline(c, sb, dr, ah, max_model_len):
             nops += 1
             j = t
     # propose: a lookup per drafting call, then the budget and the caps
-    k = dr.k_of_batch[min(n, dr.k_of_batch.shape[0] - 1)]
+    k = _batch_k(sb, dr)
     m = 0
     for j in range(sb.sc[4]):
         r = sb.lists.sampled[j]
@@ -738,9 +749,7 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
     −1.0 with nothing changed when the event loop must do it: the V1 runner's proposer skip, a call that
     starts, stops (active, not in the batch), finishes or reached max_model_len, or no room in the forest."""
     n = sb.sc[0]
-    if n and sb.sc[6] + dr.par[IN_K_MAX] > max_model_len:
-        return -1.0
-    if sb.sc[3]:
+    if _proposer_skipped(sb, dr, max_model_len) or sb.sc[3]:
         return -1.0
     depth = sx.par[SX_DEPTH]
     rows_emitted = 0
@@ -763,7 +772,7 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
         return -1.0
     if rows_emitted == 0:
         return 0.0
-    k = dr.k_of_batch[min(n, dr.k_of_batch.shape[0] - 1)]
+    k = _batch_k(sb, dr)
     ops = sx.ops
     m = 0
     nops = 0
