@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numba import njit
 
-from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
+from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, grown, register_drafter
 from agentspec_sim.drafters.block_index import (
     META_C,
     META_CT,
@@ -372,16 +372,10 @@ class History:
         and the block of each of its output tokens (`engine/scheduler.py` `InlineHistory`)."""
         blocks = np.asarray(cursor.blocks, dtype=np.int64)[cursor.labels]
         n = blocks.shape[0]
-        if self.tok_top + n > self.tok_block.shape[0]:
-            grown = np.zeros(max(2 * self.tok_block.shape[0], self.tok_top + n), dtype=np.int64)
-            grown[:self.tok_top] = self.tok_block[:self.tok_top]
-            self.tok_block = grown
+        self.tok_block = grown(self.tok_block, self.tok_top + n, 0)
         self.tok_block[self.tok_top:self.tok_top + n] = blocks
-        if row >= self.row_at.shape[0]:
-            size = max(2 * self.row_at.shape[0], row + 1)
-            self.row_at = np.concatenate([self.row_at, np.full(size - self.row_at.shape[0], -1, dtype=np.int64)])
-            self.row_lineage = np.concatenate([self.row_lineage,
-                                               np.full(size - self.row_lineage.shape[0], -1, dtype=np.int64)])
+        self.row_at = grown(self.row_at, row + 1, -1)
+        self.row_lineage = grown(self.row_lineage, row + 1, -1)
         self.row_at[row] = self.tok_top
         self.row_lineage[row] = cursor.lineage
         self.tok_top += n
@@ -554,10 +548,8 @@ class History:
         block = store.blocks.get(key)
         if block is None:
             block = store.blocks[key] = self.arena.new_block()
-            if block >= self.tail_lin.shape[0]:
-                grow = max(64, 2 * self.tail_lin.shape[0])
-                self.tail_lin = np.concatenate([self.tail_lin, np.full(grow, -1, dtype=np.int64)])
-                self.tail_pos = np.concatenate([self.tail_pos, np.zeros(grow, dtype=np.int64)])
+            self.tail_lin = grown(self.tail_lin, block + 1, -1)
+            self.tail_pos = grown(self.tail_pos, block + 1, 0)
         return block
 
     def _feed(self, automaton: StructureAutomaton, tokens: np.ndarray) -> np.ndarray:

@@ -128,6 +128,16 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def grown(array: np.ndarray, rows: int, fill: int) -> np.ndarray:
+    """`array` if it has ≥ `rows` rows, else a copy with at least twice as many, the new rows `fill`
+    (per-row state that drafters share with the engine's compiled loop grows this way)."""
+    if rows <= array.shape[0]:
+        return array
+    out = np.full((max(2 * array.shape[0], rows), *array.shape[1:]), fill, dtype=array.dtype)
+    out[:array.shape[0]] = array
+    return out
+
+
 def _parse_schedule(value: object) -> tuple[tuple[int, int, int], ...]:
     """Validate `[[start, end, k], ...]`: inclusive ranges of scheduled requests, the first from 1."""
     what = "num_speculative_tokens_per_batch_size"

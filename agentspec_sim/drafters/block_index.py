@@ -512,7 +512,8 @@ class BlockArena:
         self.hv = np.zeros(table_size, dtype=np.int32)
         self.used = np.zeros(1, dtype=np.int64)
         # Tokens (SEPs and lead-ins included) held by live blocks: [0] counts what `run` reserved and
-        # `free_block` dropped, [1] what compiled callers appended after `room_for` said there was room.
+        # `free_block` dropped, [1] what compiled callers appended after checking the room themselves
+        # (engine/scheduler.py `propose_history_inline`).
         self.live = np.zeros(2, dtype=np.int64)
         self._stale = False  # freed blocks' keys are still in the table
 

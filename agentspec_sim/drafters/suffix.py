@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
+from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, grown, register_drafter
 from agentspec_sim.drafters.suffix_tree import (
     OP_APPEND,
     OP_FIELDS,
@@ -210,12 +210,8 @@ class SuffixDrafter(BaseDrafter):
 
     def _mirror_rows(self) -> None:
         """Write the changed calls' trees and activity into `row_state` (what compiled steps read)."""
-        table = self.row_state
         for slot in self.touched:
-            if slot.row >= table.shape[0]:
-                grown = np.full((max(2 * table.shape[0], slot.row + 1), 4), -1, dtype=np.int64)
-                grown[:table.shape[0]] = table
-                table = self.row_state = grown
+            table = self.row_state = grown(self.row_state, slot.row + 1, -1)
             table[slot.row] = (slot.local_root, slot.local_seq, slot.global_seq, int(slot.active))
         self.touched = []
         self.n_active[0] = len(self.active)
