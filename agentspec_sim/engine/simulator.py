@@ -631,15 +631,14 @@ class Simulator:
         rows = sb.rows[:n_rows]
         emitted, started, calls = rows["emitted"], rows["started"], rows["call"]
         hooked = (emitted > 0) & ((started != 0) | (self.table.cols["status"][calls] == S_FINISHED))
-        states = [self.states[r] for r in calls.tolist()]
         if hooked.any():
-            self._drafter_hooks(states, emitted * hooked, started)
+            self._drafter_hooks([self.states[r] for r in calls.tolist()], emitted * hooked, started)
         ah = self._inline_history()
         ah.hooked[:n_rows] = hooked
         seconds = self.scheduler.history_drafts(self._history, ah)
         ah.hooked[:n_rows] = 0
         if seconds < 0.0:
-            self._drafter_hooks(states, emitted * ~hooked, started)
+            self._drafter_hooks([self.states[r] for r in calls.tolist()], emitted * ~hooked, started)
             return False
         self.pending_draft_s = seconds
         return True
