@@ -264,6 +264,86 @@ def test_tree_matches_the_cpp_tree_with_removals():
     assert compared > 1000
 
 
+
+def _speculate_by_root_walks(forest: SuffixForest, root: int, ctx: np.ndarray, max_spec: int, factor: float,
+                             min_prob: float) -> tuple[list[int], np.float32]:
+    """The speculation rule read straight off the arrays: every match length walked from the root, no shortcut."""
+    from agentspec_sim.drafters.suffix_tree import CNT, HEAD, LEN, RIDX, RSEQ, SOFF, child_node
+
+    nd, pool = forest.nd, forest.pool
+
+    def token(node: int, i: int) -> int:
+        return int(pool[forest.sq[nd[node, RSEQ], SOFF] + nd[node, RIDX] + i])
+
+    best, best_score = [], np.float32(0.0)
+    for m in range(1, len(ctx)):
+        node, idx = root, 0
+        for t in ctx[len(ctx) - m:]:
+            if idx == nd[node, LEN]:
+                node, idx = int(child_node(nd, forest.ht, node, int(t))), 0
+                if node < 0:
+                    break
+            if token(node, idx) != t:
+                node = -1
+                break
+            idx += 1
+        if node < 0:
+            break
+        budget = max(min(max_spec, int(np.float64(np.float32(m) * np.float32(factor)) + 1e-6)), 0)
+        draft, prob, score = [], np.float32(1.0), np.float32(0.0)
+        while len(draft) < budget and prob >= np.float32(min_prob):
+            if idx < nd[node, LEN]:
+                draft.append(token(node, idx))
+                score += prob
+                idx += 1
+            elif nd[node, HEAD] >= 0:
+                child = int(nd[node, HEAD])
+                prob = prob * (np.float32(nd[child, CNT]) / np.float32(nd[node, CNT]))
+                node, idx = child, 0
+            else:
+                break
+        if score >= best_score:
+            best, best_score = draft, score
+    return best, best_score
+
+
+def test_open_suffixes_and_the_depth_bound_leave_speculation_as_root_walks():
+    # `_speculate_tree` reads the match of a context's last m tokens off a sequence's open suffixes when
+    # the context ends with that sequence, and stops once depth − m is below the best score; both must
+    # give what walking every match length from the root gives (contexts that agree with the sequence's
+    # end, in part, or not at all; longer than the depth; sequences removed).
+    rng = np.random.default_rng(11)
+    compared = agreeing = 0
+    for _ in range(80):
+        depth, vocab = int(rng.integers(2, 10)), int(rng.integers(2, 5))
+        forest = SuffixForest(depth, node_capacity=16, pool_capacity=16)
+        root = forest.new_tree()
+        tokens: dict[int, list[int]] = {}
+        for _ in range(40):
+            if rng.random() < 0.1 and len(tokens) > 1:
+                seq = int(rng.choice(list(tokens)))
+                forest.remove(root, seq)
+                del tokens[seq]
+                continue
+            seq = int(rng.choice(list(tokens))) if tokens and rng.random() < 0.8 else forest.new_seq()
+            new = rng.integers(0, vocab, size=int(rng.integers(1, 8))).astype(np.int32)
+            forest.append(root, seq, new)
+            tokens[seq] = tokens.get(seq, []) + new.tolist()
+            for _ in range(3):
+                ctx = np.asarray(tokens[seq][-int(rng.integers(1, depth + 4)):], dtype=np.int32)
+                if rng.random() < 0.4:
+                    ctx[int(rng.integers(0, len(ctx)))] = int(rng.integers(0, vocab + 1))
+                k, factor = int(rng.integers(1, 12)), float(rng.choice([0.5, 1.0, 2.0]))
+                min_prob = float(rng.choice([0.0, 0.1, 0.4]))
+                want, want_score = _speculate_by_root_walks(forest, root, ctx, k, factor, min_prob)
+                for via in (seq, -1):
+                    got, score = forest.speculate(root, ctx, k, factor, 0.0, min_prob, seq=via)
+                    assert (got.tolist(), np.float32(score)) == (want, want_score)
+                compared += 1
+                agreeing += int(np.array_equal(ctx[-2:], tokens[seq][-2:]))
+    assert compared > 5000 and agreeing > 2000
+
+
 TRACE_CASES = [
     # (speculative config, replay options)
     ({}, {}),

@@ -557,19 +557,49 @@ def _walk(nd, sq, pool, node, idx, budget, min_prob, out):
 
 
 @njit(cache=True, nogil=True)
-def _speculate_tree(nd, sq, pool, ht, root, ctx, lo, hi, max_spec, factor, offset, min_prob, tmp, best):
+def _tail_agrees(sq, act, pool, s, ctx, lo, hi):
+    """How many of ctx[lo:hi]'s last tokens end sequence s, up to its open suffixes (0 for s < 0)."""
+    if s < 0:
+        return 0
+    v = min(sq[s, SAN], hi - lo)
+    end = sq[s, SOFF] + sq[s, SLEN] - 1
+    for j in range(v):
+        if pool[end - j] != ctx[hi - 1 - j]:
+            return j
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _speculate_tree(nd, sq, act, pool, ht, root, s, ctx, lo, hi, max_spec, factor, offset, min_prob, tmp, best):
     """Best draft of one tree for context ctx[lo:hi] into `best`: (length, score).
 
     For match length m = 1, 2, … < len(ctx) (stop at the first that does not occur): budget
     min(max_spec, ⌊m·factor + offset + 1e-6⌋), greedy path, score = Σ probabilities; the best score
     wins, ties to the longer match.
+
+    Two shortcuts leave the result as the C++ computes it. (1) When the context ends with the last
+    tokens of the tree's sequence s (a call's own prompt tree; its response in the global tree), the
+    match of its last m tokens, m ≤ that overlap, is where s's open suffix of length m ends, a node
+    boundary (`act`), so no walk from the root is needed. (2) A path from a node m tokens deep holds
+    at most depth − m more tokens (suffixes are cut to the depth) and each adds a probability ≤ 1,
+    so once depth − m falls below the best score no longer match can win.
     """
+    depth = act.shape[1]
+    agree = _tail_agrees(sq, act, pool, s, ctx, lo, hi)
+    st = sq[s, SAST] if s >= 0 else 0
+    n_open = sq[s, SAN] if s >= 0 else 0
     best_n = 0
     best_score = np.float32(0.0)
     for m in range(1, hi - lo):
-        node, idx = _match(nd, sq, pool, ht, root, ctx, hi - m, hi)
-        if node < 0:
+        if depth - m < best_score:
             break
+        if m <= agree:
+            node = np.int64(act[s, (st + n_open - m) % depth])
+            idx = nd[node, LEN]
+        else:
+            node, idx = _match(nd, sq, pool, ht, root, ctx, hi - m, hi)
+            if node < 0:
+                break
         budget = int(np.float64(np.float32(m) * factor + offset) + 1e-6)
         budget = max(min(max_spec, budget), 0)
         n, score = _walk(nd, sq, pool, node, idx, budget, min_prob, tmp)
@@ -650,8 +680,9 @@ def run_ops_into(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, 
             c0 = ops[r, 6]
             c1 = c0 + ops[r, 7]
             k = min(ops[r, 8], width)
-            nl, sl = _speculate_tree(nd, sq, pool, ht, root, tb, c0, c1, k, factor, offset, min_prob, tmp, best_l)
-            ng, sg = _speculate_tree(nd, sq, pool, ht, global_root, tb, c0, c1, k, factor, offset, min_prob,
+            nl, sl = _speculate_tree(nd, sq, act, pool, ht, root, s, tb, c0, c1, k, factor, offset, min_prob, tmp,
+                                     best_l)
+            ng, sg = _speculate_tree(nd, sq, act, pool, ht, global_root, gs, tb, c0, c1, k, factor, offset, min_prob,
                                      tmp, best_g)
             if sl >= sg:
                 for i in range(nl):
@@ -669,11 +700,11 @@ def run_ops_into(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, 
 
 
 @njit(cache=True, nogil=True)
-def speculate_one(nd, sq, pool, ht, root, ctx, max_spec, factor, offset, min_prob, out):
+def speculate_one(nd, sq, act, pool, ht, root, seq, ctx, max_spec, factor, offset, min_prob, out):
     """One tree's best draft for ctx (all of it) into out: (length, float32 score)."""
     tmp = np.empty(out.shape[0], dtype=np.int32)
-    return _speculate_tree(nd, sq, pool, ht, root, ctx, 0, ctx.shape[0], min(max_spec, out.shape[0]), factor, offset,
-                           min_prob, tmp, out)
+    return _speculate_tree(nd, sq, act, pool, ht, root, seq, ctx, 0, ctx.shape[0], min(max_spec, out.shape[0]),
+                           factor, offset, min_prob, tmp, out)
 
 
 @njit(cache=True, nogil=True)
@@ -860,10 +891,11 @@ class SuffixForest:
                  np.zeros(0, dtype=np.int32))
 
     def speculate(self, root: int, context: np.ndarray, max_spec: int, factor: float = 1.0, offset: float = 0.0,
-                  min_prob: float = 0.1) -> tuple[np.ndarray, float]:
-        """The tree's best greedy draft for `context` and its score (the C++ `SuffixTree.speculate`, path mode)."""
+                  min_prob: float = 0.1, seq: int = -1) -> tuple[np.ndarray, float]:
+        """The tree's best greedy draft for `context` and its score (the C++ `SuffixTree.speculate`, path mode);
+        `seq`: a sequence of the tree whose open suffixes may stand in for walks from the root."""
         out = np.zeros(max(max_spec, 0), dtype=np.int32)
-        n, score = speculate_one(self.nd, self.sq, self.pool, self.ht, root,
+        n, score = speculate_one(self.nd, self.sq, self.act, self.pool, self.ht, root, seq,
                                  np.ascontiguousarray(context, dtype=np.int32), max_spec, np.float32(factor),
                                  np.float32(offset), np.float32(min_prob), out)
         return out[:n], float(score)
