@@ -436,3 +436,26 @@ def test_engine_run_matches_vllm_driving_the_real_library(engine_workload, optio
     res = _engine_replay(engine_workload, options, engine, reference=True)
     assert res.problems == []
     assert res.compared > 1000 and res.nonempty > 500
+
+
+def test_prompt_trees_are_kept_only_for_a_later_call_of_their_query():
+    # A finished call's prompt tree is kept while a later call of its query may extend it; the last call's
+    # is freed. Three agent queries of three calls each, one at a time: every later call extends its
+    # predecessor's tree, and at the end no tree is kept.
+    from simhelpers import agent_query, config, workload
+
+    from agentspec_sim.cost import build_cost_model
+    from agentspec_sim.engine.config import resolve
+    from agentspec_sim.engine.simulator import Simulator
+
+    rng = np.random.default_rng(3)
+    wl = workload(*(agent_query(rng, f"q{i}", 3) for i in range(3)))
+    cfg = config(max_num_seqs=1)
+    sim = Simulator(wl, parse_drafter("suffix"), cfg, resolve(cfg), build_cost_model("a100-80g", "qwen3-8b"))
+    drafter = sim.drafters[0]
+    taken = []
+    take = drafter._take_tree
+    drafter._take_tree = lambda prompt: taken.append(take(prompt)) or taken[-1]
+    sim.run()
+    assert sum(root >= 0 for root, _ in taken) == 6  # calls 2 and 3 of each query extend a kept tree
+    assert not drafter.reuse and drafter.reuse_tokens == 0

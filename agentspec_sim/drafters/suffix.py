@@ -21,10 +21,11 @@ once after every step vLLM runs the proposer in, also with no rows (`driven_per_
 `Simulator._suffix_step`; docs/suffix-decoding.md, "How the engine drives it").
 
 State: one `SuffixForest` arena holding the global tree and the prompt trees. A finished call's
-prompt tree is kept (LRU, bounded) and, when it holds exactly a prefix of a later call's prompt —
-the agent case, where call i+1's prompt is call i's prompt + output + more — that call's prompt tree
-extends it instead of being rebuilt: a tree depends only on the token sequence appended, so the
-drafts are the same (tests/test_suffix.py checks it against the real library).
+prompt tree is kept (LRU, bounded; not the last call's of a query, which nothing extends) and, when
+it holds exactly a prefix of a later call's prompt — the agent case, where call i+1's prompt is call
+i's prompt + output + more — that call's prompt tree extends it instead of being rebuilt: a tree
+depends only on the token sequence appended, so the drafts are the same (tests/test_suffix.py checks
+it against the real library).
 
 Config (vLLM `SpeculativeConfig`): `suffix_decoding_max_tree_depth` 24 (≥ 1),
 `suffix_decoding_max_cached_requests` 10000 (≥ 0; 0 disables the global tree),
@@ -303,7 +304,9 @@ class _Batch:
                 slot.active = False
                 del self.d.active[slot]
             if slot.local_root >= 0:
-                self.kept.append((slot.local_root, slot.local_seq))
+                # Kept for reuse only while a later call of its query may extend it.
+                freed = self.dropped if slot.state.last_in_query else self.kept
+                freed.append((slot.local_root, slot.local_seq))
             slot.local_root = slot.local_seq = -1
             self.d.touched.append(slot)
             slot.state = None  # the response may stay cached long after; the call's buffers need not

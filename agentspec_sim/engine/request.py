@@ -242,8 +242,8 @@ class CallState:
     (the valid prefix) only, since everything past `num_tokens` is the answer.
     """
 
-    __slots__ = ("_r", "_t", "call", "call_id", "drafter_state", "index", "output_len", "prompt_len", "query_index",
-                 "target_len", "tenant")
+    __slots__ = ("_r", "_t", "call", "call_id", "drafter_state", "index", "last_in_query", "output_len", "prompt_len",
+                 "query_index", "target_len", "tenant")
 
     def __init__(self, index: int, call: Call, call_id: str, tenant: int, query_index: int, target_len: int) -> None:
         table = CallTable(1)
@@ -275,6 +275,8 @@ class CallState:
         self.output_len = call.output_len
         self.target_len = int(table.cols["target_len"][row])
         self.drafter_state: Any = None
+        # No later call of its query comes (the engine sets it): drafters may drop state kept for one.
+        self.last_in_query = False
 
     num_emitted = _column("num_emitted", int)
     num_computed = _column("num_computed", int)

@@ -383,6 +383,9 @@ class Simulator:
             state = CallState.in_table(table, row, call, ids[row], query_of[row])
             self.states.append(state)
             self.queries[query_of[row]].calls.append(state)
+        for query in self.queries:
+            if query.calls:
+                query.calls[-1].last_in_query = True
         self.table = table
         # One call-step per output token at most, plus the prefill chunks: room for all of it up front.
         rows = int(table.cols["target_len"][:len(calls)].sum()) + sum(
