@@ -248,11 +248,13 @@ def drafter_of(method, **options):
     return make_drafter(parse_drafter({"method": method, "min_match_len": 2, **options}))
 
 
-def drive(drafter, calls, k=16):
-    """Run calls one after another, one token per step; the draft proposed before each output token."""
+def drive(drafter, calls, k=16, last=()):
+    """Run calls one after another, one token per step; the draft proposed before each output token.
+    `last`: ids of calls that end their query."""
     drafts = {}
     for i, call in enumerate(calls):
         st = CallState(i, call, call.id, 0, i, call.output_len)
+        st.last_in_query = call.id in last
         out = call.output_tokens
         seen = []
         for t in range(call.output_len):
@@ -329,6 +331,43 @@ def test_an_extending_prompt_is_not_indexed_twice(tok):
     new = drafter.history.arena.live_tokens - held
     # only the appended prompt part and the output (each segment adds a SEP and ≤ max_n lead-in tokens)
     assert new <= len(append) + c1.output_len + 2 * (1 + 8)
+
+
+def test_a_finished_querys_history_is_dropped(tok):
+    # When the last call of a query finishes nothing reads its history again: its blocks are freed, with
+    # the appends still queued for them; a query with calls to come keeps its history.
+    drafter = make_drafter(parse_drafter("agentspec"))
+    c0 = _call(tok, "f0", "q1", 0, "Start.", "```python\nx = 1\n```")
+    other = _call(tok, "g0", "q2", 0, "Other.", "```python\ny = 2\n```")
+    drive(drafter, [c0, other], last={"g0"})
+    history = drafter.history
+    assert {key[1] for key in history.stores} == {"q1"} and history.arena.live_tokens > 0
+    c1 = Call(id="f1", agent_id="agent", query_id="q1", seq=1,
+              prompt_tokens=np.concatenate([c0.prompt_tokens, c0.output_tokens, tok.encode_batch(["Ok."])[0]]),
+              output_tokens=tok.encode_batch(["Done."])[0], structure=PY)
+    drive(drafter, [c1], last={"f1"})
+    assert not history.stores and not history.queue and history.arena.live_tokens == 0
+
+
+def test_table_rebuilds_stay_logarithmic_when_blocks_are_freed(monkeypatch):
+    # Each rebuild passes over every live key; sized for a load of ≤ 1/4, freeing blocks along the way
+    # does not make them come back-to-back.
+    from agentspec_sim.drafters import block_index
+
+    rebuilds = []
+    real = block_index.rebuild_table
+    monkeypatch.setattr(block_index, "rebuild_table", lambda *a: rebuilds.append(a[3].shape[0]) or real(*a))
+    arena = BlockArena((2,), pool_capacity=4, table_size=4)
+    rng = np.random.default_rng(0)
+    blocks = []
+    for rep in range(400):
+        blocks.append(arena.new_block())
+        toks = rng.integers(0, 1 << 20, size=64).astype(np.int32)
+        arena.run(np.asarray([[OP_APPEND, blocks[-1], 0, 64, 0, 0, 0, 0]], dtype=np.int64), toks,
+                  np.zeros((0, 1), np.int32), np.zeros((0, 5), np.int64), 4, 100)
+        if rep % 3 == 2:
+            arena.free_block(blocks.pop(int(rng.integers(0, len(blocks)))))
+    assert len(rebuilds) <= 10
 
 
 def test_offline_replay_sees_what_the_drafter_sees(tok):

@@ -60,9 +60,9 @@ Config keys: `num_speculative_tokens` k (the per-call cap and the candidate leng
 the suffix keys instead of the match keys; `agentspec-s` takes no budget keys, `agentspec-n` no
 tokenizer. The defaults and the sweeps behind them are in docs/agentspec.md.
 
-State: one `BlockArena` and one `_Store` per (agent, query) per drafter instance; a store whose
-query has no running call is dropped, least recently used first, when the arena holds more than
-`MAX_LIVE_TOKENS`.
+State: one `BlockArena` and one `_Store` per (agent, query) per drafter instance; a query's stores
+are dropped when its last call finishes, and a store whose query has no running call is dropped,
+least recently used first, when the arena holds more than `MAX_LIVE_TOKENS`.
 """
 
 from __future__ import annotations
@@ -310,6 +310,7 @@ class History:
         self.table = token_bytes
         self.structured = structured and token_bytes is not None
         self.stores: dict[tuple[Any, Any], _Store] = {}
+        self.query_keys: dict[Any, list[tuple[Any, Any]]] = {}  # query id → its calls' history keys
         self.queue: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # (block, tokens, lead-in or None)
         self.clock = itertools.count()
         self.lineages = itertools.count()
@@ -332,6 +333,7 @@ class History:
         store = self.stores.get(key)
         if store is None:
             store = self.stores[key] = _Store()
+            self.query_keys.setdefault(call.query_id, []).append(key)
         store.running += 1
         store.used = next(self.clock)
         structure = call.structure if self.structured and call.structure else ()
@@ -537,11 +539,22 @@ class History:
         for key, store in sorted(self.stores.items(), key=lambda kv: kv[1].used):
             if self.arena.live_tokens <= MAX_LIVE_TOKENS // 2:
                 break
-            if store.running:
-                continue
-            for block in store.blocks.values():
-                self.arena.free_block(block)
-            del self.stores[key]
+            if not store.running:
+                self._drop(key)
+
+    def end_query(self, query_id: Any) -> None:
+        """The query's last call finished: no later call reads its histories (every agent's), drop them."""
+        for key in self.query_keys.pop(query_id, ()):
+            store = self.stores.get(key)
+            if store is not None and not store.running:
+                self._drop(key)
+
+    def _drop(self, key: tuple[Any, Any]) -> None:
+        """Free a history's blocks, with the appends still queued for them."""
+        freed = set(self.stores.pop(key).blocks.values())
+        for block in freed:
+            self.arena.free_block(block)
+        self.queue = [entry for entry in self.queue if entry[0] not in freed]
 
     # -- internals ----------------------------------------------------------------------------
     def _block(self, store: _Store, key: tuple[str, str] | None) -> int:
@@ -739,6 +752,8 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
             self.history.finish(cursor, state.tokens)
             self.history.detach_row(state.index)
             state.drafter_state = None
+        if state.last_in_query:
+            self.history.end_query(state.call.query_id)
         self.history.evict()
 
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:

@@ -248,6 +248,8 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
             if self.global_history is not None:
                 self.global_history.add_text(GLOBAL_KEY, state.call.structure, tokens[state.prompt_len:])
             state.drafter_state = None
+        if state.last_in_query:
+            self.history.end_query(state.call.query_id)
         self.history.evict()
 
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:

@@ -515,7 +515,7 @@ class BlockArena:
         # `free_block` dropped, [1] what compiled callers appended after checking the room themselves
         # (engine/scheduler.py `propose_history_inline`).
         self.live = np.zeros(2, dtype=np.int64)
-        self._stale = False  # freed blocks' keys are still in the table
+        self._stale = 0  # keys of freed blocks still in the table, at most (a position per level)
 
     @property
     def live_tokens(self) -> int:
@@ -537,7 +537,7 @@ class BlockArena:
             self.bk[b, BLIVE] = 0
             self.live[0] -= self.bk[b, BLEN]
             self.bk[b, BCAP] = 0
-            self._stale = True
+            self._stale += int(self.bk[b, BLEN]) * self.levels.shape[0]
 
     def block_len(self, b: int) -> int:
         return int(self.bk[b, BLEN])
@@ -586,13 +586,16 @@ class BlockArena:
         self.pool, self.pv, self.pool_top = pool, pv, top
 
     def _reserve_slots(self, extra: int) -> None:
-        """Make room in the table for `extra` more keys at load ≤ 1/2; a rebuild drops freed blocks' keys."""
-        size = self.hk.shape[0]
-        if 2 * (int(self.used[0]) + extra) <= size:
+        """Make room in the table for `extra` more keys at load ≤ 1/2. A rebuild (which also drops freed
+        blocks' keys) is a pass over every live key, so it is sized for a load of ≤ 1/4 after it: the next
+        one comes only once the live keys have doubled."""
+        used = int(self.used[0])
+        if 2 * (used + extra) <= self.hk.shape[0]:
             return
-        if not self._stale:  # nothing to drop: grow right away
-            while 2 * (int(self.used[0]) + extra) > size:
-                size *= 2
+        live = max(used - self._stale, 0)
+        size = self.hk.shape[0]
+        while 4 * (live + extra) > size:
+            size *= 2
         while True:
             hk = np.zeros(size, dtype=np.uint64)
             hv = np.zeros(size, dtype=np.int32)
@@ -602,7 +605,7 @@ class BlockArena:
             size *= 2
         self.hk, self.hv = hk, hv
         self.used[0] = used
-        self._stale = False
+        self._stale = 0
 
     # -- batches --------------------------------------------------------------------------------
     def run(self, ops: np.ndarray, tb: np.ndarray, out: np.ndarray, meta: np.ndarray, max_candidates: int,
