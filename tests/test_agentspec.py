@@ -350,13 +350,14 @@ def test_a_finished_querys_history_is_dropped(tok):
 
 
 def test_table_rebuilds_stay_logarithmic_when_blocks_are_freed(monkeypatch):
-    # Each rebuild passes over every live key; sized for a load of ≤ 1/4, freeing blocks along the way
-    # does not make them come back-to-back.
+    # Each new table passes over every key; sized for a load of ≤ 1/4, freeing blocks along the way does
+    # not make them come back-to-back.
     from agentspec_sim.drafters import block_index
 
     rebuilds = []
-    real = block_index.rebuild_table
-    monkeypatch.setattr(block_index, "rebuild_table", lambda *a: rebuilds.append(a[3].shape[0]) or real(*a))
+    for name in ("rebuild_table", "regrow_table"):  # from the live blocks, from the old table
+        real = getattr(block_index, name)
+        monkeypatch.setattr(block_index, name, lambda *a, real=real: rebuilds.append(a[0].shape[0]) or real(*a))
     arena = BlockArena((2,), pool_capacity=4, table_size=4)
     rng = np.random.default_rng(0)
     blocks = []

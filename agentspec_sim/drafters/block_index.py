@@ -44,7 +44,8 @@ Layout: one arena per drafter (all blocks of all queries), grown by the Python s
 (`BlockArena.run` reserves pool room and hash slots first, so the compiled code never grows
 anything). Blocks live in regions of `pool` (tokens) and `pv` (chains), relocated on growth; hash
 values are block-relative positions, so relocation and compaction never touch the table. A freed
-block's hash entries go stale (its id is never reused) and disappear at the next table rebuild.
+block's hash entries go stale (its id is never reused) and disappear when the table is next rebuilt
+from the live blocks (once they may be half its keys; else a growing table takes the old one's entries).
 """
 
 from __future__ import annotations
@@ -181,6 +182,21 @@ def rebuild_table(pool, pv, bk, hk, hv, levels, num_blocks):
                     j += 1
                     if j == nlev:
                         break
+    return used
+
+
+@njit(cache=True, nogil=True)
+def regrow_table(hk_old, hv_old, hk, hv):
+    """Fill an empty (larger) table with the entries of the old one: no token is hashed again, and the
+    writes follow the old table's order (a key's slot is its low bits), so they are near sequential."""
+    used = 0
+    for i in range(hk_old.shape[0]):
+        key = hk_old[i]
+        if key != np.uint64(0):
+            s = _probe(hk, key)
+            hk[s] = key
+            hv[s] = hv_old[i]
+            used += 1
     return used
 
 
@@ -586,9 +602,9 @@ class BlockArena:
         self.pool, self.pv, self.pool_top = pool, pv, top
 
     def _reserve_slots(self, extra: int) -> None:
-        """Make room in the table for `extra` more keys at load ≤ 1/2. A rebuild (which also drops freed
-        blocks' keys) is a pass over every live key, so it is sized for a load of ≤ 1/4 after it: the next
-        one comes only once the live keys have doubled."""
+        """Make room in the table for `extra` more keys at load ≤ 1/2. A new table (rebuilt from the live
+        blocks, which drops freed blocks' keys, or filled from the old one) is a pass over every key, so
+        it is sized for a load of ≤ 1/4: the next one comes once the live keys have doubled."""
         used = int(self.used[0])
         if 2 * (used + extra) <= self.hk.shape[0]:
             return
@@ -596,16 +612,23 @@ class BlockArena:
         size = self.hk.shape[0]
         while 4 * (live + extra) > size:
             size *= 2
+        # Rebuilding costs more than moving the entries over (every live token is hashed again): worth it
+        # only when it drops at least half of them.
+        rebuild = 2 * self._stale >= used
         while True:
             hk = np.zeros(size, dtype=np.uint64)
             hv = np.zeros(size, dtype=np.int32)
-            used = rebuild_table(self.pool, self.pv, self.bk, hk, hv, self.levels, self.num_blocks)
+            if rebuild:
+                used = rebuild_table(self.pool, self.pv, self.bk, hk, hv, self.levels, self.num_blocks)
+            else:
+                used = regrow_table(self.hk, self.hv, hk, hv)
             if 2 * (used + extra) <= size:
                 break
             size *= 2
         self.hk, self.hv = hk, hv
         self.used[0] = used
-        self._stale = 0
+        if rebuild:
+            self._stale = 0
 
     # -- batches --------------------------------------------------------------------------------
     def run(self, ops: np.ndarray, tb: np.ndarray, out: np.ndarray, meta: np.ndarray, max_candidates: int,
