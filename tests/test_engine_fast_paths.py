@@ -245,9 +245,11 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_
 @pytest.mark.parametrize("tiny_forest", [False, True])
 def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_forest, monkeypatch):
     """The suffix proposer driven inside `run_steps` (`propose_suffix_inline`: steps where every active
-    call and only those emitted) equals the event loop driving the drafter after every step — with calls
-    stopped by preemption or the token budget, finishing, evicted from the response cache, near
-    max_model_len, and a forest too small for most steps (they go back to the event loop, which grows it)."""
+    call and only those emitted) and, at the end of each run, by the event loop through the same kernel
+    (calls starting fresh or finishing: `_suffix_compiled_step`) equals the event loop driving the drafter
+    after every step — with calls stopped by preemption or the token budget, finishing, evicted from the
+    response cache, near max_model_len, and a forest too small for most steps (they go back to the event
+    loop, which grows it)."""
     from agentspec_sim.drafters.suffix_tree import SuffixForest
 
     if tiny_forest:
@@ -258,13 +260,20 @@ def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_fore
     cost = RooflineCostModel("a100-80g", "qwen3-8b")
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
     assert sim._suffix is not None
-    by_python = []
-    step = sim._suffix_step
+    by_python, proposed = [], []
+    step, propose = sim._suffix_step, sim.drafters[0].propose
     monkeypatch.setattr(sim, "_suffix_step", lambda *args: by_python.append(1) or step(*args))
+    monkeypatch.setattr(sim.drafters[0], "propose", lambda *args: proposed.append(1) or propose(*args))
     compiled = sim.run()
     steps = compiled.engine_steps.height
     if not tiny_forest and set(overrides) <= {"max_num_seqs"}:
         assert len(by_python) < steps / 3  # most steps were driven inside runs
+        if spec == SUFFIX:
+            assert not proposed  # and the others by the kernel too: calls only start fresh or finish
+        else:
+            assert proposed  # a start that evicts a cached response: the drafter's own propose
+    if "num_kv_blocks" in overrides:
+        assert proposed  # preempted calls stop and restart: the drafter's own propose
     reference = _run(wl, spec, cfg, cost, max_run_steps=1)
     _same(compiled, reference)
     monkeypatch.setattr(Simulator, "_suffix_drafts", lambda self: None)

@@ -455,7 +455,7 @@ def test_prompt_trees_are_kept_only_for_a_later_call_of_their_query():
     drafter = sim.drafters[0]
     taken = []
     take = drafter._take_tree
-    drafter._take_tree = lambda prompt: taken.append(take(prompt)) or taken[-1]
+    drafter._take_tree = lambda *args: taken.append(take(*args)) or taken[-1]
     sim.run()
     assert sum(root >= 0 for root, _ in taken) == 6  # calls 2 and 3 of each query extend a kept tree
     assert not drafter.reuse and drafter.reuse_tokens == 0

@@ -118,6 +118,7 @@ class SuffixDrafter(BaseDrafter):
         # Kept prompt trees, least recently kept first: root → (seq, its length, its last token).
         self.reuse: dict[int, tuple[int, int, int]] = {}
         self.reuse_tokens = 0
+        self.tree_of_query: dict[int, int] = {}  # query index → the root its last finished call kept
         self.queue: list[tuple[int, _Slot, int, int]] = []  # (kind, call, end of its tokens, how many)
         self.round = 0
         # For the engine's compiled steps (engine/scheduler.py `InlineSuffix`): per table row [local_root,
@@ -191,23 +192,76 @@ class SuffixDrafter(BaseDrafter):
         out, out_n = batch.run()
         # Calls active but absent from this step's batch are stopped (vLLM: `stop_request`); their
         # prompt tree (prompt + part of the output) is dropped, as vLLM drops it.
-        dropped = batch.dropped
         for slot in [s for s in self.active if s.seen != self.round]:
             slot.active = False
             del self.active[slot]
             if slot.local_root >= 0:
-                dropped.append((slot.local_root, slot.local_seq))
+                batch.dropped.append((slot.local_root, slot.local_seq))
             slot.local_root = slot.local_seq = -1
             self.touched.append(slot)
+        self._settle(batch)
+        self.round += 1
+        return [out[i, :out_n[i]] for i in range(len(rows))]
+
+    def _settle(self, batch: _Batch) -> None:
+        """After a batch ran: keep or free the prompt trees it released, mirror the changed rows."""
+        dropped = batch.dropped
         for root, seq in batch.kept:
             self._keep_tree(root, seq)
         if len(self.reuse) > REUSE_MAX_TREES or self.reuse_tokens > REUSE_MAX_TOKENS:
             self._trim_reuse(dropped)
         if dropped:
             self._free_trees(dropped)
-        self.round += 1
         self._mirror_rows()
-        return [out[i, :out_n[i]] for i in range(len(rows))]
+
+    # -- the engine's compiled steps (`Simulator._suffix_step`) ------------------------------------
+    # A step whose calls, beyond those emitting as in `propose_suffix_inline`'s steps, only start fresh
+    # or finish is driven in three parts: `start_fresh` here, then the compiled kernel appends every
+    # row's tokens and drafts in batch order, then `finish_rows`. That is `propose`'s order: a fresh
+    # start touches only its own prompt tree (and opens an empty response), so starting it before the
+    # rows ahead of it in the batch changes nothing they see; a finish comes after its row's tokens.
+
+    def start_fresh(self, states: Sequence[CallState]) -> bool:
+        """Start calls that were never active (`_start`: prompt tree, empty response), or do nothing and
+        return False when one needs more than that: a restart (a cached response to drop) or FIFO eviction."""
+        if self.queue or self.touched:
+            return False
+        if self.max_cached and len(self.cached) + len(states) > self.max_cached:
+            return False
+        slots = []
+        for state in states:
+            slot = state.drafter_state
+            if slot is not None and (slot.active or slot.global_seq >= 0 or slot.local_root >= 0):
+                return False
+            slots.append(slot if slot is not None else _Slot(state))
+        batch = _Batch(self, 0, np.zeros(0, dtype=np.int64))
+        for state, slot in zip(states, slots, strict=True):
+            state.drafter_state = slot
+            slot.active = True
+            self.active[slot] = None
+            batch._start(slot)
+        batch.run()
+        self._settle(batch)
+        return True
+
+    def make_step_room(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Room for the compiled step to append counts[i] tokens of engine call rows[i] to both its trees."""
+        forest = self.forest
+        seq_len, cap = forest.seq_len, forest.seq_cap
+        counts = counts.tolist()
+        for (_, local, glob, _), n in zip(self.row_state[rows].tolist(), counts, strict=True):
+            if seq_len[local] + n > cap[local]:
+                forest.make_seq_room(local, n)
+            if glob >= 0 and seq_len[glob] + n > cap[glob]:
+                forest.make_seq_room(glob, n)
+        forest.make_room(2 * self.depth * sum(counts) + len(counts))
+
+    def finish_rows(self, states: Sequence[CallState]) -> None:
+        """`finish_call` for calls whose last tokens the compiled step appended, applied at once."""
+        batch = _Batch(self, 0, np.zeros(0, dtype=np.int64))
+        for state in states:
+            batch.apply((_FINISH, state.drafter_state, 0, 0))
+        self._settle(batch)
 
     def _mirror_rows(self) -> None:
         """Write the changed calls' trees and activity into `row_state` (what compiled steps read)."""
@@ -238,19 +292,26 @@ class SuffixDrafter(BaseDrafter):
         self.reuse[root] = (seq, n, last)
         self.reuse_tokens += n
 
-    def _take_tree(self, prompt: np.ndarray) -> tuple[int, int]:
-        """A kept prompt tree whose tokens are the longest prefix of `prompt`, or (-1, -1)."""
+    def _take_tree(self, prompt: np.ndarray, query: int) -> tuple[int, int]:
+        """A kept prompt tree whose tokens are a prefix of `prompt` — the one the query's previous call
+        kept, else the longest — or (-1, -1). (Any such tree drafts the same once extended.)"""
         forest = self.forest
-        best, best_n = -1, 0
         n_prompt = prompt.shape[0]
-        for root, (seq, n, last) in self.reuse.items():
-            if (best_n < n <= n_prompt and prompt[n - 1] == last
-                    and is_prefix(forest.pool, int(forest.sq[seq, SOFF]), n, prompt)):
-                best, best_n = root, n
+
+        def extends(seq: int, n: int, last: int) -> bool:
+            return (n <= n_prompt and prompt[n - 1] == last
+                    and is_prefix(forest.pool, int(forest.sq[seq, SOFF]), n, prompt))
+
+        best, best_n = self.tree_of_query.pop(query, -1), 0
+        if best not in self.reuse or not extends(*self.reuse[best]):
+            best = -1
+            for root, (seq, n, last) in self.reuse.items():
+                if best_n < n and extends(seq, n, last):
+                    best, best_n = root, n
         if best < 0:
             return -1, -1
-        seq = self.reuse.pop(best)[0]
-        self.reuse_tokens -= best_n
+        seq, n, _ = self.reuse.pop(best)
+        self.reuse_tokens -= n
         return best, seq
 
     def _free_trees(self, trees: list[tuple[int, int]]) -> None:
@@ -305,8 +366,11 @@ class _Batch:
                 del self.d.active[slot]
             if slot.local_root >= 0:
                 # Kept for reuse only while a later call of its query may extend it.
-                freed = self.dropped if slot.state.last_in_query else self.kept
-                freed.append((slot.local_root, slot.local_seq))
+                if slot.state.last_in_query:
+                    self.dropped.append((slot.local_root, slot.local_seq))
+                else:
+                    self.kept.append((slot.local_root, slot.local_seq))
+                    self.d.tree_of_query[slot.state.query_index] = slot.local_root
             slot.local_root = slot.local_seq = -1
             self.d.touched.append(slot)
             slot.state = None  # the response may stay cached long after; the call's buffers need not
@@ -322,7 +386,7 @@ class _Batch:
             slot.local_root = slot.local_seq = -1
         state = slot.state
         prompt = state.history[:state.prompt_len]
-        root, seq = d._take_tree(prompt)
+        root, seq = d._take_tree(prompt, state.query_index)
         if root < 0:
             root, seq = forest.new_tree(), forest.new_seq()
         have = int(forest.seq_len[seq])

@@ -826,12 +826,16 @@ class SuffixForest:
         off = int(self.sq[s, SOFF])
         return self.pool[off:off + int(self.seq_len[s])]
 
-    def reserve(self, s: int, n: int) -> None:
-        """Pool space for n more tokens of sequence s (the batch will append them)."""
+    def make_seq_room(self, s: int, n: int) -> None:
+        """Pool space for n more tokens of sequence s, which a compiled caller appends (and counts) itself."""
         need = int(self.seq_len[s]) + n
         if need > self.seq_cap[s]:
             self._relocate(s, max(need + 64, 2 * self.seq_cap[s]))
-        self.seq_len[s] = need
+
+    def reserve(self, s: int, n: int) -> None:
+        """Pool space for n more tokens of sequence s (the batch will append them)."""
+        self.make_seq_room(s, n)
+        self.seq_len[s] += n
 
     def _relocate(self, s: int, capacity: int) -> None:
         if self.pool_top + capacity > self.pool.shape[0]:

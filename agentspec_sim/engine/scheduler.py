@@ -220,7 +220,7 @@ class InlineHistory(NamedTuple):
 
 
 # InlineSuffix.par fields.
-SX_DEPTH, SX_K, SX_GLOBAL_ROOT = range(3)
+SX_DEPTH, SX_K, SX_GLOBAL_ROOT, SX_EVENT_LOOP = range(4)
 
 
 class InlineSuffix(NamedTuple):
@@ -231,7 +231,7 @@ class InlineSuffix(NamedTuple):
     in batch order, as `SuffixDrafter.propose` applies them; any other step goes to the event loop.
     """
 
-    par: np.ndarray  # int64: [depth, k, global root]
+    par: np.ndarray  # int64: [depth, k, global root, 1 while the event loop calls (`Scheduler.suffix_drafts`)]
     fpar: np.ndarray  # float32: [max_spec_factor, offset, min_token_prob]
     nd: np.ndarray  # the `SuffixForest` arrays
     gp: np.ndarray
@@ -747,9 +747,12 @@ def _drafts_from_out(c, rows, out, lengths, m):
 def propose_suffix_inline(c, sb, dr, sx, max_model_len):
     """`Simulator._suffix_step` for the step in `sb` from `InlineSuffix`; returns the drafting seconds, or
     −1.0 with nothing changed when the event loop must do it: the V1 runner's proposer skip, a call that
-    starts, stops (active, not in the batch), finishes or reached max_model_len, or no room in the forest."""
+    starts, stops (active, not in the batch), finishes or reached max_model_len, or no room in the forest.
+    Called by the event loop (par[SX_EVENT_LOOP]), the drafter has started the calls that start, and a
+    call that finishes has its tokens appended and drafts nothing (`SuffixDrafter.finish_rows` follows)."""
     n = sb.sc[0]
-    if _proposer_skipped(sb, dr, max_model_len) or sb.sc[3]:
+    event_loop = sx.par[SX_EVENT_LOOP] != 0
+    if _proposer_skipped(sb, dr, max_model_len) or (sb.sc[3] and not event_loop):
         return -1.0
     depth = sx.par[SX_DEPTH]
     rows_emitted = 0
@@ -759,7 +762,7 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
         if e == 0:
             continue
         r = sb.rows.call[i]
-        if sb.rows.started[i] or r >= sx.row_state.shape[0] or sx.row_state[r, 3] != 1:
+        if (sb.rows.started[i] and not event_loop) or r >= sx.row_state.shape[0] or sx.row_state[r, 3] != 1:
             return -1.0
         if c.calls.prompt_len[r] + c.calls.num_emitted[r] >= max_model_len:
             return -1.0
@@ -796,7 +799,7 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
         ops[nops, 8] = 0
         ops[nops, 9] = -1
         limit = min(k, max_model_len - end - 1)  # the V1 runner's suffix budget
-        if limit > 0:
+        if limit > 0 and c.calls.status[r] != S_FINISHED:
             ops[nops, 8] = min(limit, sx.par[SX_K])
             ops[nops, 9] = m
             dr.rows[m] = r
@@ -1010,6 +1013,7 @@ class Scheduler:
         self._drafts_from = FastCall(drafts_from_rows, containers=(0, 1, 2))
         self._model_drafts = FastCall(propose_model_buffered, containers=(0, 1))
         self._history_drafts = FastCall(propose_history_inline, containers=(0, 1, 2, 3))
+        self._suffix_drafts = FastCall(propose_suffix_inline, containers=(0, 1, 2, 3))
         self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
         self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
                          zeros(4, dtype=np.int64))
@@ -1146,6 +1150,16 @@ class Scheduler:
         seconds, or −1.0 when the event loop must observe and propose itself."""
         self.table.reserve_draft_width(int(dr.par[IN_K_MAX]))
         return float(self._history_drafts(self.table.nt, self.sb, dr, ah, self.max_model_len))
+
+    def suffix_drafts(self, dr: InlineDrafts, sx: InlineSuffix) -> float:
+        """`propose_suffix_inline` for the step in the step buffer, called by the event loop (the drafter
+        has started the calls that start): the drafting seconds, or −1.0 with nothing changed."""
+        self.table.reserve_draft_width(int(dr.par[IN_K_MAX]))
+        sx.par[SX_EVENT_LOOP] = 1
+        try:
+            return float(self._suffix_drafts(self.table.nt, self.sb, dr, sx, self.max_model_len))
+        finally:
+            sx.par[SX_EVENT_LOOP] = 0
 
     def set_drafts_from_tokens(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """`set_drafts` for drafts that are stretches of the token arena: tokens[starts[i]:starts[i] + lengths[i]]."""

@@ -267,7 +267,7 @@ class Simulator:
         if last is None:
             seqs, k = self.limits.max_num_seqs, max(drafter.k, 1)
             last = self._suffix_last = InlineSuffix(
-                par=np.array([drafter.depth, drafter.k, drafter.global_root], dtype=np.int64),
+                par=np.array([drafter.depth, drafter.k, drafter.global_root, 0], dtype=np.int64),
                 fpar=np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32),
                 n_active=drafter.n_active, ops=np.zeros((seqs, 10), dtype=np.int64),
                 out=np.zeros((seqs, k), dtype=np.int32), out_n=np.zeros(seqs, dtype=np.int32),
@@ -764,7 +764,14 @@ class Simulator:
             self.pending_draft_s = 0.0
             return
         num_tokens = col["prompt_len"][batch["call"]] + col["num_emitted"][batch["call"]]
-        self._drafter_hooks(rows, batch["emitted"], batch["started"], num_tokens < max_len)
+        started = batch["started"]
+        if self._suffix is not None:
+            compiled = self._suffix_compiled_step(rows, batch["call"], batch["emitted"], num_tokens)
+            if compiled is not None:
+                self.pending_draft_s = compiled
+                return
+            started = np.zeros(n_rows, dtype=bool)  # (when it started calls itself, before giving up)
+        self._drafter_hooks(rows, batch["emitted"], started, num_tokens < max_len)
         states = [self.states[r] for r in sampled.tolist()]
         lens = self.policy.max_draft_lens(n_rows, states) if states else np.zeros(0, dtype=np.int64)
         lens = np.minimum(lens, max_len - (col["prompt_len"][sampled] + col["num_emitted"][sampled]) - 1)
@@ -780,6 +787,31 @@ class Simulator:
         if drafting:
             self.scheduler.set_drafts(rows_kept, proposals)
         self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, drafting, lens))
+
+    def _suffix_compiled_step(self, rows: list[CallState], calls: np.ndarray, emitted: np.ndarray,
+                              num_tokens: np.ndarray) -> float | None:
+        """`_suffix_step` with the compiled kernel doing the rows' appends and drafts (`SuffixDrafter.
+        start_fresh`, `Scheduler.suffix_drafts`, `SuffixDrafter.finish_rows`): the drafting seconds, or
+        None when the step needs the drafter's own `propose` (a stop, a restart, an eviction, a call at
+        max_model_len), before anything changed or, should the kernel decline, after the fresh starts."""
+        drafter: SuffixDrafter = self.drafters[0]
+        emitting = emitted.nonzero()[0]
+        if (num_tokens[emitting] >= self.limits.max_model_len).any():
+            return None
+        fresh = [state for state in (rows[i] for i in emitting.tolist())
+                 if state.drafter_state is None or not state.drafter_state.active]
+        if len(drafter.active) + len(fresh) != emitting.shape[0]:  # an active call did not emit: it stops
+            return None
+        if fresh and not drafter.start_fresh(fresh):
+            return None
+        drafter.make_step_room(calls[emitting], emitted[emitting])
+        seconds = self.scheduler.suffix_drafts(self._suffix, self._inline_suffix())
+        if seconds < 0.0:
+            return None
+        finished = emitting[self.table.cols["status"][calls[emitting]] == S_FINISHED]
+        if finished.shape[0]:
+            drafter.finish_rows([rows[i] for i in finished.tolist()])
+        return seconds
 
     def _count_done(self, n: int) -> None:
         self.done_calls += n
