@@ -75,6 +75,11 @@ def test_step_times_equal_step_time_bit_for_bit(hardware, model, tp, p):
     got = cm.step_times(q, c, pf, offsets)
     ref = [cm.step_time(BatchShape(q[a:b], c[a:b], pf[a:b])).total_s for a, b in itertools.pairwise(offsets)]
     assert got.tolist() == ref
+    # in runs of a few steps too (the linear time read from the memo, not from np.unique)
+    cuts = [0, 1, 2, 5, 40, 90, 150, 400]
+    pieces = [cm.step_times(q[offsets[a]:offsets[b]], c[offsets[a]:offsets[b]], pf[offsets[a]:offsets[b]],
+                            offsets[a:b + 1] - offsets[a]) for a, b in itertools.pairwise(cuts)]
+    assert np.concatenate(pieces).tolist() == ref
 
 
 @pytest.mark.parametrize("spec", ["ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,

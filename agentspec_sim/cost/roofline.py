@@ -230,6 +230,60 @@ def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, excess_terms):
     return tokens, q_prefill, n_prefill, sum_c, sum_cw, n_heavy, excess
 
 
+@njit(cache=True, nogil=True)
+def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_slide, cmp_slide, excess_max):
+    """Per step of a run (rows offsets[k]:offsets[k + 1]): tokens, logit rows, and the attention time with
+    its compute excess, in `step_time`'s IEEE order (integer sums exact, the excess summed row by row).
+    A step with more than `excess_max` compute-bound rows gets its excess from `_compute_excess` (its
+    numpy sum): flagged in `many`, its attention left without it."""
+    num_steps = offsets.shape[0] - 1
+    tokens = np.empty(num_steps, dtype=np.int64)
+    logit_rows = np.empty(num_steps, dtype=np.int64)
+    attention = np.empty(num_steps, dtype=np.float64)
+    many = np.zeros(num_steps, dtype=np.bool_)
+    for k in range(num_steps):
+        t = np.int64(0)
+        tq_prefill = np.int64(0)
+        n_prefill = np.int64(0)
+        sum_c = np.int64(0)
+        sum_cw = np.int64(0)
+        heavy = 0
+        for i in range(offsets[k], offsets[k + 1]):
+            qi = np.int64(q[i])
+            ci = np.int64(c[i])
+            t += qi
+            if pf[i]:
+                tq_prefill += qi
+                n_prefill += 1
+            sum_c += ci
+            sum_cw += min(ci, window)
+            if qi > q_mem_bound:
+                heavy += 1
+        tokens[k] = t
+        logit_rows[k] = t - tq_prefill + n_prefill if n_prefill > 0 else t
+        a = (sum_c + t) * mem_full
+        if mem_slide:
+            a += (sum_cw + t) * mem_slide
+        if heavy > excess_max:
+            many[k] = True
+        elif heavy:
+            excess = 0.0
+            for i in range(offsets[k], offsets[k + 1]):
+                qi = np.int64(q[i])
+                if qi <= q_mem_bound:
+                    continue
+                ci = np.int64(c[i])
+                keys = ci + (qi + 1) * 0.5
+                d = qi * keys * cmp_full - (ci + qi) * mem_full
+                if mem_slide:
+                    d += qi * min(keys, window) * cmp_slide - (min(ci, window) + qi) * mem_slide
+                if d > 0.0:
+                    excess += d
+            a += excess
+        attention[k] = a
+    return tokens, logit_rows, attention, many
+
+
 def _pnorm(a: float, b: float, p: float) -> float:
     if p == 2.0:
         return math.hypot(a, b)
@@ -271,7 +325,7 @@ class RooflineCostModel:
 
     __slots__ = (
         "_attn_cmp_full", "_attn_cmp_slide", "_attn_mem_full", "_attn_mem_slide", "_calc_ridge",
-        "_check", "_comm_fixed", "_comm_token", "_default_draft", "_dense_bytes", "_drafts",
+        "_check", "_comm_fixed", "_comm_token", "_decode_linear", "_default_draft", "_dense_bytes", "_drafts",
         "_flops_logit", "_flops_token", "_inv_attn_bw", "_inv_bw", "_inv_flops", "_linear_memo", "_moe_bytes",
         "_moe_miss", "_overhead_fixed", "_p", "_per_call", "_q_mem_bound", "_window",
         "calibration", "hardware", "kv_dtype_bytes", "model", "tensor_parallel_size",
@@ -351,6 +405,7 @@ class RooflineCostModel:
         # `_linear_s` of each (tokens, logit rows) pair seen: a pure function of two integers, and
         # a step has few distinct pairs (a cache, not state: results are the same without it).
         self._linear_memo: dict[tuple[int, int], float] = {}
+        self._decode_linear = np.full(256, np.nan)  # the same for decode-only steps, by token count
 
     # ---- StepCostModel ----
 
@@ -399,57 +454,53 @@ class RooflineCostModel:
         bool `is_prefill` arrays; every step has ≥ 1 row. Bit-for-bit equal to calling `step_time` on
         each step: the same IEEE operations in the same order, elementwise over steps. Integer sums are
         exact; the linear layers' p-norm is computed by `_linear_s` once per distinct (tokens, logit
-        rows) pair; the attention compute excess is summed row by row in row order (`np.add.at` is
-        sequential), as `_compute_excess` does for up to 16 compute-bound calls, and a step with more
+        rows) pair, in Python (`_linear_of`); the per-step sums and the attention (`_step_parts`, compiled: a run's
+        pricing is a handful of calls, not dozens of small numpy ones) add the compute excess row by row
+        in row order, as `_compute_excess` does for up to 16 compute-bound calls, and a step with more
         than 16 calls `_compute_excess` itself (its numpy path sums pairwise).
         """
         q, c = np.asarray(query_lens), np.asarray(context_lens)  # any integer dtype: sums are taken in int64
         pf = np.asarray(is_prefill, dtype=bool)
         offsets = np.asarray(offsets, dtype=np.int64)
-        starts = offsets[:-1]
-        num_steps = starts.shape[0]
-        if num_steps == 0:
+        num_steps = offsets.shape[0] - 1
+        if num_steps <= 0:
             return np.zeros(0, dtype=np.float64)
         n = np.diff(offsets)
         if self._check and (q.shape[0] != offsets[-1] or int(n.min()) < 1 or int(q.min()) < 1 or int(c.min()) < 0):
             raise ValueError("step_times: every step needs ≥ 1 call with query_len ≥ 1 and context_len ≥ 0")
-        tokens = np.add.reduceat(q, starts, dtype=np.int64)
-        q_prefill = np.add.reduceat(np.where(pf, q, 0), starts, dtype=np.int64)
-        n_prefill = np.add.reduceat(pf, starts, dtype=np.int64)
-        logit_rows = np.where(n_prefill > 0, tokens - q_prefill + n_prefill, tokens)
-
-        rows_per_key = int(logit_rows.max()) + 1
-        keys, where = np.unique(tokens * rows_per_key + logit_rows, return_inverse=True)
-        linear_of_pair = np.array([self._linear_s(k // rows_per_key, k % rows_per_key) for k in keys.tolist()],
-                                  dtype=np.float64)
-        linear = linear_of_pair[where.reshape(-1)]
-
-        attention = (np.add.reduceat(c, starts, dtype=np.int64) + tokens) * self._attn_mem_full
-        if self._attn_mem_slide:
-            attention += (np.add.reduceat(np.minimum(c, self._window), starts, dtype=np.int64)
-                          + tokens) * self._attn_mem_slide
-        heavy = q > self._q_mem_bound
-        if heavy.any():
-            rows = heavy.nonzero()[0]
-            step_of_heavy = np.searchsorted(offsets, rows, side="right") - 1
-            per_step = np.bincount(step_of_heavy, minlength=num_steps)
-            qh, ch = q[rows].astype(np.int64), c[rows].astype(np.int64)
-            keys = ch + (qh + 1) * 0.5
-            d = qh * keys * self._attn_cmp_full - (ch + qh) * self._attn_mem_full
-            if self._attn_mem_slide:
-                w = self._window
-                d += qh * np.minimum(keys, w) * self._attn_cmp_slide - (np.minimum(ch, w) + qh) * self._attn_mem_slide
-            excess = np.zeros(num_steps, dtype=np.float64)
-            np.add.at(excess, step_of_heavy, np.where(d > 0.0, d, 0.0))
-            for k in (per_step > _SCALAR_EXCESS_MAX).nonzero()[0].tolist():
+        tokens, logit_rows, attention, many = _step_parts(
+            q, c, pf, offsets, self._window, self._q_mem_bound, self._attn_mem_full, self._attn_cmp_full,
+            self._attn_mem_slide, self._attn_cmp_slide, _SCALAR_EXCESS_MAX)
+        if many.any():
+            for k in many.nonzero()[0].tolist():
                 lo, hi = int(offsets[k]), int(offsets[k + 1])
-                excess[k] = self._compute_excess(q[lo:hi].astype(np.int64), c[lo:hi].astype(np.int64))
-            has = per_step > 0
-            attention[has] += excess[has]
-
+                attention[k] += self._compute_excess(q[lo:hi].astype(np.int64), c[lo:hi].astype(np.int64))
+        linear = self._linear_of(tokens, logit_rows)
         communication = self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
         overhead = self._overhead_fixed + self._per_call * n
         return linear + attention + overhead + communication
+
+    def _linear_of(self, tokens: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
+        """`_linear_s` of each step: decode-only steps (logit rows = tokens) read a table by token count,
+        the others the memo; either is filled by `_linear_s` on first use."""
+        table = self._decode_linear
+        top = int(tokens.max()) + 1
+        if top > table.shape[0]:
+            table = self._decode_linear = np.concatenate([table, np.full(max(top, 2 * table.shape[0]) - table.shape[0],
+                                                                       np.nan)])
+        linear = table[tokens]
+        todo = (logit_rows != tokens) | np.isnan(linear)
+        if todo.any():
+            memo = self._linear_memo
+            for i in todo.nonzero()[0].tolist():
+                key = (int(tokens[i]), int(logit_rows[i]))
+                value = memo.get(key)
+                if value is None:
+                    value = memo[key] = self._linear_s(*key)
+                linear[i] = value
+                if key[0] == key[1]:
+                    table[key[0]] = value
+        return linear
 
     def _compute_excess(self, q: np.ndarray, c: np.ndarray) -> float:
         """Σ max(0, compute time − memory time) over calls with more than `_q_mem_bound` query tokens."""
