@@ -9,7 +9,14 @@ import re
 import numpy as np
 import pytest
 
-from agentspec_sim.drafters.structure import ROOT, StructureAutomaton, block_labels, segment, segment_many
+from agentspec_sim.drafters.structure import (
+    ROOT,
+    StructureAutomaton,
+    block_labels,
+    segment,
+    segment_fed,
+    segment_many,
+)
 
 FENCE_PY = ("```python", "```")
 TOOL = ("<tool_call>", "</tool_call>")
@@ -179,8 +186,9 @@ RANDOM_CASES = [
 
 @pytest.mark.parametrize(("structure", "alphabet"), RANDOM_CASES)
 def test_segment_matches_incremental_feed(structure, alphabet) -> None:
-    """segment()[i] == the block after feeding tokens 0..i-1, on random token soups, and both
-    agree with a reference that puts every byte through the pending buffer."""
+    """segment()[i] == the block after feeding tokens 0..i-1, on random token soups (segment_fed also
+    leaves the fed automaton's state), and both agree with a reference that puts every byte through
+    the pending buffer."""
     table = [a.encode() if isinstance(a, str) else a for a in alphabet]
     rng = random.Random(7)
     for _ in range(400):
@@ -192,6 +200,8 @@ def test_segment_matches_incremental_feed(structure, alphabet) -> None:
             slow.append(pda.block_index)
             pda.feed(table[i])
         assert fast.tolist() == slow
+        labels, fed = segment_fed(np.array(ids, dtype=np.int32), table, structure)  # and the state it leaves
+        assert labels.tolist() == slow and fed.stack == pda.stack and fed.pending == pda.pending
         # reference: no regex skipping or jumping, one byte at a time
         ref = StructureAutomaton(structure)
         ref._t = dataclasses.replace(ref._t, candidate=re.compile(b".", re.DOTALL))

@@ -90,7 +90,7 @@ from agentspec_sim.drafters.block_index import (
     match_levels,
     suffix_batch_meta,
 )
-from agentspec_sim.drafters.structure import ROOT, StructureAutomaton, block_labels, segment
+from agentspec_sim.drafters.structure import ROOT, StructureAutomaton, block_labels, segment, segment_fed
 
 if TYPE_CHECKING:
     from agentspec_sim.cost.base import StepCostModel
@@ -277,8 +277,8 @@ class _Store:
 class _Cursor:
     """One call's view of the history: its store, its output automaton, label → block."""
 
-    __slots__ = ("automaton", "blocks", "labels", "lineage", "output", "prompt_clean", "prompt_len", "store",
-                 "structure")
+    __slots__ = ("automaton", "blocks", "labels", "lineage", "output", "output_automaton", "prompt_clean",
+                 "prompt_len", "store", "structure")
 
     def __init__(self, store: _Store, blocks: list[int], structure: Any, lineage: int) -> None:
         self.store = store
@@ -291,6 +291,7 @@ class _Cursor:
         # and the automaton is fed only when its state is needed past them (`History._catch_up`).
         self.labels: np.ndarray | None = None
         self.output: np.ndarray | None = None
+        self.output_automaton: StructureAutomaton | None = None  # the automaton after the whole output
         self.prompt_len = 0
 
 
@@ -352,19 +353,19 @@ class History:
             store.automaton = None
             table = self.table
             if auto is not None and auto.block == ROOT and not auto.pending:
-                labels = segment(rest, table, structure)  # a clean automaton is a fresh one
-                auto.feed(b"".join([table[t] for t in rest.tolist()]))
+                labels, auto = segment_fed(rest, table, structure)  # a clean automaton is a fresh one
             elif auto is not None:
                 labels = self._feed(auto, rest)
             else:
-                labels = segment(prompt, table, structure)[shared:]
-                auto = StructureAutomaton(structure)
-                auto.feed(b"".join([table[t] for t in prompt.tolist()]))
+                labels, auto = segment_fed(prompt, table, structure)
+                labels = labels[shared:]
             cursor.prompt_clean = auto.block == ROOT and not auto.pending
         self._queue_runs(cursor, prompt, shared, labels)
         if output is not None:
-            cursor.labels = (segment(output, self.table, structure) if cursor.automaton is not None
-                             else np.zeros(output.shape[0], dtype=np.int32))
+            if cursor.automaton is not None:
+                cursor.labels, cursor.output_automaton = segment_fed(output, self.table, structure)
+            else:
+                cursor.labels = np.zeros(output.shape[0], dtype=np.int32)
             cursor.output = output
             cursor.prompt_len = prompt.shape[0]
         return cursor
@@ -425,9 +426,12 @@ class History:
         if cursor.labels is None:
             return
         if cursor.automaton is not None:
-            table = self.table
-            cursor.automaton.feed(b"".join([table[t] for t in cursor.output[:emitted].tolist()]))
-        cursor.labels = cursor.output = None
+            if emitted == cursor.output.shape[0]:  # the whole output: segment_fed's automaton is that state
+                cursor.automaton = cursor.output_automaton
+            else:
+                table = self.table
+                cursor.automaton.feed(b"".join([table[t] for t in cursor.output[:emitted].tolist()]))
+        cursor.labels = cursor.output = cursor.output_automaton = None
 
     # -- shared histories (agentspec+'s global corpus) -----------------------------------------
     def blocks_for(self, key: Any, structure: Any) -> list[int]:
@@ -496,8 +500,7 @@ class History:
         if cursor.automaton is None:
             labels = np.zeros(T, dtype=np.int32)
         else:
-            labels = segment(output, self.table, cursor.structure)
-            cursor.automaton.feed(b"".join([self.table[t] for t in output.tolist()]))
+            labels, cursor.automaton = segment_fed(output, self.table, cursor.structure)
         pre = min(self.max_n, prompt.shape[0])
         tb = np.concatenate([prompt[prompt.shape[0] - pre:], output]).astype(np.int32)
         P = prompt.shape[0]

@@ -252,15 +252,27 @@ def segment(token_ids: np.ndarray | Sequence[int], token_bytes: Sequence[bytes],
     return segment_many([np.asarray(token_ids)], token_bytes, structure)
 
 
+def segment_fed(token_ids: np.ndarray | Sequence[int], token_bytes: Sequence[bytes],
+                structure) -> tuple[np.ndarray, StructureAutomaton]:
+    """`segment`, and the automaton after all the tokens (what feeding a fresh one their bytes leaves)."""
+    return _segment([np.asarray(token_ids)], token_bytes, structure)
+
+
 def segment_many(calls: Sequence[np.ndarray], token_bytes: Sequence[bytes], structure) -> np.ndarray:
     """`segment` of several calls that share a structure, concatenated: each call is segmented
     by its own fresh automaton (blocks never carry over from one call to the next)."""
+    return _segment(calls, token_bytes, structure)[0]
+
+
+def _segment(calls: Sequence[np.ndarray], token_bytes: Sequence[bytes],
+             structure) -> tuple[np.ndarray, StructureAutomaton]:
     lens = np.fromiter((len(c) for c in calls), dtype=np.int64, count=len(calls))
     n = int(lens.sum())
     out = np.zeros(n, dtype=np.int32)
     t = _tables_for(structure)
+    automaton = StructureAutomaton(structure)
     if n == 0 or t.candidate is None:
-        return out
+        return out, automaton
     ids = np.concatenate([np.asarray(c).reshape(-1) for c in calls]) if len(calls) > 1 else np.asarray(calls[0])
     chunks = [token_bytes[i] for i in ids.tolist()]
     data = b"".join(chunks)
@@ -269,7 +281,6 @@ def segment_many(calls: Sequence[np.ndarray], token_bytes: Sequence[bytes], stru
     bounds = starts[np.concatenate(([0], np.cumsum(lens)))].tolist()  # byte range of each call
     events: list[tuple[int, int]] = []
     per_call = np.zeros(len(calls), dtype=np.int64)  # events of each call
-    automaton = StructureAutomaton(structure)
     for c, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         before = len(events)
         if automaton._stack or automaton._buf:
@@ -278,7 +289,7 @@ def segment_many(calls: Sequence[np.ndarray], token_bytes: Sequence[bytes], stru
         automaton._run(data, events, lo, hi)
         per_call[c] = len(events) - before
     if not events:
-        return out
+        return out, automaton
     # Offsets shifted by the call index keep a call's events apart from the next call's, even
     # when tokens of zero bytes end a call at the offset where the next call starts.
     ev = np.asarray(events, dtype=np.int64)
@@ -287,7 +298,7 @@ def segment_many(calls: Sequence[np.ndarray], token_bytes: Sequence[bytes], stru
     k = np.searchsorted(ev_pos, token_pos, side="right") - 1
     has = k >= 0
     out[has] = ev[k[has], 1]
-    return out
+    return out, automaton
 
 
-__all__ = ["ROOT", "Label", "StructureAutomaton", "block_labels", "segment", "segment_many"]
+__all__ = ["ROOT", "Label", "StructureAutomaton", "block_labels", "segment", "segment_fed", "segment_many"]
