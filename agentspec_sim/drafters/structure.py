@@ -252,6 +252,30 @@ def segment(token_ids: np.ndarray | Sequence[int], token_bytes: Sequence[bytes],
     return segment_many([np.asarray(token_ids)], token_bytes, structure)
 
 
+_BYTE_TABLES: dict[int, tuple[Sequence[bytes], np.ndarray, np.ndarray]] = {}
+
+
+def _joined_bytes(ids: np.ndarray, token_bytes: Sequence[bytes]) -> tuple[bytes, np.ndarray]:
+    """The bytes of tokens `ids` end to end, and each token's byte offset (then the end), gathered from
+    one array of the whole vocabulary's bytes (built once per token map) instead of token by token."""
+    entry = _BYTE_TABLES.get(id(token_bytes))
+    if entry is None or entry[0] is not token_bytes:
+        lengths = np.fromiter(map(len, token_bytes), dtype=np.int64, count=len(token_bytes))
+        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        entry = (token_bytes, np.frombuffer(b"".join(token_bytes), dtype=np.uint8), offsets)
+        if len(_BYTE_TABLES) >= 8:  # (token maps live as long as their tokenizer: a handful)
+            _BYTE_TABLES.clear()
+        _BYTE_TABLES[id(token_bytes)] = entry
+    _, blob, offsets = entry
+    first = offsets[ids]
+    lengths = offsets[ids + 1] - first
+    starts = np.zeros(ids.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    where = np.repeat(first - starts[:-1], lengths) + np.arange(int(starts[-1]), dtype=np.int64)
+    return blob[where].tobytes(), starts
+
+
 def segment_fed(token_ids: np.ndarray | Sequence[int], token_bytes: Sequence[bytes],
                 structure) -> tuple[np.ndarray, StructureAutomaton]:
     """`segment`, and the automaton after all the tokens (what feeding a fresh one their bytes leaves)."""
@@ -274,10 +298,7 @@ def _segment(calls: Sequence[np.ndarray], token_bytes: Sequence[bytes],
     if n == 0 or t.candidate is None:
         return out, automaton
     ids = np.concatenate([np.asarray(c).reshape(-1) for c in calls]) if len(calls) > 1 else np.asarray(calls[0])
-    chunks = [token_bytes[i] for i in ids.tolist()]
-    data = b"".join(chunks)
-    starts = np.zeros(n + 1, dtype=np.int64)  # byte offset of each token, then the end
-    np.cumsum(np.fromiter(map(len, chunks), dtype=np.int64, count=n), out=starts[1:])
+    data, starts = _joined_bytes(ids, token_bytes)
     bounds = starts[np.concatenate(([0], np.cumsum(lens)))].tolist()  # byte range of each call
     events: list[tuple[int, int]] = []
     per_call = np.zeros(len(calls), dtype=np.int64)  # events of each call
