@@ -350,7 +350,7 @@ def test_a_finished_querys_history_is_dropped(tok):
 
 
 def test_table_rebuilds_stay_logarithmic_when_blocks_are_freed(monkeypatch):
-    # Each new table passes over every key; sized for a load of ≤ 1/4, freeing blocks along the way does
+    # Each new table passes over every key; sized for a load of ≤ 1/3, freeing blocks along the way does
     # not make them come back-to-back.
     from agentspec_sim.drafters import block_index
 

@@ -604,13 +604,14 @@ class BlockArena:
     def _reserve_slots(self, extra: int) -> None:
         """Make room in the table for `extra` more keys at load ≤ 1/2. A new table (rebuilt from the live
         blocks, which drops freed blocks' keys, or filled from the old one) is a pass over every key, so
-        it is sized for a load of ≤ 1/4: the next one comes once the live keys have doubled."""
+        it is sized for a load of ≤ 1/3: the next one comes only once the live keys have grown by half
+        (a plain doubling lands at ≤ 1/4; a rebuild that dropped little doubles too)."""
         used = int(self.used[0])
         if 2 * (used + extra) <= self.hk.shape[0]:
             return
         live = max(used - self._stale, 0)
         size = self.hk.shape[0]
-        while 4 * (live + extra) > size:
+        while 3 * (live + extra) > size:
             size *= 2
         # Rebuilding costs more than moving the entries over (every live token is hashed again): worth it
         # only when it drops at least half of them.

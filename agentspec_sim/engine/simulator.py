@@ -770,7 +770,9 @@ class Simulator:
             if compiled is not None:
                 self.pending_draft_s = compiled
                 return
-            started = np.zeros(n_rows, dtype=bool)  # (when it started calls itself, before giving up)
+            # No start_call: it may have started calls before giving up, and `observe` starts a call
+            # that has no state yet (a started row's) as start_call would.
+            started = np.zeros(n_rows, dtype=bool)
         self._drafter_hooks(rows, batch["emitted"], started, num_tokens < max_len)
         states = [self.states[r] for r in sampled.tolist()]
         lens = self.policy.max_draft_lens(n_rows, states) if states else np.zeros(0, dtype=np.int64)
