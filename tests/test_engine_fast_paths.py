@@ -244,7 +244,8 @@ def test_agentspec_history_on_a_real_trace_equals_the_drafters_own(monkeypatch):
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 8}
 
 
-@pytest.mark.parametrize("spec", [SUFFIX, {**SUFFIX, "suffix_decoding_max_cached_requests": 3}])
+@pytest.mark.parametrize("spec", [SUFFIX, {**SUFFIX, "suffix_decoding_max_cached_requests": 3},
+                                  {**SUFFIX, "suffix_decoding_max_cached_requests": 0}])
 @pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16},
                                        {"num_kv_blocks": 40, "max_num_seqs": 6}, {"max_num_seqs": 1}])
 @pytest.mark.parametrize("tiny_forest", [False, True])
@@ -273,10 +274,10 @@ def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_fore
     steps = compiled.engine_steps.height
     if not tiny_forest and set(overrides) <= {"max_num_seqs"}:
         assert len(by_python) < steps / 3  # most steps were driven inside runs
-        if spec == SUFFIX:
-            assert not proposed  # and the others by the kernel too: calls only start fresh or finish
-        else:
+        if spec.get("suffix_decoding_max_cached_requests") == 3:
             assert proposed  # a start that evicts a cached response: the drafter's own propose
+        else:
+            assert not proposed  # and the others by the kernel too: calls only start fresh or finish
     if "num_kv_blocks" in overrides:
         assert proposed  # preempted calls stop and restart: the drafter's own propose
     reference = _run(wl, spec, cfg, cost, max_run_steps=1)
