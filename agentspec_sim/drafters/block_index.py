@@ -45,7 +45,8 @@ Layout: one arena per drafter (all blocks of all queries), grown by the Python s
 anything). Blocks live in regions of `pool` (tokens) and `pv` (chains), relocated on growth; hash
 values are block-relative positions, so relocation and compaction never touch the table. A freed
 block's hash entries go stale (its id is never reused) and disappear when the table is next rebuilt
-from the live blocks (once they may be half its keys; else a growing table takes the old one's entries).
+from the live blocks (when dropping them keeps a growing table a size smaller; else it takes the old
+table's entries).
 """
 
 from __future__ import annotations
@@ -602,20 +603,24 @@ class BlockArena:
         self.pool, self.pv, self.pool_top = pool, pv, top
 
     def _reserve_slots(self, extra: int) -> None:
-        """Make room in the table for `extra` more keys at load ≤ 1/2. A new table (rebuilt from the live
-        blocks, which drops freed blocks' keys, or filled from the old one) is a pass over every key, so
-        it is sized for a load of ≤ 1/3: the next one comes only once the live keys have grown by half
-        (a plain doubling lands at ≤ 1/4; a rebuild that dropped little doubles too)."""
+        """Make room in the table for `extra` more keys at load ≤ 1/2. A new table is a pass over every
+        key, so it is sized for a load of ≤ 1/3 (the next one comes once the keys have grown by half; a
+        plain doubling lands at ≤ 1/4). It is rebuilt from the live blocks, dropping freed blocks' keys,
+        when that keeps it a size smaller; else it takes the old table's entries (nothing hashed again)."""
         used = int(self.used[0])
         if 2 * (used + extra) <= self.hk.shape[0]:
             return
-        live = max(used - self._stale, 0)
-        size = self.hk.shape[0]
-        while 3 * (live + extra) > size:
-            size *= 2
-        # Rebuilding costs more than moving the entries over (every live token is hashed again): worth it
-        # only when it drops at least half of them.
-        rebuild = 2 * self._stale >= used
+
+        def size_for(keys: int) -> int:
+            size = self.hk.shape[0]
+            while 3 * (keys + extra) > size:
+                size *= 2
+            return size
+
+        size = size_for(used)
+        rebuild = self._stale > 0 and size_for(max(used - self._stale, 0)) < size
+        if rebuild:
+            size = size_for(max(used - self._stale, 0))
         while True:
             hk = np.zeros(size, dtype=np.uint64)
             hv = np.zeros(size, dtype=np.int32)
