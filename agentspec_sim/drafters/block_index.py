@@ -617,10 +617,10 @@ class BlockArena:
                 size *= 2
             return size
 
-        size = size_for(used)
-        rebuild = self._stale > 0 and size_for(max(used - self._stale, 0)) < size
+        size, live_size = size_for(used), size_for(max(used - self._stale, 0))
+        rebuild = live_size < size  # (only when freed blocks' keys are in the table)
         if rebuild:
-            size = size_for(max(used - self._stale, 0))
+            size = live_size
         while True:
             hk = np.zeros(size, dtype=np.uint64)
             hv = np.zeros(size, dtype=np.int32)

@@ -247,12 +247,10 @@ class SuffixDrafter(BaseDrafter):
     def make_step_room(self, rows: np.ndarray, counts: np.ndarray) -> None:
         """Room for the compiled step to append counts[i] tokens of engine call rows[i] to both its trees."""
         forest = self.forest
-        seq_len, cap = forest.seq_len, forest.seq_cap
         counts = counts.tolist()
         for (_, local, glob, _), n in zip(self.row_state[rows].tolist(), counts, strict=True):
-            if seq_len[local] + n > cap[local]:
-                forest.make_seq_room(local, n)
-            if glob >= 0 and seq_len[glob] + n > cap[glob]:
+            forest.make_seq_room(local, n)
+            if glob >= 0:
                 forest.make_seq_room(glob, n)
         forest.make_room(2 * self.depth * sum(counts) + len(counts))
 

@@ -557,7 +557,7 @@ def _walk(nd, sq, pool, node, idx, budget, min_prob, out):
 
 
 @njit(cache=True, nogil=True)
-def _tail_agrees(sq, act, pool, s, ctx, lo, hi):
+def _tail_agrees(sq, pool, s, ctx, lo, hi):
     """How many of ctx[lo:hi]'s last tokens end sequence s, up to its open suffixes (0 for s < 0)."""
     if s < 0:
         return 0
@@ -585,7 +585,7 @@ def _speculate_tree(nd, sq, act, pool, ht, root, s, ctx, lo, hi, max_spec, facto
     so once depth − m falls below the best score no longer match can win.
     """
     depth = act.shape[1]
-    agree = _tail_agrees(sq, act, pool, s, ctx, lo, hi)
+    agree = _tail_agrees(sq, pool, s, ctx, lo, hi)
     st = sq[s, SAST] if s >= 0 else 0
     n_open = sq[s, SAN] if s >= 0 else 0
     best_n = 0

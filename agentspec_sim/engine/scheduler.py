@@ -251,7 +251,7 @@ class InlineSuffix(NamedTuple):
     @classmethod
     def off(cls) -> InlineSuffix:
         one = np.zeros(1, dtype=np.int64)
-        return cls(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.float32), np.zeros((1, 16), dtype=np.int32),
+        return cls(np.zeros(4, dtype=np.int64), np.zeros(3, dtype=np.float32), np.zeros((1, 16), dtype=np.int32),
                    np.zeros((1, 3), dtype=np.int32), np.zeros((1, 5), dtype=np.int64), np.zeros((1, 1), dtype=np.int32),
                    np.zeros(1, dtype=np.int32), np.zeros((1, 2), dtype=np.int64), np.zeros(8, dtype=np.int64), one,
                    np.zeros((1, 4), dtype=np.int64), one, np.zeros((1, 10), dtype=np.int64),
@@ -755,28 +755,11 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
     if _proposer_skipped(sb, dr, max_model_len) or (sb.sc[3] and not event_loop):
         return -1.0
     depth = sx.par[SX_DEPTH]
-    rows_emitted = 0
-    need = 0
-    for i in range(n):
-        e = sb.rows.emitted[i]
-        if e == 0:
-            continue
-        r = sb.rows.call[i]
-        if (sb.rows.started[i] and not event_loop) or r >= sx.row_state.shape[0] or sx.row_state[r, 3] != 1:
-            return -1.0
-        if c.calls.prompt_len[r] + c.calls.num_emitted[r] >= max_model_len:
-            return -1.0
-        local, glob = sx.row_state[r, 1], sx.row_state[r, 2]
-        if sx.seq_len[local] + e > sx.sq[local, ST_SCAP] or (glob >= 0 and sx.seq_len[glob] + e > sx.sq[glob, ST_SCAP]):
-            return -1.0
-        need += 2 * depth * e + 1
-        rows_emitted += 1
-    if rows_emitted != sx.n_active[0] or not st_room(sx.nd, sx.ht, sx.meta, need):
-        return -1.0
-    if rows_emitted == 0:
-        return 0.0
     k = _batch_k(sb, dr)
+    # The step's OP_STEP batch, in row order, built in work space only (ops, dr.rows): a row the kernel
+    # cannot do returns before anything changes.
     ops = sx.ops
+    need = 0
     m = 0
     nops = 0
     for i in range(n):
@@ -784,10 +767,17 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
         if e == 0:
             continue
         r = sb.rows.call[i]
+        if (sb.rows.started[i] and not event_loop) or r >= sx.row_state.shape[0] or sx.row_state[r, 3] != 1:
+            return -1.0
         end = c.calls.prompt_len[r] + c.calls.num_emitted[r]
+        if end >= max_model_len:
+            return -1.0
+        local, glob = sx.row_state[r, 1], sx.row_state[r, 2]
+        if sx.seq_len[local] + e > sx.sq[local, ST_SCAP] or (glob >= 0 and sx.seq_len[glob] + e > sx.sq[glob, ST_SCAP]):
+            return -1.0
+        need += 2 * depth * e + 1
         base = c.calls.hist_off[r]
         ctx = min(depth, end)
-        local, glob = sx.row_state[r, 1], sx.row_state[r, 2]
         ops[nops, 0] = ST_OP_STEP
         ops[nops, 1] = sx.row_state[r, 0]
         ops[nops, 2] = local
@@ -804,10 +794,15 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
             ops[nops, 9] = m
             dr.rows[m] = r
             m += 1
-        sx.seq_len[local] += e
-        if glob >= 0:
-            sx.seq_len[glob] += e
         nops += 1
+    if nops != sx.n_active[0] or not st_room(sx.nd, sx.ht, sx.meta, need):
+        return -1.0
+    if nops == 0:
+        return 0.0
+    for j in range(nops):  # the sequences' lengths as `SuffixForest.reserve` keeps them
+        sx.seq_len[ops[j, 2]] += ops[j, 5]
+        if ops[j, 3] >= 0:
+            sx.seq_len[ops[j, 3]] += ops[j, 5]
     st_run_ops(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.par[SX_GLOBAL_ROOT], ops[:nops], c.tokens,
                sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work)
     _drafts_from_out(c, dr.rows, sx.out, sx.out_n, m)
