@@ -198,6 +198,7 @@ def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spe
     the event loop, which grows it."""
     from agentspec_sim.drafters.block_index import BlockArena
 
+    monkeypatch.setattr(Simulator, "history_tables", False)  # the live history (tests/test_history_tables.py: tables)
     if tiny_arena:
         monkeypatch.setattr(BlockArena.__init__, "__defaults__", (8, 16))
     rng = np.random.default_rng(4)
@@ -229,6 +230,7 @@ def test_agentspec_history_on_a_real_trace_equals_the_drafters_own(monkeypatch):
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import load_trace
 
+    monkeypatch.setattr(Simulator, "history_tables", False)
     w = load_trace(default_trace_path())
     wl = replace(w, queries=w.queries[:4])
     cfg = config(check_invariants=False, arrival="zero", max_num_seqs=3, max_model_len=40960, num_kv_blocks=20000,

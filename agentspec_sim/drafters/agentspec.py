@@ -67,6 +67,7 @@ least recently used first, when the arena holds more than `MAX_LIVE_TOKENS`.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Sequence
@@ -305,6 +306,7 @@ class History:
     def __init__(self, min_n: int, max_n: int, width: int, max_candidates: int, token_bytes: Sequence[bytes] | None,
                  structured: bool = True) -> None:
         self.arena = BlockArena(match_levels(min_n, max_n))
+        self.min_n = min_n
         self.max_n = max_n
         self.width = width
         self.max_candidates = max_candidates
@@ -323,6 +325,25 @@ class History:
         self.tok_top = 0
         self.row_at = np.full(64, -1, dtype=np.int64)
         self.row_lineage = np.full(64, -1, dtype=np.int64)
+
+    def options(self) -> dict[str, Any]:
+        """The constructor's arguments but the token→bytes map (`table_digest`)."""
+        return {"min_n": self.min_n, "max_n": self.max_n, "width": self.width, "max_candidates": self.max_candidates,
+                "structured": self.structured}
+
+    def empty_copy(self) -> History:
+        """A new, empty history with the same options."""
+        return History(self.min_n, self.max_n, self.width, self.max_candidates, self.table, self.structured)
+
+    def table_digest(self) -> bytes:
+        """A digest of the token→bytes map (b"" without one)."""
+        if self.table is None:
+            return b""
+        h = hashlib.blake2b(digest_size=16)
+        for token in self.table:
+            h.update(len(token).to_bytes(2, "little"))
+            h.update(token)
+        return h.digest()
 
     # -- calls --------------------------------------------------------------------------------
     def start(self, call: Call, prompt: np.ndarray, output: np.ndarray | None = None) -> _Cursor:

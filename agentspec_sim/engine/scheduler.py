@@ -120,10 +120,36 @@ class StepBuf(NamedTuple):
 
 
 # InlineDrafts.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`), Model Runner V2's (`ngram-v2`), a
-# model-based drafter's acceptance draw (`eagle3`, `mtp`), AgentSpec's block histories (`InlineHistory`), or
-# suffix decoding's trees (`InlineSuffix`).
+# model-based drafter's acceptance draw (`eagle3`, `mtp`), AgentSpec's block histories (`InlineHistory`),
+# suffix decoding's trees (`InlineSuffix`), or AgentSpec's lookups read from the workload's table (`TableDrafts`).
 IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT, IN_RULE = range(6)
-RULE_V1, RULE_V2, RULE_MODEL, RULE_HISTORY, RULE_SUFFIX = 0, 1, 2, 3, 4
+RULE_V1, RULE_V2, RULE_MODEL, RULE_HISTORY, RULE_SUFFIX, RULE_TABLE = 0, 1, 2, 3, 4, 5
+# TableDrafts.par fields.
+TB_K, TB_BUDGETED = range(2)
+
+
+class TableDrafts(NamedTuple):
+    """AgentSpec's lookups of every call, made once for the workload (drafters/history_tables.py
+    `HistoryTables`), and the work space `propose_table_rows` drafts from them with."""
+
+    at: np.ndarray  # int64 [table rows]: the row's first position (its lookup before output token 0)
+    meta: np.ndarray  # int32 [positions, 4]: n, c, |CT*|, |P|
+    path: np.ndarray  # int64 [positions]: where P starts in `pool`
+    pool: np.ndarray  # int32
+    par: np.ndarray  # int64: [k, budgeted]
+    g_min: np.ndarray  # float64 [1]
+    budget_of: np.ndarray  # int64 [max_num_seqs + 1]: B_t for that many drafting calls
+    lookups: np.ndarray  # int64 [max_num_seqs, 4] work space: the drafting calls' meta rows
+    lens: np.ndarray  # int64 [max_num_seqs]: their draft lengths
+    fwork: np.ndarray  # float64 [2, max_num_seqs]: the budget's work space (`capped_lengths`)
+    iwork: np.ndarray  # int64 [3, max_num_seqs]
+
+    @classmethod
+    def off(cls) -> TableDrafts:
+        one = np.zeros(1, dtype=np.int64)
+        return cls(one, np.zeros((1, 4), dtype=np.int32), one, np.zeros(1, dtype=np.int32), np.zeros(2, dtype=np.int64),
+                   np.zeros(1), one, np.zeros((1, 4), dtype=np.int64), one, np.zeros((2, 1)),
+                   np.zeros((3, 1), dtype=np.int64))
 
 
 class InlineDrafts(NamedTuple):
@@ -158,6 +184,7 @@ class InlineDrafts(NamedTuple):
     coef: np.ndarray
     pass_s: np.ndarray  # float64 [max_num_seqs + 1]: one draft-network pass over that many rows
     draft_terms: np.ndarray  # float64: the rest of `draft_seconds`' terms (cost/roofline.py)
+    tables: TableDrafts  # AgentSpec's lookup table (RULE_TABLE)
 
     @classmethod
     def off(cls) -> InlineDrafts:
@@ -166,7 +193,7 @@ class InlineDrafts(NamedTuple):
         return cls(np.zeros(6, dtype=np.int64), one, np.zeros(1), np.zeros((1, 3), dtype=np.int64),
                    np.zeros((1, 2), dtype=np.int64), np.zeros(3, dtype=np.int64), one, one, one, one,
                    np.zeros((2, 1), dtype=np.int64), one, byte, one, byte, np.zeros(1, dtype=np.uint64),
-                   np.zeros(1), np.zeros(2), np.zeros(1), np.ones(4))
+                   np.zeros(1), np.zeros(2), np.zeros(1), np.ones(4), TableDrafts.off())
 
 
 # InlineHistory.par fields.
@@ -561,6 +588,8 @@ def propose_inline(c, sb, dr, max_model_len):
         return 0.0
     if dr.par[IN_RULE] == RULE_MODEL:
         return propose_model_rows(c, dr.rows[:m], dr.max_lens[:m], dr)
+    if dr.par[IN_RULE] == RULE_TABLE:
+        return propose_table_rows(c, dr.rows[:m], dr.max_lens[:m], dr)
     if dr.par[IN_RULE] == RULE_V2:
         if ngram_v2_rows_indexed(c.tokens, dr.starts[:m], dr.lengths[:m], dr.par[IN_MIN_N], dr.par[IN_MAX_N],
                                  dr.drafts[0, :m], dr.entries, dr.regions, dr.counts, 0) < m:
@@ -606,6 +635,39 @@ def propose_model_rows(c, rows, lengths, dr):
 def propose_model_buffered(c, dr, m):
     """`propose_model_rows` of the first m entries of dr's work space (rows, max_lens)."""
     return propose_model_rows(c, dr.rows[:m], dr.max_lens[:m], dr)
+
+
+@kernel
+def propose_table_rows(c, rows, max_lens, dr):
+    """AgentSpec's drafts of calls rows[i] (draft limits max_lens[i]) from the workload's lookup table
+    (`TableDrafts`), as the drafter's propose makes them from its live history: each call's lookup at its
+    position, the budget over these rows and the caps (`capped_lengths`), the draft P[:L], verified as
+    `drafts_from`; returns the drafting seconds."""
+    tb = dr.tables
+    m = rows.shape[0]
+    if m == 0:
+        return 0.0
+    for i in range(m):
+        j = tb.at[rows[i]] + c.calls.num_emitted[rows[i]]
+        for f in range(4):
+            tb.lookups[i, f] = tb.meta[j, f]
+    capped_lengths(tb.lookups[:m], max_lens, tb.budget_of[m], tb.g_min[0], tb.par[TB_K], tb.par[TB_BUDGETED] != 0,
+                   tb.lens[:m], tb.fwork, tb.iwork)
+    for i in range(m):
+        r = rows[i]
+        start = tb.path[tb.at[r] + c.calls.num_emitted[r]]
+        slot = c.calls.slot[r]
+        length = tb.lens[i]
+        for t in range(length):
+            c.slot_drafts[slot, t] = tb.pool[start + t]
+        _verify_drafts(c, r, slot, length)
+    return dr.draft_s[m]
+
+
+@kernel
+def propose_table_buffered(c, dr, m):
+    """`propose_table_rows` of the first m entries of dr's work space (rows, max_lens)."""
+    return propose_table_rows(c, dr.rows[:m], dr.max_lens[:m], dr)
 
 
 @kernel
@@ -1007,6 +1069,7 @@ class Scheduler:
         self._draft_tokens = np.zeros(max(max_num_seqs, 1) * 8, dtype=np.int32)
         self._drafts_from = FastCall(drafts_from_rows, containers=(0, 1, 2))
         self._model_drafts = FastCall(propose_model_buffered, containers=(0, 1))
+        self._table_drafts = FastCall(propose_table_buffered, containers=(0, 1))
         self._history_drafts = FastCall(propose_history_inline, containers=(0, 1, 2, 3))
         self._suffix_drafts = FastCall(propose_suffix_inline, containers=(0, 1, 2, 3))
         self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
@@ -1139,6 +1202,15 @@ class Scheduler:
         dr.max_lens[:m] = lengths
         self.table.reserve_draft_width(int(lengths.max()))
         return float(self._model_drafts(self.table.nt, dr, m))
+
+    def set_table_drafts(self, rows: np.ndarray, lengths: np.ndarray, dr: InlineDrafts) -> float:
+        """AgentSpec's drafts from the workload's lookup table (`propose_table_rows`) for calls `rows`, draft
+        limits `lengths`; returns the drafting seconds."""
+        m = rows.shape[0]
+        dr.rows[:m] = rows
+        dr.max_lens[:m] = lengths
+        self.table.reserve_draft_width(int(dr.par[IN_K_MAX]))
+        return float(self._table_drafts(self.table.nt, dr, m))
 
     def history_drafts(self, dr: InlineDrafts, ah: InlineHistory) -> float:
         """`propose_history_inline` for the step in the step buffer (the event loop's call): the drafting

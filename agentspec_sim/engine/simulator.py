@@ -49,8 +49,17 @@ import polars as pl
 
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
-from agentspec_sim.drafters.agentspec import MAX_SCAN, MIN_SUPPORT, AgentSpecDrafter
+from agentspec_sim.drafters.agentspec import (
+    MAX_LIVE_TOKENS,
+    MAX_SCAN,
+    MIN_SUPPORT,
+    AgentSpecDrafter,
+    AgentSpecNDrafter,
+    AgentSpecSDrafter,
+    History,
+)
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
+from agentspec_sim.drafters.history_tables import HistoryTables, build_tables, cached_tables, table_key
 from agentspec_sim.drafters.model_based import ModelBasedDrafter
 from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
 from agentspec_sim.drafters.suffix import SuffixDrafter
@@ -81,6 +90,7 @@ from agentspec_sim.engine.scheduler import (
     RULE_HISTORY,
     RULE_MODEL,
     RULE_SUFFIX,
+    RULE_TABLE,
     RULE_V1,
     RULE_V2,
     RUN_EMPTY,
@@ -90,10 +100,14 @@ from agentspec_sim.engine.scheduler import (
     InlineSuffix,
     Scheduler,
     SimulationError,
+    TableDrafts,
 )
+from agentspec_sim.trace.cache import cache_root
 from agentspec_sim.trace.schema import Call, Workload
 
 ARRIVE, STEP, DONE = 0, 1, 2
+# Drafters whose every lookup a workload table can give (`Simulator._table_drafts`).
+TABLE_DRAFTERS = (AgentSpecDrafter, AgentSpecSDrafter, AgentSpecNDrafter)
 __all__ = ["SimulationError", "Simulator"]
 
 
@@ -112,6 +126,8 @@ class _QueryRun:
 
 
 class Simulator:
+    history_tables = True  # AgentSpec drafts from the workload's lookup table where exact (tests turn it off)
+
     def __init__(self, workload: Workload, spec: SpeculativeConfig, config: EngineConfig, limits: ResolvedLimits,
                  cost: StepCostModel, progress: Callable[[int, int], None] | None = None) -> None:
         self.spec, self.config, self.limits, self.cost = spec, config, limits, cost
@@ -158,13 +174,14 @@ class Simulator:
         self._budget_memo: dict[int, int] = {}
         self._build(workload)
         self._model, self._model_priced = self._model_drafts()
-        self._history = self._history_drafts()
+        self._tables = self._table_drafts()
+        self._history = self._history_drafts() if self._tables is None else None
         self._history_last: InlineHistory | None = None
         self._suffix = self._suffix_drafts()
         self._suffix_last: InlineSuffix | None = None
         if self._suffix is not None and not config.check_invariants:
             self.max_run_steps = 1 << 40  # the compiled loop drives the proposer after every step itself
-        if self._model is not None:
+        if self._model is not None or self._tables is not None:
             self.hooks = (False, False, False)  # drafting reads the tables, not per-call drafter state
 
     # -- setup -------------------------------------------------------------------------------------
@@ -231,6 +248,53 @@ class Simulator:
                                  copy_at=tables.copy_at, copy=tables.copy, code_at=tables.code_at, code=tables.code,
                                  keys=tables.keys, a=tables.a, coef=tables.coef, pass_s=pass_s,
                                  draft_terms=terms), priced
+
+    def _table_drafts(self) -> InlineDrafts | None:
+        """agentspec, agentspec-s, agentspec-n: `InlineDrafts` drafting from the workload's lookup table
+        (RULE_TABLE, drafters/history_tables.py) where it is exact for this run — one drafter, a fixed
+        draft length, histories that can never be evicted — else None (the live history drafts)."""
+        drafter = self.drafters[0]
+        if (not self.history_tables or type(drafter) not in TABLE_DRAFTERS or len(self.drafters) > 1
+                or self.spec.num_speculative_tokens <= 0 or self.per_step or type(self.policy) is not FixedK
+                or self.table.tokens.shape[0] > MAX_LIVE_TOKENS):  # (the arena's tokens: a floor of the histories')
+            return None
+        tables = self._history_tables(drafter.history)
+        if not tables.exact:
+            return None
+        seqs, k = self.limits.max_num_seqs, drafter.k
+        budgeted = bool(drafter.budgeted)
+        n = len(self.states)
+        self.table.reserve_draft_width(max(k, 1))
+        td = TableDrafts(
+            at=tables.at[:n].copy(), meta=tables.meta, path=tables.path, pool=tables.pool,
+            par=np.array([k, int(budgeted)], dtype=np.int64),
+            g_min=np.array([drafter.g_min if budgeted else 0.0]),
+            budget_of=np.array([drafter.step_budget(b) if budgeted and b else 0 for b in range(seqs + 1)],
+                               dtype=np.int64),
+            lookups=np.zeros((seqs, 4), dtype=np.int64), lens=np.zeros(seqs, dtype=np.int64),
+            fwork=np.zeros((2, seqs)), iwork=np.zeros((3, seqs), dtype=np.int64))
+        return self._inline_base(RULE_TABLE, True, self._k_of_batch(), self._model_free_draft_s(), tables=td)
+
+    def _history_tables(self, history: History) -> HistoryTables:
+        """The lookup table of this run's calls (each query's calls up to the first one refused), from the
+        disk cache when a run with the same calls and options made it."""
+        max_len = self.limits.max_model_len
+        calls, prompts, outputs = [], [], []
+        refused: set[int] = set()
+        for state in self.states:
+            calls.append(state.call)
+            runs = state.query_index not in refused and state.prompt_len < max_len
+            if not runs:
+                refused.add(state.query_index)
+            history_tokens = state.history
+            prompts.append(history_tokens[:state.prompt_len])
+            outputs.append(history_tokens[state.prompt_len:] if runs else None)
+        cols, n = self.table.cols, len(self.states)
+        lengths = np.array([-1 if o is None else o.shape[0] for o in outputs], dtype=np.int64)
+        key = table_key(history, self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], lengths, calls)
+        fresh = history.empty_copy()
+        return cached_tables(cache_root(), key, lambda: build_tables(fresh, calls, prompts, outputs,
+                                                                     [s.last_in_query for s in self.states]))
 
     def _history_drafts(self) -> InlineDrafts | None:
         """agentspec: the `InlineDrafts` part of drafting inside `run_steps` from its history (rule
@@ -317,6 +381,8 @@ class Simulator:
         n-gram index's tables may have been replaced since the last run)."""
         if self._model is not None:
             return self._model if self._model.par[IN_ON] else None
+        if self._tables is not None:
+            return self._tables
         if self._history is not None:
             return self._history
         if self._suffix is not None:
@@ -710,6 +776,9 @@ class Simulator:
             seconds = self.scheduler.set_model_drafts(rows, lens, self._model)
             self.pending_draft_s = seconds if self._model_priced else \
                 float(self.drafters[0].draft_time(self.cost, sampled, lens))
+            return
+        if self._tables is not None:
+            self.pending_draft_s = self.scheduler.set_table_drafts(rows, lens, self._tables)
             return
         batched = BATCHED.get(type(self.drafters[0]))
         if batched is not None:

@@ -71,8 +71,9 @@ class WorkloadSource:
             if self.data is not None:
                 # Same bytes, same name → the same file each time, so the loader's cache hits after the first.
                 digest = hashlib.sha256(self.data).hexdigest()[:16]
-                path = Path(os.environ.get("AGENTSPEC_SIM_CACHE", Path.home() / ".cache" / "agentspec-sim"))
-                path = path / "sweep-traces" / digest / Path(self.path).name
+                from agentspec_sim.trace.cache import cache_root
+
+                path = cache_root() / "sweep-traces" / digest / Path(self.path).name
                 if not path.exists():
                     from agentspec_sim.atomic import write_bytes_atomic
 

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,12 @@ from agentspec_sim.atomic import write_bytes_atomic
 from agentspec_sim.trace.schema import Call, Query, TraceMeta, Workload, WorkspaceFile
 
 FORMAT = 2  # bump when the loader's output for the same input can change
+
+
+def cache_root() -> Path:
+    """Where agentspec-sim keeps its caches (loaded traces, AgentSpec lookup tables): AGENTSPEC_SIM_CACHE,
+    else ~/.cache/agentspec-sim."""
+    return Path(os.environ.get("AGENTSPEC_SIM_CACHE", Path.home() / ".cache" / "agentspec-sim"))
 
 
 def cache_key(data: bytes, skip_bad_lines: bool, base_dir: Path) -> str:

@@ -731,10 +731,6 @@ def parse_records(records: Iterable[tuple[int, dict | TraceError]], source: str 
     return _assemble(queries, meta, errors.skipped)
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("AGENTSPEC_SIM_CACHE", Path.home() / ".cache" / "agentspec-sim"))
-
-
 def load_trace(path: str | Path, skip_bad_lines: bool = False, cache: bool = True) -> Workload:
     """Load and validate a trace file. Tokenized results are cached by content hash, so a second
     load of the same file (same tokenizer) skips tokenization. Raises TraceError on bad input."""
@@ -745,12 +741,12 @@ def load_trace(path: str | Path, skip_bad_lines: bool = False, cache: bool = Tru
         from agentspec_sim.trace import cache as trace_cache
 
         key = trace_cache.cache_key(data, skip_bad_lines, p.parent)
-        hit = trace_cache.load(_cache_dir(), key)
+        hit = trace_cache.load(trace_cache.cache_root(), key)
         if hit is not None:
             return hit
     workload = parse_records(iter_lines(data, str(p)), str(p), p.parent, skip_bad_lines)
     if key is not None:
-        trace_cache.store(_cache_dir(), key, workload)
+        trace_cache.store(trace_cache.cache_root(), key, workload)
     return workload
 
 

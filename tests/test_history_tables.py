@@ -1,0 +1,162 @@
+"""AgentSpec drafting from the workload's lookup table (drafters/history_tables.py, the engine's RULE_TABLE)
+against the live history it replaces: whole runs equal, the eviction bound that turns it off, the disk
+cache, the path pool."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from simhelpers import agent_query, config, workload
+
+from agentspec_sim.cost import RooflineCostModel
+from agentspec_sim.drafters import history_tables
+from agentspec_sim.drafters.base import parse_drafter
+from agentspec_sim.engine.config import resolve
+from agentspec_sim.engine.simulator import Simulator
+
+AGENTSPEC = {"method": "agentspec", "num_speculative_tokens": 6, "min_match_len": 2, "alpha": 24}
+COST = RooflineCostModel("a100-80g", "qwen3-8b")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path / "cache"))
+
+
+def _sim(wl, spec, cfg, tables=True):
+    Simulator.history_tables = tables
+    try:
+        return Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), COST)
+    finally:
+        Simulator.history_tables = True
+
+
+def _same(a, b):
+    for name in ("steps", "engine_steps", "calls", "queries"):
+        assert getattr(a, name).equals(getattr(b, name)), name
+
+
+def _queries(seed=4, n=6, calls=3):
+    rng = np.random.default_rng(seed)
+    return workload(*[agent_query(rng, f"q{i}", calls, prompt_len=40, out_len=30, vocab=4) for i in range(n)])
+
+
+@pytest.mark.parametrize("spec", [AGENTSPEC, {**AGENTSPEC, "budget": "token_budget"},
+                                  {"method": "agentspec-s", "num_speculative_tokens": 4, "min_match_len": 2},
+                                  {"method": "agentspec-n", "num_speculative_tokens": 5, "alpha": 12}])
+@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 100}, {"max_num_batched_tokens": 16},
+                                       {"num_kv_blocks": 40, "max_num_seqs": 6}, {"max_num_seqs": 1},
+                                       {"check_invariants": True}])
+def test_drafting_from_the_table_equals_the_live_history(spec, overrides):
+    """Every step's drafts (tokens included), acceptances and times equal the live history's — with
+    preemptions, calls refused or cut at max_model_len, chunked prefills, one call at a time, and the
+    engine's one-step-per-event loop."""
+    wl = _queries()
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    sim = _sim(wl, spec, cfg)
+    assert sim._tables is not None and sim._history is None and not any(sim.hooks)
+    from_table = sim.run()
+    live = _sim(wl, spec, cfg, tables=False)
+    assert live._tables is None
+    from_history = live.run()
+    _same(from_table, from_history)
+    assert int((from_table.engine_steps["D"] > 0).sum()) > 20
+    assert int(from_table.steps["accepted"].sum()) > 0
+    if "num_kv_blocks" in overrides:
+        assert from_table.num_preemptions > 0
+    if "max_model_len" in overrides:
+        assert (from_table.calls["status"] == "refused").any()  # and the second calls cut at 100 tokens
+
+
+def test_a_real_trace_with_structure_equals_the_live_history():
+    """The bundled coding trace: structures (several blocks per call, lead-ins), prompts that extend the
+    last call's history; a max_model_len that refuses some calls and cuts others."""
+    from agentspec_sim.trace.bundled import default_trace_path
+    from agentspec_sim.trace.io import load_trace
+
+    w = load_trace(default_trace_path())
+    wl = replace(w, queries=w.queries[:6])
+    for max_len in (40960, 14000):
+        cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4, max_model_len=max_len,
+                     num_kv_blocks=20000, max_num_batched_tokens=8192)
+        sim = _sim(wl, "agentspec", cfg)
+        assert sim._tables is not None
+        result = sim.run()
+        _same(result, _sim(wl, "agentspec", cfg, tables=False).run())
+        if max_len == 14000:
+            assert (result.calls["status"] != "finished").any()  # refused / skipped calls
+
+
+def test_histories_that_could_be_evicted_keep_the_live_history(monkeypatch):
+    """Over the memory bound, which histories the drafter drops depends on the run: no table then."""
+    import agentspec_sim.drafters.agentspec as agentspec
+
+    wl = _queries()
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
+    sim = _sim(wl, AGENTSPEC, cfg)
+    tables = sim._history_tables(sim.drafters[0].history)
+    assert tables.live_tokens > 0
+    monkeypatch.setattr(history_tables, "MAX_LIVE_TOKENS", tables.live_tokens - 1)
+    monkeypatch.setattr(agentspec, "MAX_LIVE_TOKENS", tables.live_tokens // 3)
+    sim = _sim(wl, AGENTSPEC, cfg)
+    assert sim._tables is None and sim._history is not None
+    sim.run()
+    monkeypatch.setattr(history_tables, "MAX_LIVE_TOKENS", tables.live_tokens)
+    assert _sim(wl, AGENTSPEC, cfg)._tables is not None  # at the bound: no run can evict
+
+
+def test_the_table_is_made_once_and_read_from_the_cache(monkeypatch, tmp_path):
+    wl = _queries()
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
+    first = _sim(wl, AGENTSPEC, cfg).run()
+    stored = list((tmp_path / "cache" / "history-tables").glob("*.npz"))
+    assert len(stored) == 1
+
+    def fail(*args):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr("agentspec_sim.engine.simulator.build_tables", fail)
+    for seqs in (1, 4):  # other engine settings, the same calls: the same table
+        _sim(wl, AGENTSPEC, config(check_invariants=False, arrival="zero", max_num_seqs=seqs)).run()
+    _same(first, _sim(wl, AGENTSPEC, cfg).run())
+    with pytest.raises(AssertionError, match="built again"):  # other options: another table
+        _sim(wl, {**AGENTSPEC, "max_candidates": 3}, cfg)
+    with pytest.raises(AssertionError, match="built again"):  # other calls: another table
+        _sim(_queries(seed=5), AGENTSPEC, cfg)
+    stored[0].write_bytes(b"not a table")  # a damaged entry is made again
+    monkeypatch.undo()
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path / "cache"))
+    _same(first, _sim(wl, AGENTSPEC, cfg).run())
+    assert history_tables._load(stored[0]) is not None
+
+
+def test_an_unwritable_cache_still_gives_the_table(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(blocker / "cache"))  # a path under a file
+    wl = _queries()
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
+    sim = _sim(wl, AGENTSPEC, cfg)
+    assert sim._tables is not None
+    _same(sim.run(), _sim(wl, AGENTSPEC, cfg, tables=False).run())
+
+
+def test_path_windows_hold_every_positions_path():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        T, width = int(rng.integers(1, 40)), int(rng.integers(1, 8))
+        base = rng.integers(0, 3, T + width + 5).astype(np.int32)
+        out = np.zeros((T, width), dtype=np.int32)
+        lengths = rng.integers(0, width + 1, T)
+        for t in range(T):  # mostly the next stretch of one text (a match going on), sometimes another
+            src = base[t:t + width] if rng.random() < 0.7 else rng.integers(0, 3, width).astype(np.int32)
+            out[t] = src
+        pool = np.zeros(T * width + 1, dtype=np.int32)
+        path = np.zeros(T, dtype=np.int64)
+        top = history_tables._pack_paths(out, lengths, pool, 0, path)
+        assert top <= int(lengths.sum())
+        for t in range(T):
+            n = int(lengths[t])
+            assert pool[path[t]:path[t] + n].tolist() == out[t, :n].tolist()
