@@ -198,7 +198,7 @@ def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spe
     the event loop, which grows it."""
     from agentspec_sim.drafters.block_index import BlockArena
 
-    monkeypatch.setattr(Simulator, "history_tables", False)  # the live history (tests/test_history_tables.py: tables)
+    monkeypatch.setattr(Simulator, "draft_tables", False)  # the live history (tests/test_history_tables.py: tables)
     if tiny_arena:
         monkeypatch.setattr(BlockArena.__init__, "__defaults__", (8, 16))
     rng = np.random.default_rng(4)
@@ -230,7 +230,7 @@ def test_agentspec_history_on_a_real_trace_equals_the_drafters_own(monkeypatch):
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import load_trace
 
-    monkeypatch.setattr(Simulator, "history_tables", False)
+    monkeypatch.setattr(Simulator, "draft_tables", False)
     w = load_trace(default_trace_path())
     wl = replace(w, queries=w.queries[:4])
     cfg = config(check_invariants=False, arrival="zero", max_num_seqs=3, max_model_len=40960, num_kv_blocks=20000,
@@ -251,17 +251,19 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_
 @pytest.mark.parametrize("overrides", [{}, {"max_model_len": 120}, {"max_num_batched_tokens": 16},
                                        {"num_kv_blocks": 40, "max_num_seqs": 6}, {"max_num_seqs": 1}])
 @pytest.mark.parametrize("tiny_forest", [False, True])
-def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_forest, monkeypatch):
+@pytest.mark.parametrize("tables", [True, False])
+def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_forest, tables, monkeypatch):
     """The suffix proposer driven inside `run_steps` (`propose_suffix_inline`: steps where every active
     call and only those emitted) and, at the end of each run, by the event loop through the same kernel
     (calls starting fresh or finishing: `_suffix_compiled_step`) equals the event loop driving the drafter
     after every step — with calls stopped by preemption or the token budget, finishing, evicted from the
     response cache, near max_model_len, and a forest too small for most steps (they go back to the event
-    loop, which grows it)."""
+    loop, which grows it); with the prompt trees' drafts from the workload's table and built."""
     from agentspec_sim.drafters.suffix_tree import SuffixForest
 
     if tiny_forest:
         monkeypatch.setattr(SuffixForest.__init__, "__defaults__", (4, 16))
+    monkeypatch.setattr(Simulator, "draft_tables", tables)  # prompt trees from the table, or built
     rng = np.random.default_rng(8)
     wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})

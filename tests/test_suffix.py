@@ -438,7 +438,7 @@ def test_engine_run_matches_vllm_driving_the_real_library(engine_workload, optio
     assert res.compared > 1000 and res.nonempty > 500
 
 
-def test_prompt_trees_are_kept_only_for_a_later_call_of_their_query():
+def test_prompt_trees_are_kept_only_for_a_later_call_of_their_query(monkeypatch):
     # A finished call's prompt tree is kept while a later call of its query may extend it; the last call's
     # is freed. Three agent queries of three calls each, one at a time: every later call extends its
     # predecessor's tree, and at the end no tree is kept.
@@ -451,6 +451,7 @@ def test_prompt_trees_are_kept_only_for_a_later_call_of_their_query():
     rng = np.random.default_rng(3)
     wl = workload(*(agent_query(rng, f"q{i}", 3) for i in range(3)))
     cfg = config(max_num_seqs=1)
+    monkeypatch.setattr(Simulator, "draft_tables", False)  # the prompt trees themselves, not their table
     sim = Simulator(wl, parse_drafter("suffix"), cfg, resolve(cfg), build_cost_model("a100-80g", "qwen3-8b"))
     drafter = sim.drafters[0]
     taken = []

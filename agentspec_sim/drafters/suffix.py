@@ -48,7 +48,10 @@ from agentspec_sim.drafters.suffix_tree import (
     OP_FREE,
     OP_REMOVE,
     OP_STEP,
+    OP_TABLE_STEP,
+    SCAP,
     SOFF,
+    LocalTable,
     SuffixForest,
     is_prefix,
 )
@@ -70,14 +73,15 @@ DEFAULTS: dict[str, Any] = {
 REUSE_MAX_TREES = 1024
 REUSE_MAX_TOKENS = 5_000_000
 
-_START, _ADD, _FINISH = 0, 1, 2
+_START, _ADD, _FINISH, _DIVERGE = 0, 1, 2, 3
 _EMPTY_OUT = np.zeros((0, 0), dtype=np.int32)
 
 
 class _Slot:
     """The drafter's view of one call: its prompt tree, its response in the global tree, its queue marks."""
 
-    __slots__ = ("active", "global_seq", "local_root", "local_seq", "qidx", "qround", "row", "seen", "state")
+    __slots__ = ("active", "global_seq", "local_root", "local_seq", "qidx", "qround", "row", "seen", "started", "state",
+                 "table_at")
 
     def __init__(self, state: CallState) -> None:
         self.state = state
@@ -89,6 +93,8 @@ class _Slot:
         self.seen = -1  # the round (propose to propose) it last emitted in
         self.qidx = -1  # queue index of its latest ADD, valid in round `qround`
         self.qround = -1
+        self.started = False  # started once (a later start is a restart)
+        self.table_at = -1  # ≥ 0: its prompt tree's drafts are the local table's, from this position on
 
 
 @register_drafter("suffix")
@@ -123,7 +129,9 @@ class SuffixDrafter(BaseDrafter):
         self.round = 0
         # For the engine's compiled steps (engine/scheduler.py `InlineSuffix`): per table row [local_root,
         # local_seq, global_seq, active], and how many calls are active; written by `propose`.
-        self.row_state = np.full((64, 4), -1, dtype=np.int64)
+        # [4]: the call's first position in the local table while it drafts from it, else -1.
+        self.row_state = np.full((64, 5), -1, dtype=np.int64)
+        self.table_at: np.ndarray | None = None  # engine table row → its first position in the local table
         self.n_active = np.zeros(1, dtype=np.int64)
         self.touched: list[_Slot] = []  # slots whose row_state changed since the last `propose`
 
@@ -145,6 +153,14 @@ class SuffixDrafter(BaseDrafter):
             raise SpecConfigError(f"suffix_decoding_min_token_prob={prob!r} must be a number in [0, 1]")
         k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else depth
         return replace(spec, num_speculative_tokens=k, options=tuple(sorted(opts.items())))
+
+    def use_local_table(self, table: LocalTable, at: np.ndarray) -> None:
+        """Draft the prompt trees of the engine's calls (table rows) from `table` (drafters/suffix_tables.py):
+        the prompt tree's draft of row r after t output tokens is the table's at position at[r] + t, as long
+        as its tree holds its prompt and its first t output tokens — a call that restarts, or whose tokens
+        the proposer skipped, builds its tree instead (`skip_tokens`)."""
+        self.forest.local_table = table
+        self.table_at = at
 
     # -- the engine's hooks ------------------------------------------------------------------------
     def start_call(self, state: CallState) -> None:
@@ -172,6 +188,21 @@ class SuffixDrafter(BaseDrafter):
         if slot is not None:
             self.queue.append((_FINISH, slot, 0, 0))
 
+    def skip_tokens(self, state: CallState, n: int) -> None:
+        """The call emitted n tokens in a step in which the proposer did not run: no tree ever gets them.
+        Only with a local table (`use_local_table`) does it matter: a call drafting from it gets its own tree
+        now (prompt + output before these tokens), and one not started yet may not draft from it."""
+        if self.table_at is None:
+            return
+        slot = state.drafter_state
+        if slot is None:
+            slot = state.drafter_state = _Slot(state)
+        if slot.table_at >= 0:
+            self.queue.append((_DIVERGE, slot, state.prompt_len + state.num_emitted - n, 0))
+            slot.table_at = -1
+            self.touched.append(slot)
+        slot.started = True
+
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
         """Apply the queued tokens in row order, drafting each row right after its own tokens."""
         max_lens = np.asarray(max_lens)
@@ -197,7 +228,7 @@ class SuffixDrafter(BaseDrafter):
             del self.active[slot]
             if slot.local_root >= 0:
                 batch.dropped.append((slot.local_root, slot.local_seq))
-            slot.local_root = slot.local_seq = -1
+            slot.local_root = slot.local_seq = slot.table_at = -1
             self.touched.append(slot)
         self._settle(batch)
         self.round += 1
@@ -247,12 +278,15 @@ class SuffixDrafter(BaseDrafter):
     def make_step_room(self, rows: np.ndarray, counts: np.ndarray) -> None:
         """Room for the compiled step to append counts[i] tokens of engine call rows[i] to both its trees."""
         forest = self.forest
-        counts = counts.tolist()
-        for (_, local, glob, _), n in zip(self.row_state[rows].tolist(), counts, strict=True):
-            forest.make_seq_room(local, n)
-            if glob >= 0:
-                forest.make_seq_room(glob, n)
-        forest.make_room(2 * self.depth * sum(counts) + len(counts))
+        state = self.row_state[rows]
+        # The calls' sequences that receive the tokens: the prompt tree's (unless drafted from the table)
+        # and the response's (if cached); only those short of room are grown.
+        seqs = np.concatenate([state[:, 1][state[:, 4] < 0], state[:, 2][state[:, 2] >= 0]])
+        ns = np.concatenate([counts[state[:, 4] < 0], counts[state[:, 2] >= 0]])
+        short = forest.seq_len[seqs] + ns > forest.sq[seqs, SCAP]
+        for s, n in zip(seqs[short].tolist(), ns[short].tolist(), strict=True):
+            forest.make_seq_room(s, n)
+        forest.make_room(2 * self.depth * int(counts.sum()) + counts.shape[0])
 
     def finish_rows(self, states: Sequence[CallState]) -> None:
         """`finish_call` for calls whose last tokens the compiled step appended, applied at once."""
@@ -265,7 +299,7 @@ class SuffixDrafter(BaseDrafter):
         """Write the changed calls' trees and activity into `row_state` (what compiled steps read)."""
         for slot in self.touched:
             table = self.row_state = grown(self.row_state, slot.row + 1, -1)
-            table[slot.row] = (slot.local_root, slot.local_seq, slot.global_seq, int(slot.active))
+            table[slot.row] = (slot.local_root, slot.local_seq, slot.global_seq, int(slot.active), slot.table_at)
         self.touched = []
         self.n_active[0] = len(self.active)
 
@@ -349,15 +383,24 @@ class _Batch:
             forest = d.forest
             first = max(0, end - max(n, d.depth))
             off = self._tokens(slot.state.history[first:end])
-            forest.reserve(slot.local_seq, n)
+            if slot.table_at < 0:
+                forest.reserve(slot.local_seq, n)
             if slot.global_seq >= 0:
                 forest.reserve(slot.global_seq, n)
             ctx_len = min(d.depth, end)
             self.last_step[id(slot)] = len(self.ops)
-            self.ops.append([OP_STEP, slot.local_root, slot.local_seq, slot.global_seq, off + (end - first) - n, n,
+            self.ops.append([*self._local(slot, end), slot.global_seq, off + (end - first) - n, n,
                              off + (end - first) - ctx_len, ctx_len, 0, -1])
         elif kind == _START:
             self._start(slot)
+        elif kind == _DIVERGE:
+            # Off the table: its prompt tree as the table assumed it so far (prompt + output before `end`).
+            state, forest = slot.state, self.d.forest
+            slot.local_root, slot.local_seq = forest.new_tree(), forest.new_seq()
+            off = self._tokens(state.history[:end])
+            forest.reserve(slot.local_seq, end)
+            self.ops.append([OP_APPEND, slot.local_root, slot.local_seq, -1, off, end, 0, 0, 0, -1])
+            self.d.touched.append(slot)
         else:  # _FINISH
             if slot.active:
                 slot.active = False
@@ -383,17 +426,22 @@ class _Batch:
             self.dropped.append((slot.local_root, slot.local_seq))
             slot.local_root = slot.local_seq = -1
         state = slot.state
-        prompt = state.history[:state.prompt_len]
-        root, seq = d._take_tree(prompt, state.query_index)
-        if root < 0:
-            root, seq = forest.new_tree(), forest.new_seq()
-        have = int(forest.seq_len[seq])
-        n = state.prompt_len - have
-        if n:
-            off = self._tokens(prompt[have:])
-            forest.reserve(seq, n)
-            self.ops.append([OP_APPEND, root, seq, -1, off, n, 0, 0, 0, -1])
-        slot.local_root, slot.local_seq = root, seq
+        if d.table_at is not None and not slot.started:  # its prompt tree's drafts are the table's
+            slot.table_at = int(d.table_at[slot.row])
+        else:
+            slot.table_at = -1
+            prompt = state.history[:state.prompt_len]
+            root, seq = d._take_tree(prompt, state.query_index)
+            if root < 0:
+                root, seq = forest.new_tree(), forest.new_seq()
+            have = int(forest.seq_len[seq])
+            n = state.prompt_len - have
+            if n:
+                off = self._tokens(prompt[have:])
+                forest.reserve(seq, n)
+                self.ops.append([OP_APPEND, root, seq, -1, off, n, 0, 0, 0, -1])
+            slot.local_root, slot.local_seq = root, seq
+        slot.started = True
         d.touched.append(slot)
         if d.max_cached != 0:
             gseq = forest.new_seq()
@@ -417,17 +465,25 @@ class _Batch:
         i = self.last_step.get(id(slot), -1)
         if i >= 0 and i == len(self.ops) - 1:
             op = self.ops[i]
-        elif slot.local_root >= 0:  # no tokens of its own in this batch (outside the contract): draft as it stands
+        elif slot.local_root >= 0 or slot.table_at >= 0:
+            # No tokens of its own in this batch (outside the contract): draft as it stands.
             state = slot.state
             end = state.prompt_len + state.num_emitted
             ctx_len = min(self.d.depth, end)
             off = self._tokens(state.history[end - ctx_len:end])
-            op = [OP_STEP, slot.local_root, slot.local_seq, -1, off, 0, off, ctx_len, 0, -1]
+            op = [*self._local(slot, end), -1, off, 0, off, ctx_len, 0, -1]
             self.ops.append(op)
         else:  # never observed, or stopped: vLLM would not draft for it
             return
         op[8] = min(max_len, self.d.k)
         op[9] = row
+
+    @staticmethod
+    def _local(slot: _Slot, end: int) -> list[int]:
+        """An OP_STEP's first three fields: its prompt tree, or its table position once `end` tokens are in."""
+        if slot.table_at >= 0:
+            return [OP_TABLE_STEP, slot.table_at + end - slot.state.prompt_len, -1]
+        return [OP_STEP, slot.local_root, slot.local_seq]
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         if self.ops:

@@ -29,6 +29,8 @@ between two appends, the Python side grows the arrays, and the batch resumes whe
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -44,8 +46,23 @@ SEQ_FIELDS = 5
 M_NFREE, M_NHWM, M_NLIVE, M_GFREE, M_GHWM, M_HUSED, M_NFREECNT, M_RTOK = range(8)
 META_FIELDS = 8
 # Batch operations (rows of an int64 array, see `run_ops`).
-OP_STEP, OP_APPEND, OP_REMOVE, OP_FREE = range(4)
+OP_STEP, OP_APPEND, OP_REMOVE, OP_FREE, OP_TABLE_STEP = range(5)
 OP_FIELDS = 10
+
+
+class LocalTable(NamedTuple):
+    """Prompt-tree drafts read from a table instead of a tree (`OP_TABLE_STEP`; drafters/suffix_tables.py):
+    per position, the draft's float32 score, its length, and where its tokens start in `pool`."""
+
+    score: np.ndarray  # float32 [positions]
+    length: np.ndarray  # int32 [positions]
+    path: np.ndarray  # int64 [positions]
+    pool: np.ndarray  # int32
+
+    @classmethod
+    def empty(cls) -> LocalTable:
+        return cls(np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int64),
+                   np.zeros(1, dtype=np.int32))
 
 EMPTY = np.int64(-1)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -623,12 +640,15 @@ def room(nd, ht, meta, need):
 
 @njit(cache=True, nogil=True)
 def run_ops(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, offset, min_prob, out, out_n,
-            first_op, first_tok):
+            first_op, first_tok, lt, out_score):
     """Apply ops[first_op:] in order (the first from its token first_tok). Row layout (int64):
 
     OP_STEP   [kind, local_root, local_seq, global_seq|-1, tok_off, tok_len, ctx_off, ctx_len, max_spec, out_row|-1]:
               append tb[tok_off:+tok_len] to the local tree and (if global_seq ≥ 0) the global tree;
-              then, if out_row ≥ 0, speculate on ctx = tb[ctx_off:+ctx_len] and write the draft to out[out_row].
+              then, if out_row ≥ 0, speculate on ctx = tb[ctx_off:+ctx_len] and write the draft to out[out_row]
+              and its score to out_score[out_row]: the local tree's draft unless the global tree's scores higher.
+    OP_TABLE_STEP [kind, position, -, global_seq|-1, …as OP_STEP]: OP_STEP for a call whose local tree's
+              drafts are `lt`'s (`LocalTable`): its draft at `position` stands for the local tree's.
     OP_APPEND [kind, root, seq, -, tok_off, tok_len, …]: append tokens to one tree.
     OP_REMOVE [kind, root, seq, …]: remove a sequence.
     OP_FREE   [kind, root, …]: free a whole tree.
@@ -638,12 +658,12 @@ def run_ops(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, offse
     """
     work = np.empty((3, max(out.shape[1], 1)), dtype=np.int32)
     return run_ops_into(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, offset, min_prob, out, out_n,
-                        first_op, first_tok, work)
+                        first_op, first_tok, work, lt, out_score)
 
 
 @njit(cache=True, nogil=True)
 def run_ops_into(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, offset, min_prob, out, out_n,
-                 first_op, first_tok, work):
+                 first_op, first_tok, work, lt, out_score):
     """`run_ops` with its work space given (int32 [3, ≥ out's width]): allocates nothing."""
     depth = act.shape[1]
     width = out.shape[1]
@@ -660,17 +680,19 @@ def run_ops_into(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, 
                     meta[M_RTOK] = j - o
                     return r
                 _append(nd, gp, sq, act, pool, ht, meta, root, s, tb[j])
-        elif kind == OP_STEP:
+        elif kind in (OP_STEP, OP_TABLE_STEP):
+            tabled = kind == OP_TABLE_STEP
             root = ops[r, 1]
             s = ops[r, 2]
             gs = ops[r, 3]
             o = ops[r, 4]
             n = ops[r, 5]
-            if not room(nd, ht, meta, 2 * depth * n + 1):
+            if not room(nd, ht, meta, (depth if tabled else 2 * depth) * n + 1):
                 meta[M_RTOK] = 0
                 return r
-            for j in range(o, o + n):
-                _append(nd, gp, sq, act, pool, ht, meta, root, s, tb[j])
+            if not tabled:
+                for j in range(o, o + n):
+                    _append(nd, gp, sq, act, pool, ht, meta, root, s, tb[j])
             if gs >= 0:
                 for j in range(o, o + n):
                     _append(nd, gp, sq, act, pool, ht, meta, global_root, gs, tb[j])
@@ -680,18 +702,27 @@ def run_ops_into(nd, gp, sq, act, pool, ht, meta, global_root, ops, tb, factor, 
             c0 = ops[r, 6]
             c1 = c0 + ops[r, 7]
             k = min(ops[r, 8], width)
-            nl, sl = _speculate_tree(nd, sq, act, pool, ht, root, s, tb, c0, c1, k, factor, offset, min_prob, tmp,
-                                     best_l)
+            if tabled:
+                nl = lt.length[root]
+                sl = lt.score[root]
+                at = lt.path[root]
+                for i in range(nl):
+                    best_l[i] = lt.pool[at + i]
+            else:
+                nl, sl = _speculate_tree(nd, sq, act, pool, ht, root, s, tb, c0, c1, k, factor, offset, min_prob, tmp,
+                                         best_l)
             ng, sg = _speculate_tree(nd, sq, act, pool, ht, global_root, gs, tb, c0, c1, k, factor, offset, min_prob,
                                      tmp, best_g)
             if sl >= sg:
                 for i in range(nl):
                     out[row, i] = best_l[i]
                 out_n[row] = nl
+                out_score[row] = sl
             else:
                 for i in range(ng):
                     out[row, i] = best_g[i]
                 out_n[row] = ng
+                out_score[row] = sg
         elif kind == OP_REMOVE:
             _remove(nd, gp, sq, pool, ht, meta, ops[r, 1], ops[r, 2])
         elif kind == OP_FREE:
@@ -753,6 +784,7 @@ class SuffixForest:
         self.seq_len = np.zeros(self.sq.shape[0], dtype=np.int64)
         self.seq_cap: list[int] = [0] * self.sq.shape[0]
         self.seq_live: list[bool] = [False] * self.sq.shape[0]
+        self.local_table = LocalTable.empty()  # the prompt-tree drafts `OP_TABLE_STEP` reads
 
     # -- nodes --------------------------------------------------------------------------------
     @property
@@ -869,16 +901,18 @@ class SuffixForest:
 
     # -- batches ------------------------------------------------------------------------------
     def run(self, global_root: int, ops: np.ndarray, tb: np.ndarray, factor: float, offset: float,
-            min_prob: float, out: np.ndarray, out_n: np.ndarray) -> None:
+            min_prob: float, out: np.ndarray, out_n: np.ndarray, out_score: np.ndarray | None = None) -> None:
         f32 = np.float32
         at, tok = 0, 0
+        if out_score is None:
+            out_score = np.zeros(out.shape[0], dtype=np.float32)
         while True:
             at = run_ops(self.nd, self.gp, self.sq, self.act, self.pool, self.ht, self.meta, global_root, ops,
-                         tb, f32(factor), f32(offset), f32(min_prob), out, out_n, at, tok)
+                         tb, f32(factor), f32(offset), f32(min_prob), out, out_n, at, tok, self.local_table, out_score)
             if at < 0:
                 return
             tok = int(self.meta[M_RTOK])
-            n = int(ops[at, 5]) if ops[at, 0] == OP_STEP else 1
+            n = int(ops[at, 5]) if ops[at, 0] in (OP_STEP, OP_TABLE_STEP) else 1
             self.make_room(2 * self.depth * n + self.depth + 1)
 
     # -- one tree at a time (tests, tools) ---------------------------------------------------

@@ -47,7 +47,9 @@ from agentspec_sim.drafters.block_index import OP_LOOKUP as BA_LOOKUP
 from agentspec_sim.drafters.block_index import run_ops_into as ba_run_ops
 from agentspec_sim.drafters.model_based import draft_from_tables
 from agentspec_sim.drafters.suffix_tree import OP_STEP as ST_OP_STEP
+from agentspec_sim.drafters.suffix_tree import OP_TABLE_STEP as ST_OP_TABLE_STEP
 from agentspec_sim.drafters.suffix_tree import SCAP as ST_SCAP
+from agentspec_sim.drafters.suffix_tree import LocalTable
 from agentspec_sim.drafters.suffix_tree import room as st_room
 from agentspec_sim.drafters.suffix_tree import run_ops_into as st_run_ops
 from agentspec_sim.engine import batched, kv
@@ -274,6 +276,8 @@ class InlineSuffix(NamedTuple):
     out: np.ndarray  # int32 [max_num_seqs, k]
     out_n: np.ndarray  # int32 [max_num_seqs]
     work: np.ndarray  # int32 [3, k]
+    local: LocalTable  # the prompt-tree drafts of calls that read them from the workload's table
+    score: np.ndarray  # float32 [max_num_seqs] work space
 
     @classmethod
     def off(cls) -> InlineSuffix:
@@ -281,8 +285,9 @@ class InlineSuffix(NamedTuple):
         return cls(np.zeros(4, dtype=np.int64), np.zeros(3, dtype=np.float32), np.zeros((1, 16), dtype=np.int32),
                    np.zeros((1, 3), dtype=np.int32), np.zeros((1, 5), dtype=np.int64), np.zeros((1, 1), dtype=np.int32),
                    np.zeros(1, dtype=np.int32), np.zeros((1, 2), dtype=np.int64), np.zeros(8, dtype=np.int64), one,
-                   np.zeros((1, 4), dtype=np.int64), one, np.zeros((1, 10), dtype=np.int64),
-                   np.zeros((1, 1), dtype=np.int32), np.zeros(1, dtype=np.int32), np.zeros((3, 1), dtype=np.int32))
+                   np.zeros((1, 5), dtype=np.int64), one, np.zeros((1, 10), dtype=np.int64),
+                   np.zeros((1, 1), dtype=np.int32), np.zeros(1, dtype=np.int32), np.zeros((3, 1), dtype=np.int32),
+                   LocalTable.empty(), np.zeros(1, dtype=np.float32))
 
 
 @kernel
@@ -834,14 +839,19 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
         end = c.calls.prompt_len[r] + c.calls.num_emitted[r]
         if end >= max_model_len:
             return -1.0
-        local, glob = sx.row_state[r, 1], sx.row_state[r, 2]
-        if sx.seq_len[local] + e > sx.sq[local, ST_SCAP] or (glob >= 0 and sx.seq_len[glob] + e > sx.sq[glob, ST_SCAP]):
+        local, glob, tabled = sx.row_state[r, 1], sx.row_state[r, 2], sx.row_state[r, 4]
+        if ((tabled < 0 and sx.seq_len[local] + e > sx.sq[local, ST_SCAP])
+                or (glob >= 0 and sx.seq_len[glob] + e > sx.sq[glob, ST_SCAP])):
             return -1.0
-        need += 2 * depth * e + 1
+        need += (depth if tabled >= 0 else 2 * depth) * e + 1
         base = c.calls.hist_off[r]
         ctx = min(depth, end)
-        ops[nops, 0] = ST_OP_STEP
-        ops[nops, 1] = sx.row_state[r, 0]
+        if tabled >= 0:  # the prompt tree's draft after num_emitted tokens, from the table
+            ops[nops, 0] = ST_OP_TABLE_STEP
+            ops[nops, 1] = tabled + c.calls.num_emitted[r]
+        else:
+            ops[nops, 0] = ST_OP_STEP
+            ops[nops, 1] = sx.row_state[r, 0]
         ops[nops, 2] = local
         ops[nops, 3] = glob
         ops[nops, 4] = base + end - e
@@ -862,11 +872,12 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
     if nops == 0:
         return 0.0
     for j in range(nops):  # the sequences' lengths as `SuffixForest.reserve` keeps them
-        sx.seq_len[ops[j, 2]] += ops[j, 5]
+        if ops[j, 0] == ST_OP_STEP:
+            sx.seq_len[ops[j, 2]] += ops[j, 5]
         if ops[j, 3] >= 0:
             sx.seq_len[ops[j, 3]] += ops[j, 5]
     st_run_ops(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.par[SX_GLOBAL_ROOT], ops[:nops], c.tokens,
-               sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work)
+               sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work, sx.local, sx.score)
     _drafts_from_out(c, dr.rows, sx.out, sx.out_n, m)
     return dr.draft_s[m]
 

@@ -49,6 +49,7 @@ import polars as pl
 
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
+from agentspec_sim.drafters import suffix_tables
 from agentspec_sim.drafters.agentspec import (
     MAX_LIVE_TOKENS,
     MAX_SCAN,
@@ -63,6 +64,7 @@ from agentspec_sim.drafters.history_tables import HistoryTables, build_tables, c
 from agentspec_sim.drafters.model_based import ModelBasedDrafter
 from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
 from agentspec_sim.drafters.suffix import SuffixDrafter
+from agentspec_sim.drafters.suffix_tree import LocalTable
 from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, prompt_index
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
@@ -102,7 +104,6 @@ from agentspec_sim.engine.scheduler import (
     SimulationError,
     TableDrafts,
 )
-from agentspec_sim.trace.cache import cache_root
 from agentspec_sim.trace.schema import Call, Workload
 
 ARRIVE, STEP, DONE = 0, 1, 2
@@ -126,7 +127,9 @@ class _QueryRun:
 
 
 class Simulator:
-    history_tables = True  # AgentSpec drafts from the workload's lookup table where exact (tests turn it off)
+    # AgentSpec's lookups and suffix decoding's prompt-tree drafts come from tables made once per workload
+    # where that is exact (drafters/history_tables.py, suffix_tables.py); tests turn it off to compare.
+    draft_tables = True
 
     def __init__(self, workload: Workload, spec: SpeculativeConfig, config: EngineConfig, limits: ResolvedLimits,
                  cost: StepCostModel, progress: Callable[[int, int], None] | None = None) -> None:
@@ -254,7 +257,7 @@ class Simulator:
         (RULE_TABLE, drafters/history_tables.py) where it is exact for this run — one drafter, a fixed
         draft length, histories that can never be evicted — else None (the live history drafts)."""
         drafter = self.drafters[0]
-        if (not self.history_tables or type(drafter) not in TABLE_DRAFTERS or len(self.drafters) > 1
+        if (not self.draft_tables or type(drafter) not in TABLE_DRAFTERS or len(self.drafters) > 1
                 or self.spec.num_speculative_tokens <= 0 or self.per_step or type(self.policy) is not FixedK
                 or self.table.tokens.shape[0] > MAX_LIVE_TOKENS):  # (the arena's tokens: a floor of the histories')
             return None
@@ -278,23 +281,14 @@ class Simulator:
     def _history_tables(self, history: History) -> HistoryTables:
         """The lookup table of this run's calls (each query's calls up to the first one refused), from the
         disk cache when a run with the same calls and options made it."""
-        max_len = self.limits.max_model_len
-        calls, prompts, outputs = [], [], []
-        refused: set[int] = set()
-        for state in self.states:
-            calls.append(state.call)
-            runs = state.query_index not in refused and state.prompt_len < max_len
-            if not runs:
-                refused.add(state.query_index)
-            history_tokens = state.history
-            prompts.append(history_tokens[:state.prompt_len])
-            outputs.append(history_tokens[state.prompt_len:] if runs else None)
+        calls = [state.call for state in self.states]
+        prompts, outputs = self._runnable_calls()
         cols, n = self.table.cols, len(self.states)
         lengths = np.array([-1 if o is None else o.shape[0] for o in outputs], dtype=np.int64)
         key = table_key(history, self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], lengths, calls)
         fresh = history.empty_copy()
-        return cached_tables(cache_root(), key, lambda: build_tables(fresh, calls, prompts, outputs,
-                                                                     [s.last_in_query for s in self.states]))
+        return cached_tables(key, lambda: build_tables(fresh, calls, prompts, outputs,
+                                                       [s.last_in_query for s in self.states]))
 
     def _history_drafts(self) -> InlineDrafts | None:
         """agentspec: the `InlineDrafts` part of drafting inside `run_steps` from its history (rule
@@ -316,7 +310,39 @@ class Simulator:
                 or type(self.policy) is not FixedK):
             return None
         self.table.reserve_draft_width(max(drafter.k, 1))
+        if self.draft_tables:
+            drafter.use_local_table(*self._suffix_table(drafter))
         return self._inline_base(RULE_SUFFIX, True, self._k_of_batch(), self._model_free_draft_s())
+
+    def _suffix_table(self, drafter: SuffixDrafter) -> tuple[LocalTable, np.ndarray]:
+        """The prompt-tree drafts of this run's calls (drafters/suffix_tables.py) and each table row's first
+        position, from the disk cache when a run with the same calls, options and max_model_len made them."""
+        prompts, outputs = self._runnable_calls()
+        cols, n = self.table.cols, len(self.states)
+        lengths = np.array([-1 if o is None else o.shape[0] for o in outputs], dtype=np.int64)
+        options = {"depth": drafter.depth, "k": drafter.k, "factor": drafter.factor, "min_prob": drafter.min_prob,
+                   "offset": drafter.offset, "max_model_len": self.limits.max_model_len}
+        key = suffix_tables.table_key(options, self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n],
+                                      lengths)
+        table, at = suffix_tables.cached_local_table(key, lambda: suffix_tables.build_local_table(
+            drafter.depth, drafter.k, drafter.factor, drafter.min_prob, self.limits.max_model_len, prompts, outputs))
+        return table, at[:n].copy()
+
+    def _runnable_calls(self) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+        """Every call's prompt and the output it emits in this run (cut at max_model_len), None for the calls
+        that never run (refused at max_model_len, and their query's later calls)."""
+        max_len = self.limits.max_model_len
+        prompts: list[np.ndarray] = []
+        outputs: list[np.ndarray | None] = []
+        refused: set[int] = set()
+        for state in self.states:
+            runs = state.query_index not in refused and state.prompt_len < max_len
+            if not runs:
+                refused.add(state.query_index)
+            history_tokens = state.history
+            prompts.append(history_tokens[:state.prompt_len])
+            outputs.append(history_tokens[state.prompt_len:] if runs else None)
+        return prompts, outputs
 
     def _inline_suffix(self) -> InlineSuffix:
         """`InlineSuffix` for the next run (a new tuple only when an array was replaced: the scheduler's
@@ -335,7 +361,8 @@ class Simulator:
                 fpar=np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32),
                 n_active=drafter.n_active, ops=np.zeros((seqs, 10), dtype=np.int64),
                 out=np.zeros((seqs, k), dtype=np.int32), out_n=np.zeros(seqs, dtype=np.int32),
-                work=np.zeros((3, k), dtype=np.int32), **current)
+                work=np.zeros((3, k), dtype=np.int32), local=forest.local_table,
+                score=np.zeros(seqs, dtype=np.float32), **current)
         elif _replaced(last, current):
             last = self._suffix_last = last._replace(**current)
         return last
@@ -827,6 +854,10 @@ class Simulator:
         fits = not n_rows or int(sb.sc[6]) + k <= max_len
         if not fits:
             self._drafter_hooks(rows, batch["emitted"], batch["started"], np.zeros(n_rows, dtype=bool))
+            for i in batch["emitted"].nonzero()[0].tolist():  # tokens no tree gets (a drafter with a table must know)
+                skip = getattr(self.drafters[rows[i].tenant], "skip_tokens", None)
+                if skip is not None and rows[i].status != FINISHED:
+                    skip(rows[i], int(batch["emitted"][i]))
             if k and sampled.shape[0]:
                 zeros = np.zeros(k, dtype=np.int32)
                 self.scheduler.set_drafts(sampled, [zeros] * sampled.shape[0])

@@ -1,6 +1,8 @@
-"""AgentSpec drafting from the workload's lookup table (drafters/history_tables.py, the engine's RULE_TABLE)
-against the live history it replaces: whole runs equal, the eviction bound that turns it off, the disk
-cache, the path pool."""
+"""Drafts from tables made once per workload against the live state they replace: AgentSpec's lookups
+(drafters/history_tables.py, the engine's RULE_TABLE) and suffix decoding's prompt-tree drafts
+(drafters/suffix_tables.py, OP_TABLE_STEP) — whole runs equal, what turns a table off, the disk cache,
+the path pool. (tests/test_suffix.py also runs the engine with the suffix table against the real
+ArcticInference library.)"""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from simhelpers import agent_query, config, workload
 from agentspec_sim.cost import RooflineCostModel
 from agentspec_sim.drafters import history_tables
 from agentspec_sim.drafters.base import parse_drafter
+from agentspec_sim.drafters.table_cache import pack_paths
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.simulator import Simulator
 
@@ -26,11 +29,11 @@ def _own_cache(tmp_path, monkeypatch):
 
 
 def _sim(wl, spec, cfg, tables=True):
-    Simulator.history_tables = tables
+    Simulator.draft_tables = tables
     try:
         return Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), COST)
     finally:
-        Simulator.history_tables = True
+        Simulator.draft_tables = True
 
 
 def _same(a, b):
@@ -129,7 +132,7 @@ def test_the_table_is_made_once_and_read_from_the_cache(monkeypatch, tmp_path):
     monkeypatch.undo()
     monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path / "cache"))
     _same(first, _sim(wl, AGENTSPEC, cfg).run())
-    assert history_tables._load(stored[0]) is not None
+    assert history_tables.HistoryTables.valid(dict(np.load(stored[0])))
 
 
 def test_an_unwritable_cache_still_gives_the_table(monkeypatch, tmp_path):
@@ -155,8 +158,81 @@ def test_path_windows_hold_every_positions_path():
             out[t] = src
         pool = np.zeros(T * width + 1, dtype=np.int32)
         path = np.zeros(T, dtype=np.int64)
-        top = history_tables._pack_paths(out, lengths, pool, 0, path)
+        top = pack_paths(out, lengths, pool, 0, path)
         assert top <= int(lengths.sum())
         for t in range(T):
             n = int(lengths[t])
             assert pool[path[t]:path[t] + n].tolist() == out[t, :n].tolist()
+
+
+# --------------------------------------------------------------------------------------------
+# suffix: the prompt trees' drafts
+
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 8}
+
+
+@pytest.mark.parametrize("spec", [SUFFIX, {**SUFFIX, "suffix_decoding_max_cached_requests": 2},
+                                  {**SUFFIX, "suffix_decoding_max_cached_requests": 0,
+                                   "suffix_decoding_max_spec_factor": 2.0}])
+@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 100}, {"max_num_batched_tokens": 16},
+                                       {"num_kv_blocks": 40, "max_num_seqs": 6}, {"max_num_seqs": 1},
+                                       {"check_invariants": True}])
+def test_suffix_prompt_trees_from_the_table_equal_the_built_ones(spec, overrides):
+    """With calls stopped and restarted (preemption, the token budget: their trees are built), steps that
+    skip the proposer near max_model_len (the calls in them leave the table), refused and cut calls."""
+    from agentspec_sim.drafters.suffix import SuffixDrafter
+
+    wl = _queries(seed=8)
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    sim = _sim(wl, spec, cfg)
+    drafter = sim.drafters[0]
+    assert drafter.table_at is not None
+    built = []  # calls that drafted from the table until a step skipped the proposer
+    skip = SuffixDrafter.skip_tokens
+
+    def skipping(state, n):
+        built.append(state.drafter_state is not None and state.drafter_state.table_at >= 0)
+        skip(drafter, state, n)
+
+    drafter.skip_tokens = skipping
+    from_table = sim.run()
+    live = _sim(wl, spec, cfg, tables=False)
+    assert live.drafters[0].table_at is None
+    _same(from_table, live.run())
+    assert int((from_table.engine_steps["D"] > 0).sum()) > 20
+    if "max_model_len" in overrides:
+        assert any(built)  # steps that skipped the proposer, with calls drafting from the table in them
+    if "num_kv_blocks" in overrides:
+        assert from_table.num_preemptions > 0
+
+
+def test_suffix_table_entries_are_the_prompt_trees_drafts():
+    """Position by position, the table holds what the drafter's own prompt tree drafts for the call."""
+    from agentspec_sim.drafters.suffix_tables import build_local_table
+    from agentspec_sim.drafters.suffix_tree import SuffixForest
+
+    rng = np.random.default_rng(5)
+    calls = agent_query(rng, "q", 3, prompt_len=30, out_len=40, vocab=5)
+    prompts = [np.asarray(c.prompt_tokens, dtype=np.int32) for c in calls]
+    outputs = [np.asarray(c.output_tokens, dtype=np.int32) for c in calls]
+    outputs[1] = outputs[1][:25]  # cut (max_model_len): the next prompt still extends it
+    depth, k, max_len = 6, 5, 150
+    table, at = build_local_table(depth, k, 1.0, 0.1, max_len, prompts, outputs)
+    checked = 0
+    for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+        for t in range(1, output.shape[0]):
+            forest = SuffixForest(depth)
+            root, seq = forest.new_tree(), forest.new_seq()
+            seen = np.concatenate([prompt, output[:t]])
+            forest.append(root, seq, seen)
+            spec = min(k, max_len - seen.shape[0] - 1)
+            j = int(at[i]) + t
+            if spec <= 0:
+                assert table.length[j] == 0
+                continue
+            draft, score = forest.speculate(root, seen[-depth:], spec, 1.0, 0.0, 0.1, seq)
+            n = int(table.length[j])
+            assert table.pool[table.path[j]:table.path[j] + n].tolist() == draft.tolist()
+            assert np.float32(score) == table.score[j]
+            checked += int(n > 0)
+    assert checked > 20

@@ -1,0 +1,139 @@
+"""Tables of a drafter's answers made once per workload (drafters/history_tables.py, suffix_tables.py):
+the disk cache they share and the token pool their drafts are stored in.
+
+A table is a dict of numpy arrays stored as one `.npz` under `cache_root()/<kind>/<key>.npz`, written
+atomically; processes that ask for the same key at once build it once (the others wait on the key's
+lock, then read it). A missing, unreadable or malformed entry is built again; a cache that cannot be
+written (read-only, full, a path under a file) only costs the rebuild. Keys hash everything the
+table depends on, the code that makes it included (`code_digest`), so a stale entry is never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from agentspec_sim.trace.cache import cache_root
+
+Arrays = dict[str, np.ndarray]
+
+
+def code_digest(*files: str) -> bytes:
+    """A digest of source files' bytes (part of a table's key: new code, new tables)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in files:
+        h.update(Path(name).read_bytes())
+    return h.digest()
+
+
+def cached_arrays(kind: str, key: str, build: Callable[[], Arrays], valid: Callable[[Arrays], bool]) -> Arrays:
+    """The arrays stored under (`kind`, `key`) if `valid` accepts them, else `build()`'s, stored."""
+    path = cache_root() / kind / f"{key}.npz"
+    hit = _load(path, valid)
+    if hit is not None:
+        return hit
+    with _locked(path.with_suffix(".lock")):
+        hit = _load(path, valid)
+        if hit is not None:
+            return hit
+        arrays = build()
+        with contextlib.suppress(OSError):
+            from agentspec_sim.atomic import write_bytes_atomic
+
+            buffer = io.BytesIO()
+            np.savez(buffer, **arrays)
+            write_bytes_atomic(path, buffer.getvalue())
+        return arrays
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (a no-op where it cannot be taken)."""
+    handle = None
+    with contextlib.suppress(OSError, ImportError):
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 (held until the block ends)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
+
+
+def _load(path: Path, valid: Callable[[Arrays], bool]) -> Arrays | None:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError):
+        return None
+    try:
+        return arrays if valid(arrays) else None
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
+@njit(cache=True, nogil=True)
+def pack_paths(out, lengths, pool, top, path):
+    """Lay each position's draft out[t, :lengths[t]] into pool from `top`, path[t] = its start: where the
+    tokens after the previous draft's start agree with it (the next position of a match that goes on),
+    the window starts one further on and only the tokens past the pool's end are added. Returns the new
+    top (pool must have room for lengths.sum() more tokens)."""
+    prev = -1
+    for t in range(out.shape[0]):
+        n = lengths[t]
+        placed = False
+        if n > 0 and prev >= 0:
+            start = prev + 1
+            m = min(top - start, n)
+            placed = True
+            for i in range(m):
+                if pool[start + i] != out[t, i]:
+                    placed = False
+                    break
+            if placed:
+                for i in range(m, n):
+                    pool[top] = out[t, i]
+                    top += 1
+                path[t] = start
+                prev = start
+        if not placed:
+            path[t] = top
+            for i in range(n):
+                pool[top + i] = out[t, i]
+            prev = top if n > 0 else -1
+            top += n
+    return top
+
+
+class PathPool:
+    """A growing token pool that drafts are packed into (`pack_paths`)."""
+
+    def __init__(self) -> None:
+        self.pool = np.zeros(1 << 16, dtype=np.int32)
+        self.top = 0
+
+    def add(self, out: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Pack rows out[t, :lengths[t]]; returns each row's start."""
+        need = self.top + int(lengths.sum())
+        if need > self.pool.shape[0]:
+            grown = np.zeros(max(need, 2 * self.pool.shape[0]), dtype=np.int32)
+            grown[:self.top] = self.pool[:self.top]
+            self.pool = grown
+        path = np.zeros(out.shape[0], dtype=np.int64)
+        self.top = pack_paths(out, lengths, self.pool, self.top, path)
+        return path
+
+    def tokens(self) -> np.ndarray:
+        return self.pool[:self.top].copy()
+
+
+__all__ = ["Arrays", "PathPool", "cached_arrays", "code_digest", "pack_paths"]
