@@ -236,3 +236,28 @@ def test_suffix_table_entries_are_the_prompt_trees_drafts():
             assert np.float32(score) == table.score[j]
             checked += int(n > 0)
     assert checked > 20
+
+
+def test_the_cache_keeps_the_most_recently_used_tables_within_its_limit(monkeypatch, tmp_path):
+    import os
+    import time
+
+    from agentspec_sim.drafters import table_cache
+
+    def arrays(n):
+        return lambda: {"x": np.arange(n, dtype=np.int64)}
+
+    def ok(a):
+        return a["x"].dtype == np.int64
+
+    directory = tmp_path / "cache" / "t"
+    for i, key in enumerate(("a", "b", "c")):
+        table_cache.cached_arrays("t", key, arrays(20_000), ok)
+        os.utime(directory / f"{key}.npz", ns=(i * 10**9, i * 10**9))  # a, b, c: oldest first
+    size = (directory / "a.npz").stat().st_size
+    assert table_cache.cached_arrays("t", "a", arrays(1), ok)["x"].shape == (20_000,)  # read: a is now the newest
+    assert (directory / "a.npz").stat().st_mtime_ns > time.time_ns() - 60 * 10**9
+    monkeypatch.setenv(table_cache.LIMIT_ENV, str(2.5 * size / (1 << 20)))
+    table_cache.cached_arrays("t", "d", arrays(20_000), ok)  # over the limit: b and c, the least recently used, go
+    assert sorted(p.stem for p in directory.glob("*.npz")) == ["a", "d"]
+    assert table_cache.cached_arrays("t", "a", arrays(3), ok)["x"].shape == (20_000,)

@@ -6,6 +6,8 @@ atomically; processes that ask for the same key at once build it once (the other
 lock, then read it). A missing, unreadable or malformed entry is built again; a cache that cannot be
 written (read-only, full, a path under a file) only costs the rebuild. Keys hash everything the
 table depends on, the code that makes it included (`code_digest`), so a stale entry is never read.
+Each kind keeps at most `AGENTSPEC_SIM_TABLE_CACHE_MB` (default 2048) MB: after a store the least
+recently used entries go (a read counts as a use).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +25,8 @@ from numba import njit
 from agentspec_sim.trace.cache import cache_root
 
 Arrays = dict[str, np.ndarray]
+LIMIT_ENV = "AGENTSPEC_SIM_TABLE_CACHE_MB"
+DEFAULT_LIMIT_MB = 2048
 
 
 def code_digest(*files: str) -> bytes:
@@ -49,7 +54,35 @@ def cached_arrays(kind: str, key: str, build: Callable[[], Arrays], valid: Calla
             buffer = io.BytesIO()
             np.savez(buffer, **arrays)
             write_bytes_atomic(path, buffer.getvalue())
+            _trim(path.parent, keep=path)
         return arrays
+
+
+def _limit_bytes() -> int:
+    try:
+        return int(float(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB)) * (1 << 20))
+    except ValueError:
+        return DEFAULT_LIMIT_MB << 20
+
+
+def _trim(directory: Path, keep: Path) -> None:
+    """Drop the least recently used entries of `directory` (and their locks) beyond the size limit."""
+    entries = []
+    for entry in directory.glob("*.npz"):
+        with contextlib.suppress(OSError):
+            st = entry.stat()
+            entries.append((st.st_mtime_ns, st.st_size, entry))
+    total = sum(size for _, size, _ in entries)
+    limit = _limit_bytes()
+    for _, size, entry in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        if entry == keep:
+            continue
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            entry.with_suffix(".lock").unlink(missing_ok=True)
+            total -= size
 
 
 @contextlib.contextmanager
@@ -76,9 +109,13 @@ def _load(path: Path, valid: Callable[[Arrays], bool]) -> Arrays | None:
     except (OSError, ValueError, EOFError):
         return None
     try:
-        return arrays if valid(arrays) else None
+        if not valid(arrays):
+            return None
     except (KeyError, IndexError, ValueError):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # used now (the size limit drops the least recently used)
+    return arrays
 
 
 @njit(cache=True, nogil=True)
