@@ -489,17 +489,23 @@ class RooflineCostModel:
             table = self._decode_linear = np.concatenate([table, np.full(max(top, 2 * table.shape[0]) - table.shape[0],
                                                                        np.nan)])
         linear = table[tokens]
-        todo = (logit_rows != tokens) | np.isnan(linear)
-        if todo.any():
+        decode = logit_rows == tokens
+        missing = decode & np.isnan(linear)
+        if missing.any():  # token counts met for the first time: fill the table once per count
+            seen = np.zeros(top, dtype=bool)
+            seen[tokens[missing]] = True
+            for n in (seen & np.isnan(table[:top])).nonzero()[0].tolist():
+                table[n] = self._linear_s(n, n)
+            linear = table[tokens]
+        other = (~decode).nonzero()[0]
+        if other.shape[0]:
             memo = self._linear_memo
-            for i in todo.nonzero()[0].tolist():
-                key = (int(tokens[i]), int(logit_rows[i]))
+            for i, key in zip(other.tolist(), zip(tokens[other].tolist(), logit_rows[other].tolist(), strict=True),
+                              strict=True):
                 value = memo.get(key)
                 if value is None:
                     value = memo[key] = self._linear_s(*key)
                 linear[i] = value
-                if key[0] == key[1]:
-                    table[key[0]] = value
         return linear
 
     def _compute_excess(self, q: np.ndarray, c: np.ndarray) -> float:

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import polars as pl
+from numba import njit
 
 from agentspec_sim.drafters.base import SpeculativeConfig
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
@@ -74,6 +75,18 @@ LOG_STEP = np.dtype([(name, np.int64) for name in (  # one per engine step
     "batch_size", "scheduled_tokens", "decode_calls", "running", "waiting", "free_blocks", "bound", "D", "acc",
     "budget")] + [(name, np.float64) for name in ("time_s", "forward_s", "draft_s", "t_A", "t_V", "t_D")], align=True)
 LOG_EVENT = np.dtype([("kind", np.int64), ("call", np.int64), ("step", np.int64)], align=True)
+assert LOG_STEP.itemsize == 8 * len(LOG_STEP.names)  # `engine_frame` reads the records as rows of 8-byte words
+
+
+@njit(cache=True, nogil=True)
+def _transposed(words):
+    """words [n, f] → [f, n], reading the records once, in order."""
+    n, f = words.shape
+    out = np.empty((f, n), dtype=words.dtype)
+    for i in range(n):
+        for j in range(f):
+            out[j, i] = words[i, j]
+    return out
 
 
 class LogBuf(NamedTuple):
@@ -137,7 +150,11 @@ class StepLogBuilder:
         b = self.buf
         st = b.steps[:int(b.ctr[1])]
         ns = st.shape[0]
-        col = {name: np.ascontiguousarray(st[name]) for name in LOG_STEP.names}
+        # Every field is 8 bytes, laid out in order: one transposing copy gives all the columns (a copy
+        # per field would read the whole log once per field).
+        fields = _transposed(st.view(np.int64).reshape(ns, len(LOG_STEP.names)))
+        col = {name: fields[i] if LOG_STEP[name] == np.int64 else fields[i].view(np.float64)
+               for i, name in enumerate(LOG_STEP.names)}
         with np.errstate(invalid="ignore", divide="ignore"):
             d = col["D"].astype(np.float64)
             rho = np.where(d > 0, (d - col["acc"]) / d, np.nan)
