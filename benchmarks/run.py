@@ -8,9 +8,12 @@ Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic] [--trace 
 Sections (each runs only when named; results.json keeps the sections not run this time, and the
 engine and scale runs not repeated this time):
 
-- engine: every (trace, drafter, max_num_seqs) simulated in a fresh child process, all queries
-  arriving at t = 0, after a one-query warm-up (imports, numba). Per run: wall seconds of
-  `simulate` and its CPU seconds (steadier on a shared machine), simulated output tokens per wall
+- engine: every (trace, drafter, max_num_seqs) simulated in a fresh child process with an empty cache
+  directory (AGENTSPEC_SIM_CACHE), all queries arriving at t = 0, after a one-query warm-up (imports,
+  numba). Per run: wall seconds of `simulate` and its CPU seconds (steadier on a shared machine) —
+  for suffix and agentspec including their workload tables' build (drafters/history_tables.py,
+  suffix_tables.py), which is also reported alone (`tables_cpu_s`; a later run of the same workload
+  reads them from the cache: `tokens_per_cpu_s_cached`) —, simulated output tokens per wall
   and per CPU second, engine steps and call-steps, the drafter's
   own time (every hook the drafter overrides and the engine's batched proposer, timed in place):
   µs per proposing call-step, µs per observed call-step, ms per call start (`start_call`: prompt
@@ -19,7 +22,9 @@ engine and scale runs not repeated this time):
   of N output tokens resampled from a bundled trace, replayed with `--scale-drafter` at max_num_seqs
   256 in a child each: load seconds, simulate seconds, tokens per second, peak RSS.
 - sweep: wall time of `agentspec-sim sweep TRACE --max-num-seqs 1,2,4,…,256 -j J` (the Figure-1
-  drafters, one seed) for each J in --sweep-jobs; --sweep-queries N sweeps the first N queries only.
+  drafters, one seed) for each J in --sweep-jobs, each with an empty table cache (the sweep builds
+  every workload table once; the trace itself is loaded into that cache beforehand); --sweep-queries
+  N sweeps the first N queries only.
 - arctic: benchmarks/suffix_vs_arctic.py (suffix vs ArcticInference's C++ per call-step and per call
   start) when arctic-inference is installed; otherwise recorded as skipped.
 
@@ -104,6 +109,27 @@ def _load(trace: str | None, queries: int | None):
     return path, workload, load_s
 
 
+class TableClock:
+    """CPU seconds spent building workload tables (AgentSpec's lookups, suffix's prompt-tree drafts)."""
+
+    def __init__(self) -> None:
+        from agentspec_sim.drafters import suffix_tables
+        from agentspec_sim.engine import simulator
+
+        self.seconds = 0.0
+        simulator.build_tables = self._timed(simulator.build_tables)
+        suffix_tables.build_local_table = self._timed(suffix_tables.build_local_table)
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            c0 = time.process_time()
+            out = fn(*args, **kwargs)
+            self.seconds += time.process_time() - c0
+            return out
+
+        return timed
+
+
 def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, hardware: str) -> dict:
     """One simulation in this process, with the drafter's hooks timed; returns its measurements."""
     from agentspec_sim import EngineConfig, simulate
@@ -113,8 +139,10 @@ def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, har
 
     _, workload, load_s = _load(trace, queries)
     cost = build_cost_model(hardware, "qwen3-8b")
+    tables = TableClock()
     # Warm-up: numba compilation and imports are not the engine's speed.
     simulate(replace(workload, queries=workload.queries[:1]), drafter, EngineConfig(hardware=hardware), cost)
+    tables.seconds = 0.0
     clock = DrafterClock(type(make_drafter(parse_drafter(drafter))))
     config = EngineConfig(max_num_seqs=seqs, hardware=hardware, arrival="zero")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -125,6 +153,7 @@ def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, har
     return {
         "drafter": drafter, "max_num_seqs": seqs, "load_s": load_s, "wall_s": wall, "output_tokens": s.output_tokens,
         "tokens_per_s": s.output_tokens / wall, "cpu_s": cpu, "tokens_per_cpu_s": s.output_tokens / cpu,
+        "tables_cpu_s": tables.seconds, "tokens_per_cpu_s_cached": s.output_tokens / (cpu - tables.seconds),
         "engine_steps": s.steps,
         "call_steps": int(result.engine_steps["batch_size"].sum()),
         "us_per_step": wall / s.steps * 1e6, "engine_us_per_step": (wall - drafting) / s.steps * 1e6,
@@ -140,8 +169,11 @@ def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, har
 
 # -- parent side --------------------------------------------------------------------------------------
 def _child(args: list[str], timeout: float | None = None) -> dict:
+    """Run `args` in a child process with its own, empty cache directory (no tables from earlier runs)."""
     cmd = [sys.executable, __file__, "--child", *args]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout).stdout
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "AGENTSPEC_SIM_CACHE": cache}
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -168,9 +200,9 @@ def section_engine(args, console) -> dict:
                 console.print(f"engine: {r['trace']} {drafter} @ {seqs}: {r['wall_s']:.1f} s wall, "
                               f"{r['cpu_s']:.1f} s CPU, {r['tokens_per_cpu_s']:,.0f} tok / CPU s")
     table = Table(title="engine speed (all queries at t = 0; one child process per run)")
-    for name in ("trace", "drafter", "seqs", "steps", "call-steps", "wall s", "CPU s", "sim tok / CPU s", "µs / step",
-                 "engine µs / step", "propose µs / call-step", "observe µs / call-step", "start ms / call",
-                 "peak RSS MiB"):
+    for name in ("trace", "drafter", "seqs", "steps", "call-steps", "wall s", "CPU s", "tables CPU s",
+                 "sim tok / CPU s", "… tables cached", "µs / step", "engine µs / step", "propose µs / call-step",
+                 "observe µs / call-step", "start ms / call", "peak RSS MiB"):
         table.add_column(name, justify="left" if name in ("trace", "drafter") else "right")
     for r in runs:
         # Per-step and per-call figures are timed on the wall clock; on a shared machine they are
@@ -182,14 +214,17 @@ def section_engine(args, console) -> dict:
 
         table.add_row(r["trace"], r["drafter"], str(r["max_num_seqs"]), f"{r['engine_steps']:,}",
                       f"{r['call_steps']:,}", f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}",
-                      f"{r['tokens_per_cpu_s']:,.0f}", cpu(r["us_per_step"], ".1f"),
+                      _fmt(r.get("tables_cpu_s") or None, ".2f"), f"{r['tokens_per_cpu_s']:,.0f}",
+                      _fmt(r.get("tokens_per_cpu_s_cached") if r.get("tables_cpu_s") else None, ",.0f"),
+                      cpu(r["us_per_step"], ".1f"),
                       cpu(r["engine_us_per_step"], ".1f"),
                       cpu(r["propose_us_per_call_step"], ".2f"), cpu(r["observe_us_per_call_step"], ".2f"),
                       cpu(r["start_ms_per_call"], ".3f"), f"{r['peak_rss_mib']:,.0f}")
     console.print(table)
     console.print("µs and ms columns: wall-clock timings × the run's CPU / wall ratio. ngram, ngram-v2 and eagle3 "
                   "draft inside the compiled loop: their propose column counts only the proposals left to the event "
-                  "loop.")
+                  "loop. CPU s and sim tok / CPU s include building the workload's tables (suffix, agentspec), "
+                  "which a sweep does once: '… tables cached' is a run that finds them.")
     return {"hardware": args.hardware, "model": "qwen3-8b", "queries": args.queries, "runs": runs}
 
 
@@ -261,8 +296,12 @@ def section_sweep(args, console) -> dict:
                    FIGURE1_SEQS, "-j", str(jobs), "-o", str(out), "-q"]
             if args.sweep_drafters:
                 cmd += ["--drafter", args.sweep_drafters]
+            # An empty cache but for the loaded trace: the sweep builds its workload tables itself.
+            env = {**os.environ, "AGENTSPEC_SIM_CACHE": str(Path(tmp) / f"cache-{jobs}")}
+            subprocess.run([sys.executable, "-c", "import sys; from agentspec_sim.trace.io import load_trace; "
+                            "load_trace(sys.argv[1])", str(trace_used)], check=True, env=env)
             t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-            done = subprocess.run(cmd, capture_output=True, text=True)
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
             wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
             if done.returncode != 0:
