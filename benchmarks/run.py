@@ -10,12 +10,12 @@ engine and scale runs not repeated this time):
 
 - engine: every (trace, drafter, max_num_seqs) simulated in a fresh child process whose cache directory
   (AGENTSPEC_SIM_CACHE) holds the loaded trace and nothing else, all queries arriving at t = 0, after a
-  one-query warm-up (imports, numba). Per run: wall seconds of `simulate` and its CPU seconds (steadier on a shared machine) —
-  for suffix and agentspec including their workload tables' build (drafters/history_tables.py,
-  suffix_tables.py), which is also reported alone (`tables_cpu_s`; a later run of the same workload
-  reads them from the cache: `tokens_per_cpu_s_cached`) —, simulated output tokens per wall
-  and per CPU second, engine steps and call-steps, the drafter's
-  own time (every hook the drafter overrides and the engine's batched proposer, timed in place):
+  one-query warm-up (imports, numba). Per run: wall seconds of `simulate` and its CPU seconds
+  (steadier on a shared machine) — for suffix and agentspec including their workload tables' build
+  (drafters/history_tables.py, suffix_tables.py), which is also reported alone (`tables_cpu_s`; a
+  later run of the same workload reads them from the cache: `tokens_per_cpu_s_cached`) —, simulated
+  output tokens per wall and per CPU second, engine steps and call-steps, the drafter's own time
+  (every hook the drafter overrides and the engine's batched proposer, timed in place):
   µs per proposing call-step, µs per observed call-step, ms per call start (`start_call`: prompt
   indexing), the engine's overhead per step (wall minus drafter time, per step), the child's peak RSS.
 - scale: synthetic traces (`agentspec_sim.trace.synth`, seed 0, cached in the temp dir)

@@ -282,9 +282,8 @@ class Simulator:
         """The lookup table of this run's calls (each query's calls up to the first one refused), from the
         disk cache when a run with the same calls and options made it."""
         calls = [state.call for state in self.states]
-        prompts, outputs = self._runnable_calls()
+        prompts, outputs, lengths = self._runnable_calls()
         cols, n = self.table.cols, len(self.states)
-        lengths = np.array([-1 if o is None else o.shape[0] for o in outputs], dtype=np.int64)
         key = table_key(history, self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], lengths, calls)
         fresh = history.empty_copy()
         return cached_tables(key, lambda: build_tables(fresh, calls, prompts, outputs,
@@ -317,9 +316,8 @@ class Simulator:
     def _suffix_table(self, drafter: SuffixDrafter) -> tuple[LocalTable, np.ndarray]:
         """The prompt-tree drafts of this run's calls (drafters/suffix_tables.py) and each table row's first
         position, from the disk cache when a run with the same calls, options and max_model_len made them."""
-        prompts, outputs = self._runnable_calls()
+        prompts, outputs, lengths = self._runnable_calls()
         cols, n = self.table.cols, len(self.states)
-        lengths = np.array([-1 if o is None else o.shape[0] for o in outputs], dtype=np.int64)
         options = {"depth": drafter.depth, "k": drafter.k, "factor": drafter.factor, "min_prob": drafter.min_prob,
                    "offset": drafter.offset, "max_model_len": self.limits.max_model_len}
         key = suffix_tables.table_key(options, self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n],
@@ -328,9 +326,10 @@ class Simulator:
             drafter.depth, drafter.k, drafter.factor, drafter.min_prob, self.limits.max_model_len, prompts, outputs))
         return table, at[:n].copy()
 
-    def _runnable_calls(self) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+    def _runnable_calls(self) -> tuple[list[np.ndarray], list[np.ndarray | None], np.ndarray]:
         """Every call's prompt and the output it emits in this run (cut at max_model_len), None for the calls
-        that never run (refused at max_model_len, and their query's later calls)."""
+        that never run (refused at max_model_len, and their query's later calls); the outputs' lengths (−1:
+        never runs), the tables' keys."""
         max_len = self.limits.max_model_len
         prompts: list[np.ndarray] = []
         outputs: list[np.ndarray | None] = []
@@ -342,7 +341,8 @@ class Simulator:
             history_tokens = state.history
             prompts.append(history_tokens[:state.prompt_len])
             outputs.append(history_tokens[state.prompt_len:] if runs else None)
-        return prompts, outputs
+        lengths = np.array([-1 if o is None else o.shape[0] for o in outputs], dtype=np.int64)
+        return prompts, outputs, lengths
 
     def _inline_suffix(self) -> InlineSuffix:
         """`InlineSuffix` for the next run (a new tuple only when an array was replaced: the scheduler's
