@@ -553,7 +553,12 @@ class History:
             tail_lin[block], tail_pos[block] = cursor.lineage, P + e
         out = np.zeros((T, self.width), dtype=np.int32)
         meta = np.zeros((T, META_FIELDS), dtype=np.int64)
-        self.arena.run(ops, tb, out, meta, self.max_candidates, MAX_SCAN, MIN_SUPPORT)
+        # Room per block for all of its appends at once (a token each, a new segment's SEP and lead-in),
+        # not one reservation per token.
+        blocks, which = np.unique(app[:, 1], return_inverse=True)
+        sizes = np.bincount(which.reshape(-1), weights=1 + np.where(app[:, 5] >= 0, app[:, 5] + 1, 0))
+        grow = list(zip(blocks.tolist(), sizes.astype(np.int64).tolist(), strict=True))
+        self.arena.run(ops, tb, out, meta, self.max_candidates, MAX_SCAN, MIN_SUPPORT, grow)
         return out, meta
 
     def evict(self) -> None:
