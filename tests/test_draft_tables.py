@@ -261,3 +261,28 @@ def test_the_cache_keeps_the_most_recently_used_tables_within_its_limit(monkeypa
     table_cache.cached_arrays("t", "d", arrays(20_000), ok)  # over the limit: b and c, the least recently used, go
     assert sorted(p.stem for p in directory.glob("*.npz")) == ["a", "d"]
     assert table_cache.cached_arrays("t", "a", arrays(3), ok)["x"].shape == (20_000,)
+
+
+def test_two_builders_of_one_table_build_it_once(tmp_path):
+    """A sweep's workers asking for the same table at once: one builds it, the other waits and reads it."""
+    import threading
+    import time
+
+    from agentspec_sim.drafters import table_cache
+
+    builds = []
+
+    def build():
+        builds.append(1)
+        time.sleep(0.3)
+        return {"x": np.arange(5, dtype=np.int64)}
+
+    got = []
+    workers = [threading.Thread(target=lambda: got.append(table_cache.cached_arrays(
+        "t", "k", build, lambda a: a["x"].shape == (5,)))) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(builds) == 1 and len(got) == 2
+    assert all(a["x"].tolist() == [0, 1, 2, 3, 4] for a in got)
