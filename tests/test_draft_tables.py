@@ -286,3 +286,26 @@ def test_two_builders_of_one_table_build_it_once(tmp_path):
         w.join()
     assert len(builds) == 1 and len(got) == 2
     assert all(a["x"].tolist() == [0, 1, 2, 3, 4] for a in got)
+
+
+def test_a_run_reports_its_start_before_building_its_tables():
+    """`simulate(progress=…)` hears (0, calls) before the tables are built (a progress bar shows the run at
+    once), then every finished call, up to (calls, calls)."""
+    from agentspec_sim.engine import simulator
+
+    wl = _queries()
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
+    heard = []
+    build = simulator.build_tables
+
+    def building(*args):
+        heard.append("build")
+        return build(*args)
+
+    simulator.build_tables = building
+    try:
+        Simulator(wl, parse_drafter(AGENTSPEC), cfg, resolve(cfg), COST,
+                  progress=lambda done, total: heard.append((done, total))).run()
+    finally:
+        simulator.build_tables = build
+    assert heard[0] == (0, 18) and heard[1] == "build" and heard[-1] == (18, 18)

@@ -176,6 +176,8 @@ class Simulator:
         self.max_run_steps = 1 if config.check_invariants or self.per_step else 1 << 40
         self._budget_memo: dict[int, int] = {}
         self._build(workload)
+        if progress is not None:
+            progress(0, len(self.states))  # started (the drafters' workload tables may take a while to build)
         self._model, self._model_priced = self._model_drafts()
         self._tables = self._table_drafts()
         self._history = self._history_drafts() if self._tables is None else None
