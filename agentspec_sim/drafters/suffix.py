@@ -74,6 +74,8 @@ REUSE_MAX_TREES = 1024
 REUSE_MAX_TOKENS = 5_000_000
 
 _START, _ADD, _FINISH, _DIVERGE = 0, 1, 2, 3
+# What the engine's compiled steps log when they start or finish a call themselves (`sync`).
+KERNEL_START, KERNEL_FINISH = 0, 1
 _EMPTY_OUT = np.zeros((0, 0), dtype=np.int32)
 
 
@@ -131,8 +133,17 @@ class SuffixDrafter(BaseDrafter):
         # local_seq, global_seq, active], and how many calls are active; written by `propose`.
         # [4]: the call's first position in the local table while it drafts from it, else -1.
         self.row_state = np.full((64, 5), -1, dtype=np.int64)
-        self.table_at: np.ndarray | None = None  # engine table row → its first position in the local table
         self.n_active = np.zeros(1, dtype=np.int64)
+        self.n_cached = np.zeros(1, dtype=np.int64)  # len(cached), for the compiled steps' starts
+        self.table_at: np.ndarray | None = None  # engine table row → its first position in the local table
+        # With a local table the compiled steps also start and finish calls (`use_local_table`): each row's
+        # response sequence made up front, whether the kernel may start it, and the starts and finishes it
+        # made (kind, row), which `sync` applies to the Python side.
+        self.response_seq = np.full(1, -1, dtype=np.int64)
+        self.kernel_fresh = np.zeros(1, dtype=np.int8)
+        self.events = np.zeros((1, 2), dtype=np.int64)
+        self.n_events = np.zeros(1, dtype=np.int64)
+        self.states: Sequence[CallState] = ()
         self.touched: list[_Slot] = []  # slots whose row_state changed since the last `propose`
 
     @classmethod
@@ -154,13 +165,53 @@ class SuffixDrafter(BaseDrafter):
         k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else depth
         return replace(spec, num_speculative_tokens=k, options=tuple(sorted(opts.items())))
 
-    def use_local_table(self, table: LocalTable, at: np.ndarray) -> None:
+    def use_local_table(self, table: LocalTable, at: np.ndarray, states: Sequence[CallState],
+                        output_lens: np.ndarray) -> None:
         """Draft the prompt trees of the engine's calls (table rows) from `table` (drafters/suffix_tables.py):
         the prompt tree's draft of row r after t output tokens is the table's at position at[r] + t, as long
         as its tree holds its prompt and its first t output tokens — a call that restarts, or whose tokens
-        the proposer skipped, builds its tree instead (`skip_tokens`)."""
+        the proposer skipped, builds its tree instead (`skip_tokens`).
+
+        Such a call's start is then only a response slot (if responses are cached) and its finish only
+        bookkeeping, which the engine's compiled steps can do themselves: every row gets its response
+        sequence now (room for its `output_lens` tokens), and `sync` tells the Python side what they did."""
         self.forest.local_table = table
         self.table_at = at
+        self.states = states
+        n = len(states)
+        self.row_state = grown(self.row_state, n + 1, -1)
+        self.response_seq = np.full(n + 1, -1, dtype=np.int64)
+        if self.max_cached:
+            for r, length in enumerate(output_lens.tolist()):
+                if length > 0:
+                    self.response_seq[r] = self.forest.new_seq(length + 1)
+        self.kernel_fresh = np.append(output_lens > 0, False).astype(np.int8)
+        self.events = np.zeros((2 * n + 2, 2), dtype=np.int64)
+
+    def sync(self) -> None:
+        """Apply the starts and finishes the compiled steps made (in their order) to the calls' slots, the
+        active calls and the FIFO of cached responses — before anything in Python reads them."""
+        m = int(self.n_events[0])
+        if not m:
+            return
+        for kind, r in self.events[:m].tolist():
+            state = self.states[r]
+            if kind == KERNEL_START:
+                slot = state.drafter_state
+                if slot is None:
+                    slot = state.drafter_state = _Slot(state)
+                slot.active = slot.started = True
+                self.active[slot] = None
+                slot.table_at = int(self.table_at[r])
+                slot.global_seq = int(self.response_seq[r])
+                if slot.global_seq >= 0:
+                    self.cached[slot.global_seq] = slot
+            else:  # _FINISH: a call drafting from the table keeps no prompt tree
+                slot = state.drafter_state
+                slot.active = False
+                del self.active[slot]
+                slot.state = None
+        self.n_events[0] = 0
 
     # -- the engine's hooks ------------------------------------------------------------------------
     def start_call(self, state: CallState) -> None:
@@ -202,6 +253,7 @@ class SuffixDrafter(BaseDrafter):
             slot.table_at = -1
             self.touched.append(slot)
         slot.started = True
+        self.kernel_fresh[state.index] = 0
 
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
         """Apply the queued tokens in row order, drafting each row right after its own tokens."""
@@ -302,6 +354,7 @@ class SuffixDrafter(BaseDrafter):
             table[slot.row] = (slot.local_root, slot.local_seq, slot.global_seq, int(slot.active), slot.table_at)
         self.touched = []
         self.n_active[0] = len(self.active)
+        self.n_cached[0] = len(self.cached)
 
     # -- prompt trees ------------------------------------------------------------------------------
     def _trim_reuse(self, dropped: list[tuple[int, int]]) -> None:
@@ -426,8 +479,10 @@ class _Batch:
             self.dropped.append((slot.local_root, slot.local_seq))
             slot.local_root = slot.local_seq = -1
         state = slot.state
-        if d.table_at is not None and not slot.started:  # its prompt tree's drafts are the table's
+        first = d.table_at is not None and not slot.started
+        if first:  # its prompt tree's drafts are the table's
             slot.table_at = int(d.table_at[slot.row])
+            d.kernel_fresh[slot.row] = 0
         else:
             slot.table_at = -1
             prompt = state.history[:state.prompt_len]
@@ -444,7 +499,9 @@ class _Batch:
         slot.started = True
         d.touched.append(slot)
         if d.max_cached != 0:
-            gseq = forest.new_seq()
+            gseq = int(d.response_seq[slot.row]) if first else -1
+            if gseq < 0:
+                gseq = forest.new_seq()
             slot.global_seq = gseq
             d.cached[gseq] = slot
             while len(d.cached) > d.max_cached:

@@ -38,7 +38,7 @@ import numpy as np
 
 from agentspec_sim.cost import roofline
 from agentspec_sim.cost.roofline import draft_seconds
-from agentspec_sim.drafters import agentspec, block_index, model_based, ngram_v2, suffix_tree
+from agentspec_sim.drafters import agentspec, block_index, model_based, ngram_v2, suffix, suffix_tree
 from agentspec_sim.drafters.agentspec import capped_lengths
 from agentspec_sim.drafters.block_index import BCAP as BA_CAP
 from agentspec_sim.drafters.block_index import BLEN as BA_LEN
@@ -46,6 +46,8 @@ from agentspec_sim.drafters.block_index import OP_APPEND as BA_APPEND
 from agentspec_sim.drafters.block_index import OP_LOOKUP as BA_LOOKUP
 from agentspec_sim.drafters.block_index import run_ops_into as ba_run_ops
 from agentspec_sim.drafters.model_based import draft_from_tables
+from agentspec_sim.drafters.suffix import KERNEL_FINISH as SX_FINISH
+from agentspec_sim.drafters.suffix import KERNEL_START as SX_START
 from agentspec_sim.drafters.suffix_tree import OP_STEP as ST_OP_STEP
 from agentspec_sim.drafters.suffix_tree import OP_TABLE_STEP as ST_OP_TABLE_STEP
 from agentspec_sim.drafters.suffix_tree import SCAP as ST_SCAP
@@ -62,7 +64,7 @@ from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_W
 _EMPTY = np.zeros(0, dtype=np.int32)
 # This module's kernels compile in kv.py's and batched.py's (and so in ngram_v2.py's).
 clear_if_changed(__file__, [kv.__file__, batched.__file__, ngram_v2.__file__, model_based.__file__, roofline.__file__,
-                            agentspec.__file__, block_index.__file__, suffix_tree.__file__])
+                            agentspec.__file__, block_index.__file__, suffix_tree.__file__, suffix.__file__])
 
 # Why requests were left waiting (ScheduledBatch.bound): nobody waiting, max_num_seqs, KV (no room or a
 # preemption), token budget spent.
@@ -249,7 +251,7 @@ class InlineHistory(NamedTuple):
 
 
 # InlineSuffix.par fields.
-SX_DEPTH, SX_K, SX_GLOBAL_ROOT, SX_EVENT_LOOP = range(4)
+SX_DEPTH, SX_K, SX_GLOBAL_ROOT, SX_EVENT_LOOP, SX_MAX_CACHED = range(5)
 
 
 class InlineSuffix(NamedTuple):
@@ -278,6 +280,14 @@ class InlineSuffix(NamedTuple):
     work: np.ndarray  # int32 [3, k]
     local: LocalTable  # the prompt-tree drafts of calls that read them from the workload's table
     score: np.ndarray  # float32 [max_num_seqs] work space
+    # With the table, calls start and finish here too (`SuffixDrafter.use_local_table` / `sync`):
+    table_at: np.ndarray  # int64 [rows]: each row's first table position
+    response_seq: np.ndarray  # int64 [rows]: each row's response sequence (-1: responses not cached)
+    kernel_fresh: np.ndarray  # int8 [rows]: the row may be started here (never started before)
+    events: np.ndarray  # int64 [., 2]: (KERNEL_START | KERNEL_FINISH, row) made here, for `sync`
+    n_events: np.ndarray  # int64 [1]
+    n_cached: np.ndarray  # int64 [1]: cached responses
+    marks: np.ndarray  # int64 [max_num_seqs, 2] work space: each op's row and whether it starts / finishes
 
     @classmethod
     def off(cls) -> InlineSuffix:
@@ -287,7 +297,8 @@ class InlineSuffix(NamedTuple):
                    np.zeros(1, dtype=np.int32), np.zeros((1, 2), dtype=np.int64), np.zeros(8, dtype=np.int64), one,
                    np.zeros((1, 5), dtype=np.int64), one, np.zeros((1, 10), dtype=np.int64),
                    np.zeros((1, 1), dtype=np.int32), np.zeros(1, dtype=np.int32), np.zeros((3, 1), dtype=np.int32),
-                   LocalTable.empty(), np.zeros(1, dtype=np.float32))
+                   LocalTable.empty(), np.zeros(1, dtype=np.float32), one, one, np.zeros(1, dtype=np.int8),
+                   np.zeros((1, 2), dtype=np.int64), one, one, np.zeros((1, 2), dtype=np.int64))
 
 
 @kernel
@@ -816,10 +827,15 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
     −1.0 with nothing changed when the event loop must do it: the V1 runner's proposer skip, a call that
     starts, stops (active, not in the batch), finishes or reached max_model_len, or no room in the forest.
     Called by the event loop (par[SX_EVENT_LOOP]), the drafter has started the calls that start, and a
-    call that finishes has its tokens appended and drafts nothing (`SuffixDrafter.finish_rows` follows)."""
+    call that finishes has its tokens appended and drafts nothing (`SuffixDrafter.finish_rows` follows).
+    Inside a run, a call drafting from the workload's table (`InlineSuffix.table_at`) that starts fresh —
+    its first tokens, never started before, no cached response to evict — or finishes is started or
+    finished here: a start only opens its response (made up front), so doing it before the rows ahead of
+    it changes nothing they see (as `SuffixDrafter.start_fresh`); a finish follows its row's tokens; both
+    are logged for `SuffixDrafter.sync`."""
     n = sb.sc[0]
     event_loop = sx.par[SX_EVENT_LOOP] != 0
-    if _proposer_skipped(sb, dr, max_model_len) or (sb.sc[3] and not event_loop):
+    if _proposer_skipped(sb, dr, max_model_len):
         return -1.0
     depth = sx.par[SX_DEPTH]
     k = _batch_k(sb, dr)
@@ -829,17 +845,32 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
     need = 0
     m = 0
     nops = 0
+    starts = 0
+    max_cached = sx.par[SX_MAX_CACHED]
     for i in range(n):
         e = sb.rows.emitted[i]
         if e == 0:
             continue
         r = sb.rows.call[i]
-        if (sb.rows.started[i] and not event_loop) or r >= sx.row_state.shape[0] or sx.row_state[r, 3] != 1:
+        flags = 0
+        if r < sx.row_state.shape[0] and sx.row_state[r, 3] == 1 and (event_loop or not sb.rows.started[i]):
+            local, glob, tabled = sx.row_state[r, 1], sx.row_state[r, 2], sx.row_state[r, 4]
+        elif (not event_loop and sb.rows.started[i] and r < sx.kernel_fresh.shape[0] and sx.kernel_fresh[r]
+              and (max_cached == 0 or sx.n_cached[0] + starts < max_cached)):
+            local, glob, tabled = -1, sx.response_seq[r], sx.table_at[r]
+            flags = 1
+            starts += 1
+        else:
             return -1.0
+        if c.calls.status[r] == S_FINISHED and not event_loop:
+            if tabled < 0:  # its own prompt tree: the drafter keeps or frees it
+                return -1.0
+            flags |= 2
         end = c.calls.prompt_len[r] + c.calls.num_emitted[r]
         if end >= max_model_len:
             return -1.0
-        local, glob, tabled = sx.row_state[r, 1], sx.row_state[r, 2], sx.row_state[r, 4]
+        sx.marks[nops, 0] = r
+        sx.marks[nops, 1] = flags
         if ((tabled < 0 and sx.seq_len[local] + e > sx.sq[local, ST_SCAP])
                 or (glob >= 0 and sx.seq_len[glob] + e > sx.sq[glob, ST_SCAP])):
             return -1.0
@@ -867,10 +898,23 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
             dr.rows[m] = r
             m += 1
         nops += 1
-    if nops != sx.n_active[0] or not st_room(sx.nd, sx.ht, sx.meta, need):
+    if nops != sx.n_active[0] + starts or not st_room(sx.nd, sx.ht, sx.meta, need):
         return -1.0
     if nops == 0:
         return 0.0
+    for j in range(nops):  # fresh starts: an active call with its (empty) response
+        if sx.marks[j, 1] & 1:
+            r = sx.marks[j, 0]
+            sx.row_state[r, 0] = -1
+            sx.row_state[r, 1] = -1
+            sx.row_state[r, 2] = ops[j, 3]
+            sx.row_state[r, 3] = 1
+            sx.row_state[r, 4] = sx.table_at[r]
+            sx.kernel_fresh[r] = 0
+            sx.n_active[0] += 1
+            if ops[j, 3] >= 0:
+                sx.n_cached[0] += 1
+            _suffix_event(sx, SX_START, r)
     for j in range(nops):  # the sequences' lengths as `SuffixForest.reserve` keeps them
         if ops[j, 0] == ST_OP_STEP:
             sx.seq_len[ops[j, 2]] += ops[j, 5]
@@ -878,8 +922,21 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
             sx.seq_len[ops[j, 3]] += ops[j, 5]
     st_run_ops(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.par[SX_GLOBAL_ROOT], ops[:nops], c.tokens,
                sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work, sx.local, sx.score)
+    for j in range(nops):  # finishes (inside a run): no longer active
+        if sx.marks[j, 1] & 2:
+            r = sx.marks[j, 0]
+            sx.row_state[r, 3] = 0
+            sx.n_active[0] -= 1
+            _suffix_event(sx, SX_FINISH, r)
     _drafts_from_out(c, dr.rows, sx.out, sx.out_n, m)
     return dr.draft_s[m]
+
+
+@kernel
+def _suffix_event(sx, kind, r):
+    sx.events[sx.n_events[0], 0] = kind
+    sx.events[sx.n_events[0], 1] = r
+    sx.n_events[0] += 1
 
 
 @kernel
@@ -971,8 +1028,10 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
                 stop = True
         # Suffix decoding runs its proposer after every step, emitting or not (`propose_suffix_inline`).
         if stop_on_emit and (emitted or dr.par[IN_RULE] == RULE_SUFFIX) and not stop:
-            # Draft inline only where the loop goes on (room for another step); else the event loop does.
-            if dr.par[IN_ON] == 0 or s + 1 >= max_steps or _log_full(lg, c, max_num_seqs):
+            # Draft inline only where the loop goes on (room for another step, a call left to step); else the
+            # event loop does (it always takes the last step of a run).
+            if (dr.par[IN_ON] == 0 or s + 1 >= max_steps or _log_full(lg, c, max_num_seqs)
+                    or (qu.q[0] == 0 and qu.q[2] == 0)):
                 stop = True
             elif dr.par[IN_RULE] == RULE_SUFFIX:
                 draft_s = propose_suffix_inline(c, sb, dr, sx, max_model_len)

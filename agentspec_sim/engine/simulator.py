@@ -312,7 +312,8 @@ class Simulator:
             return None
         self.table.reserve_draft_width(max(drafter.k, 1))
         if self.draft_tables:
-            drafter.use_local_table(*self._suffix_table(drafter))
+            table, at = self._suffix_table(drafter)
+            drafter.use_local_table(table, at, self.states, self.table.cols["target_len"][:len(self.states)])
         return self._inline_base(RULE_SUFFIX, True, self._k_of_batch(), self._model_free_draft_s())
 
     def _suffix_table(self, drafter: SuffixDrafter) -> tuple[LocalTable, np.ndarray]:
@@ -359,12 +360,16 @@ class Simulator:
         if last is None:
             seqs, k = self.limits.max_num_seqs, max(drafter.k, 1)
             last = self._suffix_last = InlineSuffix(
-                par=np.array([drafter.depth, drafter.k, drafter.global_root, 0], dtype=np.int64),
+                par=np.array([drafter.depth, drafter.k, drafter.global_root, 0, drafter.max_cached], dtype=np.int64),
                 fpar=np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32),
                 n_active=drafter.n_active, ops=np.zeros((seqs, 10), dtype=np.int64),
                 out=np.zeros((seqs, k), dtype=np.int32), out_n=np.zeros(seqs, dtype=np.int32),
                 work=np.zeros((3, k), dtype=np.int32), local=forest.local_table,
-                score=np.zeros(seqs, dtype=np.float32), **current)
+                score=np.zeros(seqs, dtype=np.float32),
+                table_at=drafter.table_at if drafter.table_at is not None else np.zeros(1, dtype=np.int64),
+                response_seq=drafter.response_seq, kernel_fresh=drafter.kernel_fresh, events=drafter.events,
+                n_events=drafter.n_events, n_cached=drafter.n_cached, marks=np.zeros((seqs, 2), dtype=np.int64),
+                **current)
         elif _replaced(last, current):
             last = self._suffix_last = last._replace(**current)
         return last
@@ -849,6 +854,9 @@ class Simulator:
           absent from the batch are stopped (the drafter does that when a round passes unseen).
         """
         sb, col, max_len = self.scheduler.sb, self.table.cols, self.limits.max_model_len
+        for drafter in self.drafters:
+            if isinstance(drafter, SuffixDrafter):
+                drafter.sync()  # the starts and finishes the compiled steps made
         batch = sb.rows[:n_rows]
         rows = [self.states[r] for r in batch["call"].tolist()]
         sampled = sb.lists["sampled"][:sb.sc[4]].copy()
