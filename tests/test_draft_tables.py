@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from simhelpers import agent_query, config, workload
 
 from agentspec_sim.cost import RooflineCostModel
@@ -314,3 +316,34 @@ def test_a_run_reports_its_start_before_building_its_tables():
     finally:
         simulator.build_tables = build
     assert heard[0] == (0, 18) and heard[1] == "build" and heard[-1] == (18, 18)
+
+
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_workloads_and_engines_draft_the_same_with_tables(seed):
+    """Random agent workloads (think times, Poisson arrivals), drafter options and engine limits (a small
+    KV cache, a short max_model_len, a token budget that leaves calls out): the tables, the live state and
+    one step per event give the same run."""
+    rng = np.random.default_rng(seed)
+    calls = int(rng.integers(1, 5))
+    wl = workload(*[agent_query(rng, f"q{i}", calls, prompt_len=int(rng.integers(10, 60)),
+                                out_len=int(rng.integers(5, 50)), vocab=int(rng.integers(3, 8)),
+                                think_s=float(rng.choice([0.0, 0.01]))) for i in range(int(rng.integers(2, 9)))])
+    depth = int(rng.integers(2, 10))
+    method = str(rng.choice(["suffix", "agentspec", "agentspec-s", "agentspec-n"]))
+    if method == "suffix":
+        spec = {"method": "suffix", "num_speculative_tokens": int(rng.integers(1, depth + 1)),
+                "suffix_decoding_max_tree_depth": depth,
+                "suffix_decoding_max_cached_requests": int(rng.choice([0, 1, 2, 5, 10000])),
+                "suffix_decoding_max_spec_factor": float(rng.choice([0.5, 1.0, 2.0]))}
+    else:
+        spec = {"method": method, "num_speculative_tokens": int(rng.integers(1, 8)),
+                "min_match_len": int(rng.integers(1, 3))}
+    cfg = config(check_invariants=False, max_num_seqs=int(rng.integers(1, 7)),
+                 max_num_batched_tokens=int(rng.choice([16, 32, 64])), num_kv_blocks=int(rng.choice([80, 512])),
+                 max_model_len=int(rng.choice([90, 150, 4096])), arrival=str(rng.choice(["zero", "poisson"])),
+                 rate=50.0)
+    with_tables = _sim(wl, spec, cfg).run()
+    _same(with_tables, _sim(wl, spec, cfg, tables=False).run())
+    one_step = _sim(wl, spec, cfg)
+    one_step.max_run_steps = 1
+    _same(with_tables, one_step.run())
