@@ -20,7 +20,7 @@ from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.engine.run import simulate
 from agentspec_sim.metrics import summarize
 from agentspec_sim.sweep import KEY_COLUMNS, SweepError, read_results, run_sweep
-from agentspec_sim.sweep.cells import Cell, drafter_configs, estimated_cost, expand_cells, parse_grid
+from agentspec_sim.sweep.cells import Cell, drafter_configs, estimated_cost, expand_cells, parse_grid, start_order
 from agentspec_sim.sweep.results import LATENCIES, journal_path
 from agentspec_sim.trace.io import load_trace, write_records
 
@@ -79,6 +79,21 @@ def test_cell_ids_and_order():
     cost = {(s.name, b): estimated_cost(Cell("t", s, EngineConfig(max_num_seqs=b)), 10_000, 64)
             for s in specs for b in (1, 64)}
     assert cost[("ngram", 1)] > cost[("ngram", 64)] and cost[("ngram", 1)] > cost[("normal", 1)]
+
+
+def test_cells_that_build_a_table_start_one_per_table_first():
+    """Slowest first, but the first cell of each table-building configuration (suffix, agentspec) before the
+    second of any: two workers starting at once build two tables instead of one waiting for the other."""
+    specs = drafter_configs(["normal", "ngram", "suffix", "agentspec"])
+    cells = expand_cells("t.jsonl", specs, [1, 8, 64], ["a100-80g"], ["qwen3-8b"], [0])
+    order = start_order(cells, 2_000_000, 250)
+    assert sorted(c.cell_id for c in order) == sorted(c.cell_id for c in cells)
+    assert [c.label for c in order[:2]] == ["suffix", "agentspec"]
+    ranked = sorted(cells, key=lambda c: -estimated_cost(c, 2_000_000, 250))
+    assert [c.label for c in ranked[:2]] == ["suffix", "suffix"]  # what slowest-first alone would start
+    assert order[2:] == [c for c in ranked if c not in order[:2]]  # the others keep slowest-first
+    plain = expand_cells("t.jsonl", drafter_configs(["normal", "ngram"]), [1, 8], ["a100-80g"], ["qwen3-8b"], [0])
+    assert start_order(plain, 2_000_000, 250) == sorted(plain, key=lambda c: -estimated_cost(c, 2_000_000, 250))
 
 
 def test_rows_match_simulate_and_schema(tiny, tmp_path):

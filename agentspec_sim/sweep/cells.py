@@ -214,6 +214,31 @@ def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: S
     return cells
 
 
+# Methods whose runs first build a workload table (drafters/history_tables.py, suffix_tables.py), shared by
+# the cells of one drafter configuration, trace and model through the disk cache.
+TABLE_METHODS = frozenset({"suffix", "agentspec", "agentspec-s", "agentspec-n"})
+
+
+def start_order(cells: Sequence[Cell], output_tokens: int, num_queries: int) -> list[Cell]:
+    """The order to start `cells` in: slowest first (`estimated_cost`; ties keep the given order), except
+    that the first cell of each configuration that builds a workload table comes before the second cell
+    of any — workers starting at once then build different tables instead of waiting for one."""
+    ranked = sorted(cells, key=lambda c: -estimated_cost(c, output_tokens, num_queries))
+    seen: set[tuple[str, str, str]] = set()
+    builders: list[int] = []  # positions in `ranked` of each table group's first cell
+    for i, cell in enumerate(ranked):
+        group = (cell.trace, cell.speculative_config, cell.config.model)
+        if cell.spec.method in TABLE_METHODS and group not in seen:
+            seen.add(group)
+            builders.append(i)
+    if not builders:
+        return ranked
+    moved = set(builders)
+    first = builders[0]  # the cells before it stay first; the other builders move up behind it
+    return (ranked[:first] + [ranked[i] for i in builders]
+            + [cell for i, cell in enumerate(ranked) if i > first and i not in moved])
+
+
 def estimated_cost(cell: Cell, output_tokens: int, num_queries: int) -> float:
     """A relative wall-time estimate, only to start the slowest cells first: the method's cost per
     output token, times (1 + a per-method factor ÷ the calls decoding at once, ≤ max_num_seqs)."""

@@ -22,8 +22,8 @@ from agentspec_sim.sweep.cells import (
     Cell,
     SweepError,
     drafter_configs,
-    estimated_cost,
     expand_cells,
+    start_order,
 )
 from agentspec_sim.sweep.executors import WorkloadSource, make_executor
 from agentspec_sim.sweep.results import LATENCIES, ResultStore, Row, fill_speedups, to_frame
@@ -102,9 +102,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         if resume:
             done = {cid: row for cid, row in store.previous().items() if cid in order}
         store.open(done[c.cell_id] for c in cells if c.cell_id in done)
-    todo = [cell for cell in cells if cell.cell_id not in done]
-    output_tokens, queries = workload.output_tokens, len(workload.queries)
-    todo.sort(key=lambda c: -estimated_cost(c, output_tokens, queries))  # stable: ties keep grid order
+    todo = start_order([cell for cell in cells if cell.cell_id not in done], workload.output_tokens,
+                       len(workload.queries))
 
     def ordered() -> list[Row]:
         rows = sorted(done.values(), key=lambda row: order[row["cell_id"]])
