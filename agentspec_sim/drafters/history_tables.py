@@ -25,8 +25,6 @@ trace's 28.7M path tokens take 9.0M.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -118,14 +116,10 @@ def table_key(history: History, tokens: np.ndarray, starts: np.ndarray, prompt_l
     """What the table of these calls depends on: the code, the history's options (its token→bytes map
     included), each call's tokens (tokens[starts[i]:starts[i] + prompt_lens[i] + output_lens[i]], output
     length −1: never runs), agent, query and structure."""
-    h = hashlib.blake2b(digest_size=20)
-    h.update(f"agentspec-sim history tables {FORMAT}\n".encode())
-    h.update(table_cache.code_digest(*_CODE))
-    h.update(json.dumps(history.options() | {"max_scan": MAX_SCAN, "min_support": MIN_SUPPORT}).encode())
+    h = table_cache.key_hash("history tables", FORMAT, _CODE,
+                             history.options() | {"max_scan": MAX_SCAN, "min_support": MIN_SUPPORT},
+                             tokens, starts, prompt_lens, output_lens)
     h.update(history.table_digest())
-    for array in (tokens, starts, prompt_lens, output_lens):
-        h.update(np.ascontiguousarray(array).tobytes())
-        h.update(b"|")
     for call in calls:
         h.update(repr((call.agent_id, call.query_id, call.structure)).encode())
     return h.hexdigest()

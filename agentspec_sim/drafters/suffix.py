@@ -45,7 +45,6 @@ from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, Speculativ
 from agentspec_sim.drafters.suffix_tree import (
     OP_APPEND,
     OP_FIELDS,
-    OP_FREE,
     OP_REMOVE,
     OP_STEP,
     OP_TABLE_STEP,
@@ -76,7 +75,6 @@ REUSE_MAX_TOKENS = 5_000_000
 _START, _ADD, _FINISH, _DIVERGE = 0, 1, 2, 3
 # What the engine's compiled steps log when they start or finish a call themselves (`sync`).
 KERNEL_START, KERNEL_FINISH = 0, 1
-_EMPTY_OUT = np.zeros((0, 0), dtype=np.int32)
 
 
 class _Slot:
@@ -294,7 +292,7 @@ class SuffixDrafter(BaseDrafter):
         if len(self.reuse) > REUSE_MAX_TREES or self.reuse_tokens > REUSE_MAX_TOKENS:
             self._trim_reuse(dropped)
         if dropped:
-            self._free_trees(dropped)
+            self.forest.free_trees(dropped)
         self._mirror_rows()
 
     # -- the engine's compiled steps (`Simulator._suffix_step`) ------------------------------------
@@ -398,13 +396,6 @@ class SuffixDrafter(BaseDrafter):
         seq, n, _ = self.reuse.pop(best)
         self.reuse_tokens -= n
         return best, seq
-
-    def _free_trees(self, trees: list[tuple[int, int]]) -> None:
-        ops = np.asarray([[OP_FREE, root, seq, 0, 0, 0, 0, 0, 0, -1] for root, seq in trees], dtype=np.int64)
-        self.forest.run(self.global_root, ops, np.zeros(0, dtype=np.int32), self.factor, self.offset, self.min_prob,
-                        _EMPTY_OUT, np.zeros(0, dtype=np.int32))
-        for _, seq in trees:
-            self.forest.release_seq(seq)
 
 
 class _Batch:

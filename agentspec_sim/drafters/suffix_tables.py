@@ -17,14 +17,12 @@ sweep that builds them once instead of once per cell does about a third of the w
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from agentspec_sim.drafters import suffix, suffix_tree, table_cache
-from agentspec_sim.drafters.suffix_tree import OP_APPEND, OP_FIELDS, OP_FREE, OP_STEP, LocalTable, SuffixForest
+from agentspec_sim.drafters.suffix_tree import OP_APPEND, OP_FIELDS, OP_STEP, LocalTable, SuffixForest
 from agentspec_sim.drafters.table_cache import Arrays, PathPool, cached_arrays
 
 FORMAT = 1
@@ -54,7 +52,7 @@ def build_local_table(depth: int, k: int, factor: float, min_prob: float, max_mo
         have = held.shape[0]
         if root < 0 or have > P or not np.array_equal(prompt[:have], held):
             if root >= 0:
-                _free(forest, global_root, root, seq)
+                forest.free_trees([(root, seq)])
             root, seq, have = forest.new_tree(), forest.new_seq(), 0
         # tb = prompt[lo:] + output, enough of the prompt for what is appended and the first contexts
         lo = max(0, min(have, P - depth))
@@ -81,23 +79,17 @@ def build_local_table(depth: int, k: int, factor: float, min_prob: float, max_mo
         out_n = np.zeros(T, dtype=np.int32)
         score = np.zeros(T, dtype=np.float32)
         forest.run(global_root, ops, tb, factor, 0.0, min_prob, out, out_n, score)
-        held = np.concatenate([prompt, output]) if have == 0 else np.concatenate([held, prompt[have:], output])
+        held = np.concatenate([prompt, output])  # (prompt[:have] was the tree's tokens)
         scores.append(score)
         lengths.append(out_n)
         paths.append(pool.add(out, out_n))
         at[i + 1] += T
+
     def joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
 
     table = LocalTable(joined(scores, np.float32), joined(lengths, np.int32), joined(paths, np.int64), pool.tokens())
     return table, at
-
-
-def _free(forest: SuffixForest, global_root: int, root: int, seq: int) -> None:
-    ops = np.array([[OP_FREE, root, seq, 0, 0, 0, 0, 0, 0, -1]], dtype=np.int64)
-    forest.run(global_root, ops, np.zeros(0, dtype=np.int32), 1.0, 0.0, 0.0, np.zeros((0, 1), dtype=np.int32),
-               np.zeros(0, dtype=np.int32))
-    forest.release_seq(seq)
 
 
 _CODE = (suffix_tree.__file__, suffix.__file__, table_cache.__file__, __file__)
@@ -108,14 +100,8 @@ def table_key(options: dict, tokens: np.ndarray, starts: np.ndarray, prompt_lens
     """What the table depends on: the code, the drafter's options and the engine's max_model_len
     (`options`), each call's tokens (tokens[starts[i]:starts[i] + prompt_lens[i] + output_lens[i]];
     output length −1: never runs)."""
-    h = hashlib.blake2b(digest_size=20)
-    h.update(f"agentspec-sim suffix tables {FORMAT}\n".encode())
-    h.update(table_cache.code_digest(*_CODE))
-    h.update(json.dumps(options, sort_keys=True).encode())
-    for array in (tokens, starts, prompt_lens, output_lens):
-        h.update(np.ascontiguousarray(array).tobytes())
-        h.update(b"|")
-    return h.hexdigest()
+    return table_cache.key_hash("suffix tables", FORMAT, _CODE, options, tokens, starts, prompt_lens,
+                                output_lens).hexdigest()
 
 
 def _valid(arrays: Arrays) -> bool:

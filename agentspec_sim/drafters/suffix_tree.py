@@ -915,6 +915,14 @@ class SuffixForest:
             n = int(ops[at, 5]) if ops[at, 0] in (OP_STEP, OP_TABLE_STEP) else 1
             self.make_room(2 * self.depth * n + self.depth + 1)
 
+    def free_trees(self, trees: list[tuple[int, int]]) -> None:
+        """Free whole trees, each (root, its sequence): their nodes, and the sequences for reuse."""
+        ops = np.asarray([[OP_FREE, root, seq, 0, 0, 0, 0, 0, 0, -1] for root, seq in trees], dtype=np.int64)
+        self.run(trees[0][0], ops, np.zeros(0, dtype=np.int32), 1.0, 0.0, 0.0, np.zeros((0, 1), dtype=np.int32),
+                 np.zeros(0, dtype=np.int32))
+        for _, seq in trees:
+            self.release_seq(seq)
+
     # -- one tree at a time (tests, tools) ---------------------------------------------------
     def append(self, root: int, seq: int, tokens: np.ndarray) -> None:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)

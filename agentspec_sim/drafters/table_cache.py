@@ -13,11 +13,14 @@ recently used entries go (a read counts as a use).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
+import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -29,12 +32,27 @@ LIMIT_ENV = "AGENTSPEC_SIM_TABLE_CACHE_MB"
 DEFAULT_LIMIT_MB = 2048
 
 
+@functools.cache
 def code_digest(*files: str) -> bytes:
-    """A digest of source files' bytes (part of a table's key: new code, new tables)."""
+    """A digest of source files' bytes (part of a table's key: new code, new tables); read once per process."""
     h = hashlib.blake2b(digest_size=16)
     for name in files:
         h.update(Path(name).read_bytes())
     return h.digest()
+
+
+def key_hash(name: str, fmt: int, code: Sequence[str], options: dict, *arrays: np.ndarray) -> Any:
+    """A table key's hash (blake2b) begun with what every table depends on: its name and format, the code
+    that makes it (`code_digest`), its options (as JSON) and the arrays that give the calls' tokens; the
+    caller adds what else its table depends on and takes `hexdigest()`."""
+    h = hashlib.blake2b(digest_size=20)
+    h.update(f"agentspec-sim {name} {fmt}\n".encode())
+    h.update(code_digest(*code))
+    h.update(json.dumps(options, sort_keys=True).encode())
+    for array in arrays:
+        h.update(np.ascontiguousarray(array).tobytes())
+        h.update(b"|")
+    return h
 
 
 def cached_arrays(kind: str, key: str, build: Callable[[], Arrays], valid: Callable[[Arrays], bool]) -> Arrays:
@@ -173,4 +191,4 @@ class PathPool:
         return self.pool[:self.top].copy()
 
 
-__all__ = ["Arrays", "PathPool", "cached_arrays", "code_digest", "pack_paths"]
+__all__ = ["Arrays", "PathPool", "cached_arrays", "code_digest", "key_hash", "pack_paths"]

@@ -1267,20 +1267,22 @@ class Scheduler:
     def set_model_drafts(self, rows: np.ndarray, lengths: np.ndarray, dr: InlineDrafts) -> float:
         """A model-based drafter's drafts (`propose_model_rows`) for calls `rows`, `lengths` tokens each;
         returns the draft network's seconds for them."""
-        m = rows.shape[0]
-        dr.rows[:m] = rows
-        dr.max_lens[:m] = lengths
-        self.table.reserve_draft_width(int(lengths.max()))
-        return float(self._model_drafts(self.table.nt, dr, m))
+        return self._buffered_drafts(self._model_drafts, rows, lengths, dr, int(lengths.max()))
 
     def set_table_drafts(self, rows: np.ndarray, lengths: np.ndarray, dr: InlineDrafts) -> float:
         """AgentSpec's drafts from the workload's lookup table (`propose_table_rows`) for calls `rows`, draft
         limits `lengths`; returns the drafting seconds."""
+        return self._buffered_drafts(self._table_drafts, rows, lengths, dr, int(dr.par[IN_K_MAX]))
+
+    def _buffered_drafts(self, kernel: FastCall, rows: np.ndarray, lengths: np.ndarray, dr: InlineDrafts,
+                         width: int) -> float:
+        """`kernel` (a `*_buffered` one) over calls `rows` with draft limits `lengths`, put in dr's work space,
+        with room for drafts of `width` tokens."""
         m = rows.shape[0]
         dr.rows[:m] = rows
         dr.max_lens[:m] = lengths
-        self.table.reserve_draft_width(int(dr.par[IN_K_MAX]))
-        return float(self._table_drafts(self.table.nt, dr, m))
+        self.table.reserve_draft_width(width)
+        return float(kernel(self.table.nt, dr, m))
 
     def history_drafts(self, dr: InlineDrafts, ah: InlineHistory) -> float:
         """`propose_history_inline` for the step in the step buffer (the event loop's call): the drafting
