@@ -265,6 +265,40 @@ def test_tree_matches_the_cpp_tree_with_removals():
 
 
 
+def test_child_table_follows_branching_through_appends_removals_frees_and_growth():
+    # Only children of nodes with two or more children have table entries (an only child is read from
+    # its parent's HEAD): nodes start and stop branching as suffixes are added and removed, trees are
+    # freed, and the arena regrows (rehash) — the table must hold exactly those entries throughout.
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        depth, vocab = int(rng.integers(1, 7)), int(rng.integers(2, 5))
+        forest = SuffixForest(depth, node_capacity=4, pool_capacity=8)
+        trees: dict[int, list[int]] = {}  # root → its live sequences
+        for _ in range(80):
+            r = rng.random()
+            if r < 0.1 or not trees:
+                trees[forest.new_tree()] = []
+            elif r < 0.7:
+                root = int(rng.choice(list(trees)))
+                seqs = trees[root]
+                if not seqs or rng.random() < 0.3:
+                    seqs.append(forest.new_seq())
+                forest.append(root, int(rng.choice(seqs)), rng.integers(0, vocab, size=int(rng.integers(1, 7))))
+            elif r < 0.9:
+                root = int(rng.choice(list(trees)))
+                if trees[root]:
+                    forest.remove(root, trees[root].pop(int(rng.integers(0, len(trees[root])))))
+            else:
+                root = int(rng.choice(list(trees)))
+                seqs = trees.pop(root) or [forest.new_seq()]
+                forest.free_trees([(root, seqs[0])])  # one entry per tree; its other sequences are let go
+                for seq in seqs[1:]:
+                    forest.release_seq(seq)
+            forest.check_table()
+            for root in trees:
+                forest.check(root)
+
+
 def _speculate_by_root_walks(forest: SuffixForest, root: int, ctx: np.ndarray, max_spec: int, factor: float,
                              min_prob: float) -> tuple[list[int], np.float32]:
     """The speculation rule read straight off the arrays: every match length walked from the root, no shortcut."""

@@ -16,7 +16,10 @@ Layout (one arena per drafter; every tree — the global response tree and each 
 lives in it, so one compiled call serves a whole batch):
   `nd[node, F]`  int32 node fields (F below); `gp[group, G]` int32 runs of equal count among
   siblings (head, tail, size), so that moving a node is O(1); `ht` an open-addressing table
-  (linear probing, backward-shift deletion) from (parent, first token) to child; `sq[seq, S]` int64
+  (linear probing, backward-shift deletion) from (parent, first token) to child, holding only the
+  children of nodes with two or more (a lookup reads an only child from its parent's HEAD, so its
+  entry would be dead weight; and an only child's first token is the one that path compression keeps
+  changing, which cost two table writes per change); `sq[seq, S]` int64
   per-sequence storage (offset and length in `pool`, capacity, the ring of active nodes in `act`).
 A node's tokens are `pool[sq[ref_seq, OFF] + ref_idx : … + len]`. Unlike the C++ (which re-points
 references when a sequence is removed), a removed sequence keeps its tokens in the pool, so no
@@ -156,7 +159,7 @@ def rehash(nd, ht, meta, nodes_hwm):
     meta[M_HUSED] = 0
     for x in range(nodes_hwm):
         p = nd[x, PAR]
-        if p >= 0 and nd[x, LEN] > 0:
+        if p >= 0 and nd[x, LEN] > 0 and nd[p, NCH] > 1:
             _hset(ht, meta, _key(p, nd[x, TOK]), x)
 
 
@@ -311,7 +314,7 @@ def _replace(nd, gp, old, new):
 def _increment(nd, gp, meta, x):
     p = nd[x, PAR]
     c = nd[x, CNT]
-    if p < 0:  # root
+    if p < 0 or nd[p, NCH] == 1:  # the root, or an only child (alone in its run): nothing moves
         nd[x, CNT] = c + 1
         return
     pv = nd[x, PREV]
@@ -389,8 +392,13 @@ def _append(nd, gp, sq, act, pool, ht, meta, root, s, tok):
                 nd[c, RSEQ] = s
                 nd[c, RIDX] = L - 1
                 nd[c, PAR] = node
-                _hset(ht, meta, _key(node, tok), c)
-                nd[node, NCH] += 1
+                k = nd[node, NCH]
+                if k == 1:  # node starts branching: its first child enters the table too
+                    h = nd[node, HEAD]
+                    _hset(ht, meta, _key(node, nd[h, TOK]), h)
+                if k >= 1:
+                    _hset(ht, meta, _key(node, tok), c)
+                nd[node, NCH] = k + 1
                 _link_before(nd, gp, meta, node, c, -1)
                 act[s, a] = c
         elif nd[node, CNT] == nd[child, CNT] + 1 and node != root:
@@ -407,8 +415,8 @@ def _append(nd, gp, sq, act, pool, ht, meta, root, s, tok):
                 nd[child, GRP] = -1
                 _replace(nd, gp, node, child)
                 nd[child, PAR] = p
-                _hdel(ht, meta, _key(node, tok))
-                _hset(ht, meta, _key(p, nd[node, TOK]), child)
+                if nd[p, NCH] > 1:
+                    _hset(ht, meta, _key(p, nd[node, TOK]), child)
                 _free_node(nd, meta, node)
                 act[s, a] = child
             else:
@@ -419,11 +427,7 @@ def _append(nd, gp, sq, act, pool, ht, meta, root, s, tok):
                 nd[node, RIDX] = L - ln
                 nd[child, LEN] -= 1
                 nd[child, RIDX] += 1
-                nt = pool[sq[nd[child, RSEQ], SOFF] + nd[child, RIDX]]
-                if nt != tok:
-                    _hdel(ht, meta, _key(node, tok))
-                    _hset(ht, meta, _key(node, nt), child)
-                nd[child, TOK] = nt
+                nd[child, TOK] = pool[sq[nd[child, RSEQ], SOFF] + nd[child, RIDX]]
         else:
             if nd[child, LEN] == 1:
                 _increment(nd, gp, meta, child)
@@ -438,13 +442,12 @@ def _append(nd, gp, sq, act, pool, ht, meta, root, s, tok):
                 nd[m, RIDX] = L - 1
                 nd[m, PAR] = node
                 _replace(nd, gp, child, m)
-                _hset(ht, meta, _key(node, tok), m)
+                if nd[node, NCH] > 1:
+                    _hset(ht, meta, _key(node, tok), m)
                 nd[child, LEN] -= 1
                 nd[child, RIDX] += 1
-                nt = pool[sq[nd[child, RSEQ], SOFF] + nd[child, RIDX]]
-                nd[child, TOK] = nt
+                nd[child, TOK] = pool[sq[nd[child, RSEQ], SOFF] + nd[child, RIDX]]
                 nd[child, PAR] = m
-                _hset(ht, meta, _key(m, nt), child)
                 nd[m, HEAD] = child
                 nd[m, TAIL] = child
                 nd[m, NCH] = 1
@@ -472,8 +475,13 @@ def _remove(nd, gp, sq, pool, ht, meta, root, s):
             else:
                 # Count 1: a leaf holding only this suffix.
                 _unlink(nd, gp, meta, child)
-                _hdel(ht, meta, _key(node, t))
-                nd[node, NCH] -= 1
+                k = nd[node, NCH]
+                if k > 1:
+                    _hdel(ht, meta, _key(node, t))
+                if k == 2:  # node stops branching: its last child leaves the table
+                    h = nd[node, HEAD]
+                    _hdel(ht, meta, _key(node, nd[h, TOK]))
+                nd[node, NCH] = k - 1
                 _free_node(nd, meta, child)
                 break
             idx += nd[child, LEN]
@@ -483,7 +491,6 @@ def _remove(nd, gp, sq, pool, ht, meta, root, s):
             if nd[node, CNT] == nd[c, CNT]:
                 # No suffix ends at node any more: merge it into its only child.
                 p = nd[node, PAR]
-                old_tok = nd[c, TOK]
                 nd[c, TOK] = nd[node, TOK]
                 nd[c, LEN] += nd[node, LEN]
                 nd[c, RIDX] -= nd[node, LEN]
@@ -491,8 +498,8 @@ def _remove(nd, gp, sq, pool, ht, meta, root, s):
                 nd[c, GRP] = -1
                 _replace(nd, gp, node, c)
                 nd[c, PAR] = p
-                _hdel(ht, meta, _key(node, old_tok))
-                _hset(ht, meta, _key(p, nd[node, TOK]), c)
+                if nd[p, NCH] > 1:
+                    _hset(ht, meta, _key(p, nd[node, TOK]), c)
                 _free_node(nd, meta, node)
     sq[s, SAN] = 0
 
@@ -520,7 +527,8 @@ def _free_tree(nd, gp, ht, meta, root):
             _free_group(gp, meta, g)
         else:
             gp[g, GHEAD] = nxt
-        _hdel(ht, meta, _key(p, nd[x, TOK]))
+        if nd[p, NCH] > 1:
+            _hdel(ht, meta, _key(p, nd[x, TOK]))
         _free_node(nd, meta, x)
         x = p
 
@@ -946,6 +954,18 @@ class SuffixForest:
                                  np.float32(offset), np.float32(min_prob), out)
         return out[:n], float(score)
 
+    def check_table(self) -> None:
+        """The child table holds exactly the children of nodes with two or more, under the right keys (tests only)."""
+        nd, hwm = self.nd, int(self.meta[M_NHWM])
+        par = nd[:hwm, PAR].astype(np.int64)
+        child = np.flatnonzero((par >= 0) & (nd[:hwm, LEN] > 0))
+        child = child[nd[par[child], NCH] > 1]
+        want = dict(zip(((par[child] << 32) | (nd[child, TOK].astype(np.int64) & 0xFFFFFFFF)).tolist(), child.tolist(),
+                        strict=True))
+        used = self.ht[:, 0] != EMPTY
+        have = dict(zip(self.ht[used, 0].tolist(), self.ht[used, 1].tolist(), strict=True))
+        assert have == want and len(have) == self.meta[M_HUSED]
+
     def check(self, root: int) -> None:
         """Structural invariants of one tree (tests only; slow): counts, order, runs, hash entries."""
         nd, gp = self.nd, self.gp
@@ -957,7 +977,7 @@ class SuffixForest:
             prev = -1
             while c >= 0:
                 assert nd[c, PAR] == x and nd[c, PREV] == prev
-                assert _hget(self.ht, _key(x, nd[c, TOK])) == c
+                assert _hget(self.ht, _key(x, nd[c, TOK])) == (c if nd[x, NCH] > 1 else -1)
                 assert nd[c, LEN] > 0 and nd[c, CNT] > 0
                 if x != root:
                     assert nd[c, CNT] < nd[x, CNT]
