@@ -1,8 +1,9 @@
 """Drafts from tables made once per workload against the live state they replace: AgentSpec's lookups
-(drafters/history_tables.py, the engine's RULE_TABLE) and suffix decoding's prompt-tree drafts
-(drafters/suffix_tables.py, OP_TABLE_STEP) — whole runs equal, what turns a table off, the disk cache,
-the path pool. (tests/test_suffix.py also runs the engine with the suffix table against the real
-ArcticInference library.)"""
+(drafters/history_tables.py, the engine's RULE_TABLE), suffix decoding's prompt-tree drafts
+(drafters/suffix_tables.py, OP_TABLE_STEP) and the n-gram proposers' matches (drafters/ngram_tables.py,
+par[IN_NGRAM_TABLE]) — whole runs equal, what turns a table off, the disk cache, the path pool.
+(tests/test_suffix.py also runs the engine with the suffix table against the real ArcticInference
+library.)"""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from agentspec_sim.drafters import history_tables
 from agentspec_sim.drafters.base import parse_drafter
 from agentspec_sim.drafters.table_cache import pack_paths
 from agentspec_sim.engine.config import resolve
+from agentspec_sim.engine.scheduler import IN_NGRAM_TABLE
 from agentspec_sim.engine.simulator import Simulator
 
 AGENTSPEC = {"method": "agentspec", "num_speculative_tokens": 6, "min_match_len": 2, "alpha": 24}
@@ -245,6 +247,79 @@ def test_suffix_table_entries_are_the_prompt_trees_drafts():
     assert checked > 20
 
 
+NGRAM_SPECS = ["ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                          "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 64, 1]]},
+               "ngram-v2", {"method": "ngram-v2", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                            "prompt_lookup_max": 4}]
+
+
+@pytest.mark.parametrize("spec", NGRAM_SPECS)
+@pytest.mark.parametrize("overrides", [{}, {"max_model_len": 100}, {"max_num_batched_tokens": 16},
+                                       {"num_kv_blocks": 40, "max_num_seqs": 6}, {"max_num_seqs": 1},
+                                       {"check_invariants": True}])
+def test_ngram_drafts_from_the_table_equal_the_index(spec, overrides):
+    """The n-gram proposers drafting from the workload's table — inside runs and in the event loop — make
+    every step the index makes: preemptions, refused and cut calls, chunked prefills, per-batch-size k."""
+    wl = _queries(seed=9)
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    sim = _sim(wl, spec, cfg)
+    assert sim._inline.par[IN_NGRAM_TABLE] == 1
+    from_table = sim.run()
+    live = _sim(wl, spec, cfg, tables=False)
+    assert live._inline.par[IN_NGRAM_TABLE] == 0
+    _same(from_table, live.run())
+    assert int((from_table.engine_steps["D"] > 0).sum()) > 20
+    assert int(from_table.steps["accepted"].sum()) > 0
+    if "num_kv_blocks" in overrides:
+        assert from_table.num_preemptions > 0
+
+
+@pytest.mark.parametrize("rightmost", [False, True])
+def test_ngram_table_entries_are_the_scans_matches(rightmost):
+    """Position by position (calls that share their query's arena region, the first call's positions
+    shorter than any n-gram), the table holds where the reference scan's draft starts."""
+    from agentspec_sim.drafters.ngram import ngram_match
+    from agentspec_sim.drafters.ngram_tables import build_ngram_table
+    from agentspec_sim.drafters.ngram_v2 import ngram_v2_match
+
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 4, size=12).astype(np.int32)
+    first, second = rng.integers(0, 4, size=20).astype(np.int32), rng.integers(0, 4, size=25).astype(np.int32)
+    other = rng.integers(0, 4, size=30).astype(np.int32)
+    tokens = np.concatenate([prompt, first, second, other])
+    starts = np.array([0, 0, 57], dtype=np.int64)  # the second call's prompt is prompt + first output
+    prompt_lens = np.array([12, 32, 10], dtype=np.int64)
+    target_lens = np.array([20, 25, 20], dtype=np.int64)
+    table = build_ngram_table(tokens, starts, prompt_lens, target_lens, 2, 3, rightmost)
+    match = ngram_v2_match if rightmost else ngram_match
+    found = 0
+    for i in range(3):
+        for t in range(int(target_lens[i]) + 1):
+            history = tokens[starts[i]:starts[i] + prompt_lens[i] + t]
+            start, _ = match(history, 2, 3)
+            want = int(starts[i]) + start if start >= 0 else -1
+            assert table.match[table.at[i] + t] == want
+            found += int(want >= 0)
+    assert found > 30
+
+
+def test_the_ngram_table_is_made_once_and_read_from_the_cache(monkeypatch):
+    from agentspec_sim.drafters import ngram_tables
+
+    built = []
+    build = ngram_tables.build_ngram_table
+    monkeypatch.setattr(ngram_tables, "build_ngram_table", lambda *a: built.append(1) or build(*a))
+    wl = _queries(seed=9)
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
+    first = _sim(wl, "ngram", cfg).run()
+    _same(first, _sim(wl, "ngram", config(check_invariants=False, arrival="zero", max_num_seqs=4)).run())
+    assert len(built) == 1
+    _sim(wl, "ngram-v2", cfg).run()  # the other rule: its own table
+    _sim(wl, {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 3},
+         cfg).run()  # another n-gram range: its own table
+    assert len(built) == 3
+
+
 def test_the_cache_keeps_the_most_recently_used_tables_within_its_limit(monkeypatch, tmp_path):
     import os
     import time
@@ -329,8 +404,12 @@ def test_random_workloads_and_engines_draft_the_same_with_tables(seed):
                                 out_len=int(rng.integers(5, 50)), vocab=int(rng.integers(3, 8)),
                                 think_s=float(rng.choice([0.0, 0.01]))) for i in range(int(rng.integers(2, 9)))])
     depth = int(rng.integers(2, 10))
-    method = str(rng.choice(["suffix", "agentspec", "agentspec-s", "agentspec-n"]))
-    if method == "suffix":
+    method = str(rng.choice(["suffix", "agentspec", "agentspec-s", "agentspec-n", "ngram", "ngram-v2"]))
+    if method.startswith("ngram"):
+        low = int(rng.integers(1, 4))
+        spec = {"method": method, "num_speculative_tokens": int(rng.integers(1, 8)), "prompt_lookup_min": low,
+                "prompt_lookup_max": low + int(rng.integers(0, 3))}
+    elif method == "suffix":
         spec = {"method": "suffix", "num_speculative_tokens": int(rng.integers(1, depth + 1)),
                 "suffix_decoding_max_tree_depth": depth,
                 "suffix_decoding_max_cached_requests": int(rng.choice([0, 1, 2, 5, 10000])),

@@ -91,9 +91,11 @@ def test_step_times_equal_step_time_bit_for_bit(hardware, model, tp, p):
                                        {"replicate": 3}])
 def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypatch):
     """`run_steps` drafting with the n-gram index itself (long runs) = the event loop drafting after each
-    step, including when the index fills up mid-run (a tiny table: the kernel hands the step back)."""
+    step, including when the index fills up mid-run (a tiny table: the kernel hands the step back).
+    (The index, not the workload's table: tests/test_draft_tables.py compares the two.)"""
     import agentspec_sim.engine.batched as batched
 
+    monkeypatch.setattr(Simulator, "draft_tables", False)
     rng = np.random.default_rng(11)
     wl = workload(*[agent_query(rng, f"q{i}", 4, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
@@ -120,6 +122,7 @@ def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypat
 @pytest.mark.parametrize("spec", ["ngram", "ngram-v2"])
 def test_inline_ngram_drafting_goes_on_once_the_index_has_room(spec, monkeypatch):
     # 40 calls at 40 arena offsets: the index's region table (32 regions before it grows) fills mid-run.
+    monkeypatch.setattr(Simulator, "draft_tables", False)  # the index, not the workload's table
     rng = np.random.default_rng(5)
     wl = workload(*[agent_query(rng, f"q{i}", 1, prompt_len=40, out_len=40, vocab=4) for i in range(40)])
     cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)

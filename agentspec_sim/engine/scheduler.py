@@ -126,7 +126,7 @@ class StepBuf(NamedTuple):
 # InlineDrafts.par fields; IN_RULE: vLLM V1's n-gram proposer (`ngram`), Model Runner V2's (`ngram-v2`), a
 # model-based drafter's acceptance draw (`eagle3`, `mtp`), AgentSpec's block histories (`InlineHistory`),
 # suffix decoding's trees (`InlineSuffix`), or AgentSpec's lookups read from the workload's table (`TableDrafts`).
-IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT, IN_RULE = range(6)
+IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT, IN_RULE, IN_NGRAM_TABLE = range(7)
 RULE_V1, RULE_V2, RULE_MODEL, RULE_HISTORY, RULE_SUFFIX, RULE_TABLE = 0, 1, 2, 3, 4, 5
 # TableDrafts.par fields.
 TB_K, TB_BUDGETED = range(2)
@@ -168,7 +168,8 @@ class InlineDrafts(NamedTuple):
     `draft_seconds`. Off (par[IN_ON] = 0) for every other drafter.
     """
 
-    par: np.ndarray  # int64: [on, min_n, max_n, k_max (num_speculative_tokens), V1 proposer skip, rule]
+    par: np.ndarray  # int64: [on, min_n, max_n, k_max (num_speculative_tokens), V1 proposer skip, rule,
+    #                 n-gram drafts from `ngram_at`/`ngram_match` instead of the index]
     k_of_batch: np.ndarray  # int64 [max_num_seqs + 1]: draft length allowed at that many scheduled calls
     draft_s: np.ndarray  # float64 [max_num_seqs + 1]: n-gram drafting seconds for that many drafting calls
     entries: np.ndarray  # the `NgramIndex` tables (engine/batched.py)
@@ -189,15 +190,17 @@ class InlineDrafts(NamedTuple):
     pass_s: np.ndarray  # float64 [max_num_seqs + 1]: one draft-network pass over that many rows
     draft_terms: np.ndarray  # float64: the rest of `draft_seconds`' terms (cost/roofline.py)
     tables: TableDrafts  # AgentSpec's lookup table (RULE_TABLE)
+    ngram_at: np.ndarray  # int64 per call row: its first position in ngram_match (drafters/ngram_tables.py)
+    ngram_match: np.ndarray  # int64 per position: where the n-gram draft starts in the arena, −1: none
 
     @classmethod
     def off(cls) -> InlineDrafts:
         one = np.zeros(1, dtype=np.int64)
         byte = np.zeros(1, dtype=np.int8)
-        return cls(np.zeros(6, dtype=np.int64), one, np.zeros(1), np.zeros((1, 3), dtype=np.int64),
+        return cls(np.zeros(7, dtype=np.int64), one, np.zeros(1), np.zeros((1, 3), dtype=np.int64),
                    np.zeros((1, 2), dtype=np.int64), np.zeros(3, dtype=np.int64), one, one, one, one,
                    np.zeros((2, 1), dtype=np.int64), one, byte, one, byte, np.zeros(1, dtype=np.uint64),
-                   np.zeros(1), np.zeros(2), np.zeros(1), np.ones(4), TableDrafts.off())
+                   np.zeros(1), np.zeros(2), np.zeros(1), np.ones(4), TableDrafts.off(), one, one)
 
 
 # InlineHistory.par fields.
@@ -606,6 +609,10 @@ def propose_inline(c, sb, dr, max_model_len):
         return propose_model_rows(c, dr.rows[:m], dr.max_lens[:m], dr)
     if dr.par[IN_RULE] == RULE_TABLE:
         return propose_table_rows(c, dr.rows[:m], dr.max_lens[:m], dr)
+    if dr.par[IN_NGRAM_TABLE]:
+        ngram_table_drafts(c, dr.rows[:m], dr.starts[:m], dr.lengths[:m], dr.max_lens[:m], dr.ngram_at,
+                           dr.ngram_match, dr.par[IN_RULE] == RULE_V2, dr.drafts[:, :m])
+        return dr.draft_s[m]
     if dr.par[IN_RULE] == RULE_V2:
         if ngram_v2_rows_indexed(c.tokens, dr.starts[:m], dr.lengths[:m], dr.par[IN_MIN_N], dr.par[IN_MAX_N],
                                  dr.drafts[0, :m], dr.entries, dr.regions, dr.counts, 0) < m:
@@ -617,6 +624,25 @@ def propose_inline(c, sb, dr, max_model_len):
         return -1.0
     drafts_from(c, dr.rows[:m], c.tokens, dr.drafts[0, :m], dr.drafts[1, :m])
     return dr.draft_s[m]
+
+
+@kernel
+def ngram_table_drafts(c, rows, starts, lengths, max_lens, at, match, rightmost, work):
+    """The n-gram proposers' drafts of calls rows[i] (histories tokens[starts[i]:starts[i] + lengths[i]],
+    draft limits max_lens[i]) from the workload's table (drafters/ngram_tables.py), set and verified as
+    the index's: `ngram-v2` padded (`drafts_padded`), `ngram` the arena stretch after the match (`drafts_from`)."""
+    m = rows.shape[0]
+    for i in range(m):
+        r = rows[i]
+        j = match[at[r] + c.calls.num_emitted[r]]
+        work[0, i] = j
+        work[1, i] = min(max_lens[i], starts[i] + lengths[i] - j) if j >= 0 else 0
+        if j < 0 and not rightmost:
+            work[0, i] = starts[i]
+    if rightmost:
+        drafts_padded(c, rows, work[0, :m], max_lens)
+    else:
+        drafts_from(c, rows, c.tokens, work[0, :m], work[1, :m])
 
 
 @kernel
@@ -1299,6 +1325,16 @@ class Scheduler:
             return float(self._suffix_drafts(self.table.nt, self.sb, dr, sx, self.max_model_len))
         finally:
             sx.par[SX_EVENT_LOOP] = 0
+
+    def set_ngram_table_drafts(self, rows: np.ndarray, lengths: np.ndarray, dr: InlineDrafts) -> None:
+        """`set_drafts` for the n-gram proposers' drafts read from the workload's table (`ngram_table_drafts`)."""
+        if lengths.shape[0]:
+            self.table.reserve_draft_width(int(lengths.max()))
+        cols = self.table.cols
+        hist = (cols["prompt_len"][rows] + cols["num_emitted"][rows]).astype(np.int64)
+        work = np.empty((2, rows.shape[0]), dtype=np.int64)
+        ngram_table_drafts(self.table.nt, rows.astype(np.int64), cols["hist_off"][rows].astype(np.int64), hist,
+                           lengths.astype(np.int64), dr.ngram_at, dr.ngram_match, dr.par[IN_RULE] == RULE_V2, work)
 
     def set_drafts_from_tokens(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """`set_drafts` for drafts that are stretches of the token arena: tokens[starts[i]:starts[i] + lengths[i]]."""

@@ -49,7 +49,7 @@ import polars as pl
 
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
-from agentspec_sim.drafters import suffix_tables
+from agentspec_sim.drafters import ngram_tables, suffix_tables
 from agentspec_sim.drafters.agentspec import (
     MAX_LIVE_TOKENS,
     MAX_SCAN,
@@ -62,9 +62,12 @@ from agentspec_sim.drafters.agentspec import (
 from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
 from agentspec_sim.drafters.history_tables import HistoryTables, build_tables, cached_tables, table_key
 from agentspec_sim.drafters.model_based import ModelBasedDrafter
+from agentspec_sim.drafters.ngram import NgramDrafter
+from agentspec_sim.drafters.ngram_tables import NgramTable
 from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
 from agentspec_sim.drafters.suffix import SuffixDrafter
 from agentspec_sim.drafters.suffix_tree import LocalTable
+from agentspec_sim.engine import batched
 from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, prompt_index
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
@@ -88,7 +91,9 @@ from agentspec_sim.engine.scheduler import (
     EV_FINISH,
     EV_FIRST,
     IN_K_MAX,
+    IN_NGRAM_TABLE,
     IN_ON,
+    IN_RULE,
     RULE_HISTORY,
     RULE_MODEL,
     RULE_SUFFIX,
@@ -180,6 +185,7 @@ class Simulator:
             progress(0, len(self.states))  # started (the drafters' workload tables may take a while to build)
         self._model, self._model_priced = self._model_drafts()
         self._tables = self._table_drafts()
+        self._inline = self._ngram_table_drafts(self._inline)
         self._history = self._history_drafts() if self._tables is None else None
         self._history_last: InlineHistory | None = None
         self._suffix = self._suffix_drafts()
@@ -202,12 +208,31 @@ class Simulator:
         return self._inline_base(rule, True, self._k_of_batch(), self._model_free_draft_s(),
                                  min_n=drafter.min_n, max_n=drafter.max_n)
 
+    def _ngram_table_drafts(self, inline: InlineDrafts | None) -> InlineDrafts | None:
+        """`inline` (the n-gram proposers' `InlineDrafts`) drafting from the workload's table instead of the
+        index, in the compiled loop and the event loop alike (par[IN_NGRAM_TABLE]); as it was where the
+        tables are off or copies of the trace each have their own drafter."""
+        if inline is None or not self.draft_tables or len(self.drafters) > 1:
+            return inline
+        table = self._ngram_table(self.drafters[0], bool(inline.par[IN_RULE] == RULE_V2))
+        inline.par[IN_NGRAM_TABLE] = 1
+        return inline._replace(ngram_at=table.at[:len(self.states)].copy(), ngram_match=table.match)
+
+    def _ngram_table(self, drafter: NgramDrafter, rightmost: bool) -> NgramTable:
+        """Where every call's n-gram draft starts at every position (drafters/ngram_tables.py), from the disk
+        cache when a run over the same calls with the same n-gram range made it."""
+        cols, n = self.table.cols, len(self.states)
+        args = (self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], cols["target_len"][:n])
+        key = ngram_tables.table_key(drafter.min_n, drafter.max_n, rightmost, (batched.__file__,), *args)
+        return ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(
+            *args, drafter.min_n, drafter.max_n, rightmost))
+
     def _inline_base(self, rule: int, on: bool, k_of_batch: np.ndarray, draft_s: np.ndarray, min_n: int = 0,
                      max_n: int = 0, **fields: np.ndarray) -> InlineDrafts:
         """`InlineDrafts` for `rule` with fresh work space; the fields of other rules stay `off()`'s."""
         seqs = self.limits.max_num_seqs
         par = np.array([int(on), min_n, max_n, self.spec.num_speculative_tokens, int(self.skips_unfit_batches),
-                        rule], dtype=np.int64)
+                        rule, 0], dtype=np.int64)
         work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
         return InlineDrafts.off()._replace(par=par, k_of_batch=k_of_batch, draft_s=draft_s, rows=work[0],
                                            starts=work[1], lengths=work[2], max_lens=work[3],
@@ -423,6 +448,9 @@ class Simulator:
             return self._suffix
         if self._inline is None:
             return None
+        if self._inline.par[IN_NGRAM_TABLE]:
+            self.table.reserve_draft_width(int(self._inline.par[IN_K_MAX]))
+            return self._inline
         index = prompt_index(self.drafters[0], self.table.tokens)
         index.make_room_if_asked()  # the run before stopped because the index was full
         self.table.reserve_draft_width(int(self._inline.par[IN_K_MAX]))
@@ -813,6 +841,10 @@ class Simulator:
             return
         if self._tables is not None:
             self.pending_draft_s = self.scheduler.set_table_drafts(rows, lens, self._tables)
+            return
+        if self._inline is not None and self._inline.par[IN_NGRAM_TABLE]:
+            self.scheduler.set_ngram_table_drafts(rows, lens, self._inline)
+            self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, sampled, lens))
             return
         batched = BATCHED.get(type(self.drafters[0]))
         if batched is not None:
