@@ -213,6 +213,35 @@ def test_engine_runs_are_identical_per_call_whatever_the_batching():
     assert per_call(1) == per_call(8)
 
 
+def test_code_tables_are_segmented_once_per_workload(tmp_path, monkeypatch, spec_bench):
+    """The engine's code(n) tables come from the disk cache on a second run of the same workload (each
+    sweep cell), equal to segmenting again and to the per-call features; other outputs segment afresh."""
+    from agentspec_sim.drafters.model_based import ModelBasedDrafter
+
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path))
+    coding = [c for c in spec_bench.calls if (c.extra or {}).get("category") == "coding"][:8]
+    arena = np.concatenate([np.concatenate([c.prompt_tokens, c.output_tokens]) for c in coding]).astype(np.int32)
+    lens = np.array([c.prompt_len + c.output_len for c in coding], dtype=np.int64)
+    hist_off = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    prompt_len = np.array([c.prompt_len for c in coding], dtype=np.int64)
+    target_len = np.array([c.output_len for c in coding], dtype=np.int64)
+    segmented = []
+    segment = ModelBasedDrafter._segment_code
+    monkeypatch.setattr(ModelBasedDrafter, "_segment_code", lambda *a: segmented.append(1) or segment(*a))
+    drafter = make_drafter(_spec())
+    first = drafter._code_tables(arena, hist_off, prompt_len, target_len, coding)
+    again = drafter._code_tables(arena, hist_off, prompt_len, target_len, coding)
+    assert len(segmented) == 1
+    assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
+    table = token_bytes_for("qwen3")
+    for i, c in enumerate(coding):  # what the per-call features say
+        _, code = call_features(c, table)
+        assert np.array_equal(first[0][first[1][i]:first[1][i] + c.output_len], code)
+    assert int(first[0].sum()) > 100
+    cut = drafter._code_tables(arena, hist_off, prompt_len, target_len - 1, coding)  # outputs cut: afresh
+    assert len(segmented) == 2 and cut[0].shape[0] == first[0].shape[0] - len(coding)
+
+
 # ---- features: the drafter's online values equal the calibration's offline ones -------------------
 
 def test_copy_window_equals_the_one_pass_stream_on_real_calls():

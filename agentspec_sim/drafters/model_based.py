@@ -589,18 +589,38 @@ class ModelBasedDrafter(BaseDrafter):
     def _code_tables(self, tokens: np.ndarray, hist_off: np.ndarray, prompt_len: np.ndarray,
                      target_len: np.ndarray, calls: Sequence) -> tuple[np.ndarray, np.ndarray]:
         """(code, code_at): code(n) of every output position, one segment per distinct call (replicate
-        copies share theirs), the calls of one structure segmented together."""
+        copies share theirs), the calls of one structure segmented together. Made once per workload and
+        tokenizer (the disk cache, drafters/table_cache.py): segmenting the default trace's outputs takes
+        ~0.4 s, the same for every run of it — each cell of a sweep."""
+        from agentspec_sim.drafters import structure, table_cache
+
+        first_row: dict[int, int] = {}  # id(call) -> its first row
+        first = np.array([first_row.setdefault(id(call), r) for r, call in enumerate(calls)], dtype=np.int64)
+        structures = [structure_of(call.structure) for call in calls]
+        key = table_cache.key_hash("code tables", 1, (__file__, structure.__file__), {"tokenizer": self.tokenizer},
+                                   tokens, hist_off, prompt_len, target_len, first,
+                                   np.frombuffer(repr(structures).encode(), dtype=np.uint8)).hexdigest()
+        got = table_cache.cached_arrays(
+            "code-tables", key,
+            lambda: dict(zip(("code", "code_at"), self._segment_code(tokens, hist_off, prompt_len, target_len,
+                                                                     first, structures), strict=True)),
+            lambda a: a["code"].dtype == np.int8 and a["code_at"].shape == (len(calls),))
+        return got["code"], got["code_at"]
+
+    def _segment_code(self, tokens: np.ndarray, hist_off: np.ndarray, prompt_len: np.ndarray,
+                      target_len: np.ndarray, first: np.ndarray, structures: list[tuple]
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """`_code_tables`, computed: row r's call is first seen at row first[r], its structure structures[r]."""
         from agentspec_sim.drafters.structure import segment_many
 
         table = token_bytes_for(self.tokenizer)
         size = len(table)
         padded = None
-        first: dict[int, int] = {}  # id(call) -> its first row
         by_structure: dict[tuple, list[int]] = {}
-        for r, call in enumerate(calls):
-            if first.setdefault(id(call), r) == r:
-                by_structure.setdefault(structure_of(call.structure), []).append(r)
-        code_at = np.zeros(len(calls), dtype=np.int64)
+        for r, f in enumerate(first.tolist()):
+            if f == r:
+                by_structure.setdefault(structures[r], []).append(r)
+        code_at = np.zeros(first.shape[0], dtype=np.int64)
         pieces: list[np.ndarray] = []
         at = 0
         for structure, rows in by_structure.items():
@@ -617,8 +637,7 @@ class ModelBasedDrafter(BaseDrafter):
             for r, out in zip(rows, outputs, strict=True):
                 code_at[r] = at
                 at += out.shape[0]
-        for r, call in enumerate(calls):
-            code_at[r] = code_at[first[id(call)]]
+        code_at = code_at[first]
         pieces.append(np.zeros(1, dtype=np.int8))
         return np.concatenate(pieces), code_at
 
