@@ -82,16 +82,17 @@ def test_cell_ids_and_order():
 
 
 def test_cells_that_build_a_table_start_one_per_table_first():
-    """Slowest first, but the first cell of each table-building configuration (suffix, agentspec) before the
-    second of any: two workers starting at once build two tables instead of one waiting for the other."""
+    """Slowest first, but the first cell of each table-building configuration (suffix, ngram, agentspec)
+    before the second of any: two workers starting at once build two tables instead of one waiting for the
+    other; a drafter without a table (normal) keeps its place."""
     specs = drafter_configs(["normal", "ngram", "suffix", "agentspec"])
     cells = expand_cells("t.jsonl", specs, [1, 8, 64], ["a100-80g"], ["qwen3-8b"], [0])
     order = start_order(cells, 2_000_000, 250)
     assert sorted(c.cell_id for c in order) == sorted(c.cell_id for c in cells)
-    assert [c.label for c in order[:2]] == ["suffix", "agentspec"]
+    assert [c.label for c in order[:3]] == ["suffix", "ngram", "agentspec"]
     ranked = sorted(cells, key=lambda c: -estimated_cost(c, 2_000_000, 250))
     assert [c.label for c in ranked[:2]] == ["suffix", "suffix"]  # what slowest-first alone would start
-    assert order[2:] == [c for c in ranked if c not in order[:2]]  # the others keep slowest-first
+    assert order[3:] == [c for c in ranked if c not in order[:3]]  # the others keep slowest-first
     plain = expand_cells("t.jsonl", drafter_configs(["normal", "ngram"]), [1, 8], ["a100-80g"], ["qwen3-8b"], [0])
     assert start_order(plain, 2_000_000, 250) == sorted(plain, key=lambda c: -estimated_cost(c, 2_000_000, 250))
 

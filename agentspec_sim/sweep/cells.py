@@ -31,16 +31,14 @@ FIGURE1_DRAFTERS = ("normal", "ngram", "ngram-v2", "suffix", "eagle3", "agentspe
 FIGURE1_MAX_NUM_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 # CPU seconds per million output tokens by method, for ordering only (slowest first): measured on
-# the default trace at max_num_seqs 256 (benchmarks/results.json; only the ratios matter; suffix and
-# agentspec with their workload tables cached, drafters/table_cache.py). At max_num_seqs 1 per-step
-# work adds (1 + factor)×: normal ~3×, agentspec ~2×, the n-gram proposers and eagle3 ~1.5×; suffix
-# costs about the same at every batch size. Unknown methods (agspec, the ablations, agentspec+): between
-# agentspec and suffix.
-_SECONDS_PER_MTOK = {"normal": 0.4, "ngram": 0.95, "ngram-v2": 1.0, "eagle3": 0.6, "mtp": 0.6, "suffix": 4.7,
-                     "agentspec": 0.6}
-_DEFAULT_SECONDS_PER_MTOK = 3.0
-_SMALL_BATCH_FACTOR = {"normal": 2.0, "ngram": 0.4, "ngram-v2": 0.5, "eagle3": 0.5, "mtp": 0.5, "suffix": 0.0,
-                       "agentspec": 1.0}
+# the default trace at max_num_seqs 256 (a sweep's cells; only the ratios matter; the workload tables
+# cached, drafters/table_cache.py). At max_num_seqs 1 per-step work adds (1 + factor)×. Unknown methods
+# (agspec, the ablations, agentspec+): between agentspec and suffix.
+_SECONDS_PER_MTOK = {"normal": 0.27, "ngram": 0.32, "ngram-v2": 0.31, "eagle3": 0.27, "mtp": 0.27, "suffix": 2.6,
+                     "agentspec": 0.35}
+_DEFAULT_SECONDS_PER_MTOK = 1.5
+_SMALL_BATCH_FACTOR = {"normal": 0.75, "ngram": 0.8, "ngram-v2": 0.8, "eagle3": 0.3, "mtp": 0.3, "suffix": 0.5,
+                       "agentspec": 0.3}
 
 
 class SweepError(ValueError):
@@ -214,9 +212,11 @@ def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: S
     return cells
 
 
-# Methods whose runs first build a workload table (drafters/history_tables.py, suffix_tables.py), shared by
-# the cells of one drafter configuration, trace and model through the disk cache.
-TABLE_METHODS = frozenset({"suffix", "agentspec", "agentspec-s", "agentspec-n"})
+# Methods whose runs first build a workload table (drafters/history_tables.py, suffix_tables.py,
+# ngram_tables.py; eagle3/mtp's code(n) segments), shared by the cells of one drafter configuration, trace
+# and model through the disk cache.
+TABLE_METHODS = frozenset({"suffix", "agentspec", "agentspec-s", "agentspec-n", "ngram", "ngram-v2", "eagle3",
+                           "mtp"})
 
 
 def start_order(cells: Sequence[Cell], output_tokens: int, num_queries: int) -> list[Cell]:
