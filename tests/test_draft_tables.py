@@ -277,7 +277,8 @@ def test_ngram_drafts_from_the_table_equal_the_index(spec, overrides):
 @pytest.mark.parametrize("rightmost", [False, True])
 def test_ngram_table_entries_are_the_scans_matches(rightmost):
     """Position by position (calls that share their query's arena region, the first call's positions
-    shorter than any n-gram), the table holds where the reference scan's draft starts."""
+    shorter than any n-gram), the table holds where the reference scan's draft starts — asked all at
+    once or in small batches."""
     from agentspec_sim.drafters.ngram import ngram_match
     from agentspec_sim.drafters.ngram_tables import build_ngram_table
     from agentspec_sim.drafters.ngram_v2 import ngram_v2_match
@@ -291,6 +292,8 @@ def test_ngram_table_entries_are_the_scans_matches(rightmost):
     prompt_lens = np.array([12, 32, 10], dtype=np.int64)
     target_lens = np.array([20, 25, 20], dtype=np.int64)
     table = build_ngram_table(tokens, starts, prompt_lens, target_lens, 2, 3, rightmost)
+    small = build_ngram_table(tokens, starts, prompt_lens, target_lens, 2, 3, rightmost, chunk=7)
+    assert np.array_equal(small.at, table.at) and np.array_equal(small.match, table.match)  # asked in batches
     match = ngram_v2_match if rightmost else ngram_match
     found = 0
     for i in range(3):

@@ -46,31 +46,38 @@ class NgramTable:
 
 
 def build_ngram_table(tokens: np.ndarray, starts: np.ndarray, prompt_lens: np.ndarray, target_lens: np.ndarray,
-                      min_n: int, max_n: int, rightmost: bool) -> NgramTable:
+                      min_n: int, max_n: int, rightmost: bool, chunk: int = 1 << 20) -> NgramTable:
     """The proposals of calls whose histories are tokens[starts[i]:starts[i] + prompt_lens[i] + t], t ≤
-    target_lens[i] (≤ 0: no positions but t = 0), for n in [min_n, max_n] (≤ MAX_INDEXED_N)."""
+    target_lens[i] (≤ 0: no positions but t = 0), for n in [min_n, max_n] (≤ MAX_INDEXED_N); asked in
+    batches of about `chunk` positions (the work arrays stay small on traces of many millions of tokens)."""
     from agentspec_sim.engine.batched import NgramIndex
 
     counts = np.maximum(target_lens, 0).astype(np.int64) + 1
     at = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=at[1:])
-    row = np.repeat(np.arange(counts.shape[0]), counts)
-    t = np.arange(int(at[-1]), dtype=np.int64) - at[row]
-    hist_starts = starts.astype(np.int64)[row]
-    lengths = prompt_lens.astype(np.int64)[row] + t
-    # In arena order (each region's histories shortest first), so the index only ever grows forward.
-    order = np.lexsort((lengths, hist_starts))
+    match = np.empty(int(at[-1]), dtype=np.int64)
     index = NgramIndex(tokens, min_n, max_n, rightmost)
-    found = np.empty(order.shape[0], dtype=np.int64)
-    s, n = hist_starts[order], lengths[order]
-    if rightmost:
-        index.match_rightmost(tokens, s, n, found)
-    else:
-        drafts = np.empty((2, order.shape[0]), dtype=np.int64)
-        index.propose(tokens, s, n, np.ones(order.shape[0], dtype=np.int64), drafts)
-        found[:] = np.where(drafts[1] > 0, drafts[0], -1)
-    match = np.empty_like(found)
-    match[order] = found
+    # In arena order — each region's calls by prompt length, a call's positions in order — so the index
+    # only ever grows forward (an agent's next call extends the previous one's history at its offset).
+    order = np.lexsort((prompt_lens, starts))
+    bounds = np.searchsorted(np.cumsum(counts[order]), np.arange(chunk, int(at[-1]), chunk), side="right")
+    for calls in np.split(order, np.unique(bounds)):
+        if calls.shape[0] == 0:
+            continue
+        n = counts[calls]
+        row = np.repeat(calls, n)
+        first = np.repeat(np.cumsum(n) - n, n)
+        t = np.arange(row.shape[0], dtype=np.int64) - first
+        hist = starts.astype(np.int64)[row]
+        lengths = prompt_lens.astype(np.int64)[row] + t
+        found = np.empty(row.shape[0], dtype=np.int64)
+        if rightmost:
+            index.match_rightmost(tokens, hist, lengths, found)
+        else:
+            drafts = np.empty((2, row.shape[0]), dtype=np.int64)
+            index.propose(tokens, hist, lengths, np.ones(row.shape[0], dtype=np.int64), drafts)
+            found = np.where(drafts[1] > 0, drafts[0], -1)
+        match[at[row] + t] = found
     return NgramTable(at, match)
 
 
