@@ -11,8 +11,9 @@ engine and scale runs not repeated this time):
 - engine: every (trace, drafter, max_num_seqs) simulated in a fresh child process whose cache directory
   (AGENTSPEC_SIM_CACHE) holds the loaded trace and nothing else, all queries arriving at t = 0, after a
   one-query warm-up (imports, numba). Per run: wall seconds of `simulate` and its CPU seconds
-  (steadier on a shared machine) — for suffix and agentspec including their workload tables' build
-  (drafters/history_tables.py, suffix_tables.py), which is also reported alone (`tables_cpu_s`; a
+  (steadier on a shared machine) — including the drafters' workload tables' build (suffix, agentspec,
+  ngram, ngram-v2; eagle3's code(n) segments: drafters/history_tables.py, suffix_tables.py,
+  ngram_tables.py), which is also reported alone (`tables_cpu_s`; a
   later run of the same workload reads them from the cache: `tokens_per_cpu_s_cached`) —, simulated
   output tokens per wall and per CPU second, engine steps and call-steps, the drafter's own time
   (every hook the drafter overrides and the engine's batched proposer, timed in place):
@@ -110,15 +111,19 @@ def _load(trace: str | None, queries: int | None):
 
 
 class TableClock:
-    """CPU seconds spent building workload tables (AgentSpec's lookups, suffix's prompt-tree drafts)."""
+    """CPU seconds spent building workload tables (AgentSpec's lookups, suffix's prompt-tree drafts, the
+    n-gram matches, eagle3/mtp's code(n) segments)."""
 
     def __init__(self) -> None:
-        from agentspec_sim.drafters import suffix_tables
+        from agentspec_sim.drafters import ngram_tables, suffix_tables
+        from agentspec_sim.drafters.model_based import ModelBasedDrafter
         from agentspec_sim.engine import simulator
 
         self.seconds = 0.0
         simulator.build_tables = self._timed(simulator.build_tables)
         suffix_tables.build_local_table = self._timed(suffix_tables.build_local_table)
+        ngram_tables.build_ngram_table = self._timed(ngram_tables.build_ngram_table)
+        ModelBasedDrafter._segment_code = self._timed(ModelBasedDrafter._segment_code)
 
     def _timed(self, fn):
         def timed(*args, **kwargs):
@@ -234,8 +239,9 @@ def section_engine(args, console) -> dict:
     console.print(table)
     console.print("µs and ms columns: wall-clock timings × the run's CPU / wall ratio. ngram, ngram-v2 and eagle3 "
                   "draft inside the compiled loop: their propose column counts only the proposals left to the event "
-                  "loop. CPU s and sim tok / CPU s include building the workload's tables (suffix, agentspec), "
-                  "which a sweep does once: '… tables cached' is a run that finds them.")
+                  "loop. CPU s and sim tok / CPU s include building the workload's tables (suffix, agentspec, "
+                  "the n-gram proposers, eagle3's code segments), which a sweep does once: '… tables cached' is a "
+                  "run that finds them.")
     return {"hardware": args.hardware, "model": "qwen3-8b", "queries": args.queries, "runs": runs}
 
 
