@@ -35,6 +35,10 @@ incremental index instead:
 State lives on the drafter object (`drafter._prompt_index`), tied to the arena it indexes; a new
 arena (a new simulation, or a test's array) starts a new index.
 
+A run normally drafts from a table of every position's match made once per workload by this index
+(drafters/ngram_tables.py, `Simulator._ngram_table_drafts`); the index drafts itself where tables are off
+or copies of a trace each have their own drafter.
+
 `ngram-v2` (Model Runner V2: the *rightmost* occurrence of the longest n-gram, k slots padded with
 the last token) uses the same index with each entry moved to the n-gram's latest end as positions
 are added (`ngram_v2_rows_indexed`). Its drafts are not arena stretches, so it has no `BATCHED`

@@ -163,7 +163,8 @@ class InlineDrafts(NamedTuple):
     It is the engine's proposal (`Simulator._propose`) moved inside the compiled loop: the same rule,
     the same per-call draft limits, the same V1 proposer skip near max_model_len, the same verification;
     tests/test_engine_fast_paths.py checks runs drafted inline against one step per event. For the
-    n-gram proposers: `engine/batched.py`'s index for `ngram`, `NgramV2Drafter.propose` for `ngram-v2`;
+    n-gram proposers: the workload's table of matches (par[IN_NGRAM_TABLE], drafters/ngram_tables.py), else
+    `engine/batched.py`'s index for `ngram`, `NgramV2Drafter.propose` for `ngram-v2`;
     for `eagle3`/`mtp`: `ModelBasedDrafter.propose` from its `AcceptanceTables`, priced by the cost model's
     `draft_seconds`. Off (par[IN_ON] = 0) for every other drafter.
     """
