@@ -24,7 +24,7 @@ from agentspec_sim.drafters import ngram, ngram_v2, table_cache
 from agentspec_sim.drafters.table_cache import Arrays, cached_arrays
 
 FORMAT = 1  # bump when the table's layout changes (the code's own bytes are in the key too)
-_CODE = (__file__, ngram.__file__, ngram_v2.__file__)  # engine/batched.py's index: added by the caller's key
+_CODE = (__file__, ngram.__file__, ngram_v2.__file__)  # and engine/batched.py's index (`_code`)
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,18 @@ def build_ngram_table(tokens: np.ndarray, starts: np.ndarray, prompt_lens: np.nd
     return NgramTable(at, match)
 
 
-def table_key(min_n: int, max_n: int, rightmost: bool, code: tuple[str, ...], tokens: np.ndarray,
-              starts: np.ndarray, prompt_lens: np.ndarray, target_lens: np.ndarray) -> str:
-    """What the table depends on: the code (this module's and `code`), the n-gram range and rule, and
-    each call's place in the arena and lengths (with the arena's tokens)."""
+def _code() -> tuple[str, ...]:
+    from agentspec_sim.engine import batched  # (the engine imports the drafters: not at module level)
+
+    return (*_CODE, batched.__file__)
+
+
+def table_key(min_n: int, max_n: int, rightmost: bool, tokens: np.ndarray, starts: np.ndarray,
+              prompt_lens: np.ndarray, target_lens: np.ndarray) -> str:
+    """What the table depends on: the code (this module's, the proposers' and the index's), the n-gram
+    range and rule, and each call's place in the arena and lengths (with the arena's tokens)."""
     options = {"min_n": int(min_n), "max_n": int(max_n), "rightmost": bool(rightmost)}
-    return table_cache.key_hash("ngram tables", FORMAT, _CODE + code, options, tokens, starts, prompt_lens,
+    return table_cache.key_hash("ngram tables", FORMAT, _code(), options, tokens, starts, prompt_lens,
                                 target_lens).hexdigest()
 
 

@@ -1328,14 +1328,16 @@ class Scheduler:
             sx.par[SX_EVENT_LOOP] = 0
 
     def set_ngram_table_drafts(self, rows: np.ndarray, lengths: np.ndarray, dr: InlineDrafts) -> None:
-        """`set_drafts` for the n-gram proposers' drafts read from the workload's table (`ngram_table_drafts`)."""
-        if lengths.shape[0]:
+        """`set_drafts` for the n-gram proposers' drafts read from the workload's table (`ngram_table_drafts`),
+        in dr's work space."""
+        m = rows.shape[0]
+        if m:
             self.table.reserve_draft_width(int(lengths.max()))
         cols = self.table.cols
-        hist = (cols["prompt_len"][rows] + cols["num_emitted"][rows]).astype(np.int64)
-        work = np.empty((2, rows.shape[0]), dtype=np.int64)
-        ngram_table_drafts(self.table.nt, rows.astype(np.int64), cols["hist_off"][rows].astype(np.int64), hist,
-                           lengths.astype(np.int64), dr.ngram_at, dr.ngram_match, dr.par[IN_RULE] == RULE_V2, work)
+        ngram_table_drafts(self.table.nt, rows.astype(np.int64), cols["hist_off"][rows].astype(np.int64),
+                           (cols["prompt_len"][rows] + cols["num_emitted"][rows]).astype(np.int64),
+                           lengths.astype(np.int64), dr.ngram_at, dr.ngram_match, dr.par[IN_RULE] == RULE_V2,
+                           dr.drafts[:, :m])
 
     def set_drafts_from_tokens(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         """`set_drafts` for drafts that are stretches of the token arena: tokens[starts[i]:starts[i] + lengths[i]]."""

@@ -67,7 +67,6 @@ from agentspec_sim.drafters.ngram_tables import NgramTable
 from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
 from agentspec_sim.drafters.suffix import SuffixDrafter
 from agentspec_sim.drafters.suffix_tree import LocalTable
-from agentspec_sim.engine import batched
 from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, prompt_index
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
@@ -223,7 +222,7 @@ class Simulator:
         cache when a run over the same calls with the same n-gram range made it."""
         cols, n = self.table.cols, len(self.states)
         args = (self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], cols["target_len"][:n])
-        key = ngram_tables.table_key(drafter.min_n, drafter.max_n, rightmost, (batched.__file__,), *args)
+        key = ngram_tables.table_key(drafter.min_n, drafter.max_n, rightmost, *args)
         return ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(
             *args, drafter.min_n, drafter.max_n, rightmost))
 

@@ -157,14 +157,15 @@ def _keep_freed_memory() -> None:
     # logs). glibc returns large blocks to the kernel when they are freed (mmap'd chunks, heap trimming), so
     # every cell paid again to fault in and zero fresh pages: ~1 s of system time per suffix cell on the
     # default trace. Taking large blocks from the heap and never trimming it keeps those pages for the next
-    # cell; a worker stays at its largest cell's size. M_TRIM_THRESHOLD = -1, M_MMAP_MAX = -4.
+    # cell; a worker stays at its largest cell's size.
+    m_trim_threshold, m_mmap_max = -1, -4  # glibc's mallopt parameters
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             import ctypes
 
             libc = ctypes.CDLL(None)
-            libc.mallopt(-4, 0)
-            libc.mallopt(-1, 2**31 - 1)
+            libc.mallopt(m_mmap_max, 0)
+            libc.mallopt(m_trim_threshold, 2**31 - 1)
 
 
 def _process_worker(conn: Any, source: WorkloadSource, task: Task) -> None:
