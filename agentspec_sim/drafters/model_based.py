@@ -76,6 +76,7 @@ FEATURES = ("copy", "code")
 DEFAULT_STRUCTURE = ((("```", "```"),),)
 SIMULATOR_KEYS = frozenset({"target_model", "acceptance_params", "seed", "tokenizer"})
 _EMPTY = np.zeros(0, dtype=np.int32)
+CODE_TABLES_FORMAT = 1  # of the code(n) segments in the disk cache (`_code_tables`); the code's bytes are keyed too
 _MASK64 = (1 << 64) - 1
 
 
@@ -597,8 +598,8 @@ class ModelBasedDrafter(BaseDrafter):
         first_row: dict[int, int] = {}  # id(call) -> its first row
         first = np.array([first_row.setdefault(id(call), r) for r, call in enumerate(calls)], dtype=np.int64)
         structures = [structure_of(call.structure) for call in calls]
-        key = table_cache.key_hash("code tables", 1, (__file__, structure.__file__), {"tokenizer": self.tokenizer},
-                                   tokens, hist_off, prompt_len, target_len, first,
+        key = table_cache.key_hash("code tables", CODE_TABLES_FORMAT, (__file__, structure.__file__),
+                                   {"tokenizer": self.tokenizer}, tokens, hist_off, prompt_len, target_len, first,
                                    np.frombuffer(repr(structures).encode(), dtype=np.uint8)).hexdigest()
         got = table_cache.cached_arrays(
             "code-tables", key,
