@@ -315,6 +315,8 @@ class History:
         self.stores: dict[tuple[Any, Any], _Store] = {}
         self.query_keys: dict[Any, list[tuple[Any, Any]]] = {}  # query id → its calls' history keys
         self.queue: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # (block, tokens, lead-in or None)
+        # (block, tokens): room an attached call's output will take, made once the queue is applied.
+        self.room: list[tuple[int, int]] = []
         self.clock = itertools.count()
         self.lineages = itertools.count()
         # Per arena block: (lineage, end position) of its last segment; a run that starts there continues it.
@@ -396,6 +398,14 @@ class History:
         and the block of each of its output tokens (`engine/scheduler.py` `InlineHistory`)."""
         blocks = np.asarray(cursor.blocks, dtype=np.int64)[cursor.labels]
         n = blocks.shape[0]
+        if n:
+            # The compiled path appends only into room made beforehand, and a step where a block lacks it
+            # goes back to the event loop (Python observes and proposes for every row). Room for the whole
+            # output up front: its tokens plus a SEP and lead-in for each run of a block (at most).
+            starts = np.flatnonzero(np.diff(blocks, prepend=-1))
+            ids, counts = np.unique(blocks, return_counts=True)
+            runs = np.bincount(np.searchsorted(ids, blocks[starts]), minlength=ids.shape[0])
+            self.room.extend(zip(ids.tolist(), (counts + runs * (self.max_n + 1)).tolist(), strict=True))
         self.tok_block = grown(self.tok_block, self.tok_top + n, 0)
         self.tok_block[self.tok_top:self.tok_top + n] = blocks
         self.row_at = grown(self.row_at, row + 1, -1)
@@ -497,6 +507,7 @@ class History:
                 grow.append((block, n + lead.shape[0] + 1))
                 top += n + lead.shape[0]
         self.queue = []
+        room, self.room = self.room, []
         for row, (block, ctx) in enumerate(requests):
             ops.append([OP_LOOKUP, block, top, ctx.shape[0], row, 0, 0, 0])
             pieces.append(ctx)
@@ -507,6 +518,8 @@ class History:
             tb = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else _EMPTY
             self.arena.run(np.asarray(ops, dtype=np.int64).reshape(-1, OP_FIELDS), tb, out, meta,
                            self.max_candidates, MAX_SCAN, MIN_SUPPORT, grow)
+        for block, n in room:
+            self.arena.ensure_room(block, n)
         return out, meta
 
     def replay(self, cursor: _Cursor, prompt: np.ndarray, output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -584,6 +597,7 @@ class History:
         for block in freed:
             self.arena.free_block(block)
         self.queue = [entry for entry in self.queue if entry[0] not in freed]
+        self.room = [entry for entry in self.room if entry[0] not in freed]
 
     # -- internals ----------------------------------------------------------------------------
     def _block(self, store: _Store, key: tuple[str, str] | None) -> int:

@@ -569,20 +569,32 @@ class BlockArena:
         """Room for n more tokens in block b, after the `pending` ones this batch already reserved."""
         length = int(self.bk[b, BLEN])
         need = length + pending.get(b, 0) + n
-        cap = int(self.bk[b, BCAP])
-        if need > cap:
-            cap = max(need + 64, 2 * cap)
-            if self.pool_top + cap > self.pool.shape[0]:
-                self._compact(cap)
-            off = int(self.bk[b, BOFF])
-            top = self.pool_top
-            self.pool[top:top + length] = self.pool[off:off + length]
-            self.pv[:, top:top + length] = self.pv[:, off:off + length]
-            self.bk[b, BOFF] = top
-            self.bk[b, BCAP] = cap
-            self.pool_top = top + cap
+        self._grow(b, need)
         pending[b] = need - length
         self.live[0] += n
+
+    def ensure_room(self, b: int, n: int) -> None:
+        """Capacity for n more tokens in block b, for a compiled caller that appends them later and checks
+        the room itself (engine/scheduler.py `propose_history_inline`); nothing is counted as live."""
+        if self.bk[b, BLIVE]:
+            self._grow(b, int(self.bk[b, BLEN]) + n)
+
+    def _grow(self, b: int, need: int) -> None:
+        """Move block b to a stretch of the pool with room for `need` tokens, if it has less (doubling)."""
+        cap = int(self.bk[b, BCAP])
+        if need <= cap:
+            return
+        length = int(self.bk[b, BLEN])
+        cap = max(need + 64, 2 * cap)
+        if self.pool_top + cap > self.pool.shape[0]:
+            self._compact(cap)
+        off = int(self.bk[b, BOFF])
+        top = self.pool_top
+        self.pool[top:top + length] = self.pool[off:off + length]
+        self.pv[:, top:top + length] = self.pv[:, off:off + length]
+        self.bk[b, BOFF] = top
+        self.bk[b, BCAP] = cap
+        self.pool_top = top + cap
 
     def _compact(self, extra: int) -> None:
         """Copy the live blocks into fresh arrays (at least twice what they and `extra` need)."""

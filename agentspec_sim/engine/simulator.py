@@ -404,7 +404,7 @@ class Simulator:
         call's prompt, a finished call's last tokens) are applied first, as the next lookup would."""
         drafter = self.drafters[0]
         history = drafter.history
-        if history.queue:
+        if history.queue or history.room:
             history.lookup(())
         arena = history.arena
         current = {"pool": arena.pool, "pv": arena.pv, "bk": arena.bk, "hk": arena.hk, "hv": arena.hv,
