@@ -597,21 +597,28 @@ class BlockArena:
         self.pool_top = top + cap
 
     def _compact(self, extra: int) -> None:
-        """Copy the live blocks into fresh arrays (at least twice what they and `extra` need)."""
-        bk = self.bk[:self.num_blocks]
-        live = int(bk[bk[:, BLIVE] != 0, BCAP].sum())
-        size = max(self.pool.shape[0], 2 * (live + extra))
-        pool = np.zeros(size, dtype=np.int32)
-        pv = np.zeros((self.pv.shape[0], size), dtype=np.int32)
+        """Move the live blocks to the front of the pool, in place while they and `extra` fill at most half
+        of it, else into fresh arrays twice that size. (Freed blocks stay in `bk`: only live ones are
+        visited, in pool order, so that a move never overwrites a block not yet moved.)"""
+        nb = self.num_blocks
+        bk = self.bk[:nb]
+        live = np.flatnonzero((bk[:, BLIVE] != 0) & (bk[:, BCAP] != 0))
+        live = live[np.argsort(bk[live, BOFF], kind="stable")]
+        need = int(bk[live, BCAP].sum())
+        if 2 * (need + extra) <= self.pool.shape[0]:
+            pool, pv = self.pool, self.pv
+        else:
+            size = 2 * (need + extra)
+            pool = np.zeros(size, dtype=np.int32)
+            pv = np.zeros((self.pv.shape[0], size), dtype=np.int32)
         top = 0
-        for b in range(self.num_blocks):
-            if not self.bk[b, BLIVE] or not self.bk[b, BCAP]:
-                continue
-            off, length = int(self.bk[b, BOFF]), int(self.bk[b, BLEN])
-            pool[top:top + length] = self.pool[off:off + length]
-            pv[:, top:top + length] = self.pv[:, off:off + length]
-            self.bk[b, BOFF] = top
-            top += int(self.bk[b, BCAP])
+        for b in live.tolist():
+            off, length = int(bk[b, BOFF]), int(bk[b, BLEN])
+            if off != top or pool is not self.pool:
+                pool[top:top + length] = self.pool[off:off + length]
+                pv[:, top:top + length] = self.pv[:, off:off + length]
+                bk[b, BOFF] = top
+            top += int(bk[b, BCAP])
         self.pool, self.pv, self.pool_top = pool, pv, top
 
     def _reserve_slots(self, extra: int) -> None:
