@@ -243,3 +243,8 @@ def _render(path: Path, runs) -> None:
     console.print(f"batch (normal): mean {first.batch_size_mean:.1f}, max {first.batch_size_max}; {bound}; "
                   f"preemptions {first.preemptions}; refused calls {first.refused_calls} (prompt over "
                   f"max_model_len; {first.skipped_calls} later calls of their queries skipped)")
+    for result, s in runs:
+        if result.extra.get("history_evictions"):
+            console.print(f"[yellow]{s.drafter}: its live history passed the simulator's memory bound and dropped "
+                          f"{result.extra['history_evictions']:,} idle queries' histories (AgentSpec keeps them): "
+                          "its drafts are an approximation[/yellow]")

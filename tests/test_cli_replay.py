@@ -39,6 +39,22 @@ def test_table(trace, monkeypatch):
         assert word in result.output
 
 
+def test_a_live_history_over_the_memory_bound_is_reported(trace, monkeypatch):
+    """agentspec with --replicate 2 drafts from live histories (a drafter per copy, no table); past the
+    simulator's memory bound they drop idle queries' histories, and the table says so."""
+    import agentspec_sim.drafters.agentspec as agentspec
+
+    monkeypatch.setenv("COLUMNS", "200")
+    args = ["replay", str(trace), "--drafter", "agentspec", "--max-num-seqs", "1", "--replicate", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "memory bound" not in result.output
+    monkeypatch.setattr(agentspec, "MAX_LIVE_TOKENS", 20)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "passed the simulator's memory bound and dropped" in " ".join(result.output.split())
+
+
 def test_json_and_steps(trace, tmp_path):
     steps = tmp_path / "steps.parquet"
     out = tmp_path / "summary.json"

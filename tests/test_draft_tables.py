@@ -96,22 +96,25 @@ def test_a_real_trace_with_structure_equals_the_live_history():
             assert (result.calls["status"] != "finished").any()  # refused / skipped calls
 
 
-def test_histories_that_could_be_evicted_keep_the_live_history(monkeypatch):
-    """Over the memory bound, which histories the drafter drops depends on the run: no table then."""
+def test_the_table_needs_no_memory_bound_and_the_live_history_says_when_it_passes_its_own(monkeypatch):
+    """AgentSpec keeps every running query's history; only the simulator's live history bounds its memory
+    (MAX_LIVE_TOKENS), dropping idle queries' histories past it and reporting them. The table holds no
+    histories: a bound the live history passes changes nothing there, and where the live history evicts
+    nothing the two agree."""
     import agentspec_sim.drafters.agentspec as agentspec
 
     wl = _queries()
-    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=2)
+    live = _sim(wl, AGENTSPEC, cfg, tables=False).run()
+    assert "history_evictions" not in live.extra
+    from_table = _sim(wl, AGENTSPEC, cfg).run()
+    _same(from_table, live)
+    monkeypatch.setattr(agentspec, "MAX_LIVE_TOKENS", 60)
     sim = _sim(wl, AGENTSPEC, cfg)
-    tables = sim._history_tables(sim.drafters[0].history)
-    assert tables.live_tokens > 0
-    monkeypatch.setattr(history_tables, "MAX_LIVE_TOKENS", tables.live_tokens - 1)
-    monkeypatch.setattr(agentspec, "MAX_LIVE_TOKENS", tables.live_tokens // 3)
-    sim = _sim(wl, AGENTSPEC, cfg)
-    assert sim._tables is None and sim._history is not None
-    sim.run()
-    monkeypatch.setattr(history_tables, "MAX_LIVE_TOKENS", tables.live_tokens)
-    assert _sim(wl, AGENTSPEC, cfg)._tables is not None  # at the bound: no run can evict
+    assert sim._tables is not None
+    _same(sim.run(), from_table)
+    bounded = _sim(wl, AGENTSPEC, cfg, tables=False).run()
+    assert bounded.extra["history_evictions"] > 0
 
 
 def test_the_table_is_made_once_and_read_from_the_cache(monkeypatch, tmp_path):

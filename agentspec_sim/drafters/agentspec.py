@@ -61,8 +61,12 @@ the suffix keys instead of the match keys; `agentspec-s` takes no budget keys, `
 tokenizer. The defaults and the sweeps behind them are in docs/agentspec.md.
 
 State: one `BlockArena` and one `_Store` per (agent, query) per drafter instance; a query's stores
-are dropped when its last call finishes, and a store whose query has no running call is dropped,
-least recently used first, when the arena holds more than `MAX_LIVE_TOKENS`.
+are dropped when its last call finishes — AgentSpec keeps every running query's history (the paper's
+space O(H), appendix A.4). The simulator's live history bounds its own memory: past `MAX_LIVE_TOKENS`
+arena tokens it drops stores whose query has no running call, least recently used first, and counts
+them (`History.evicted`; the run reports them, and its drafts are then an approximation). The engine
+drafts agentspec, agentspec-s and agentspec-n from a table made once per workload where it can
+(drafters/history_tables.py), which holds no histories and has no such bound.
 """
 
 from __future__ import annotations
@@ -107,7 +111,7 @@ DEFAULTS: dict[str, Any] = {**MATCH_DEFAULTS, **BUDGET_DEFAULTS, **STRUCTURE_DEF
 BUDGET_MODES = ("alpha", "token_budget")
 ENGINE_KEYS = frozenset({"hardware", "model", "tensor_parallel_size", "calibration"})
 DOCS_KEPT = 4  # earlier calls of a query whose token sequences a new prompt is compared with
-MAX_LIVE_TOKENS = 8_000_000  # arena tokens kept before idle queries' histories are dropped (LRU)
+MAX_LIVE_TOKENS = 8_000_000  # the live history's memory bound: arena tokens kept before idle ones are dropped (LRU)
 MAX_SCAN = 256  # chain entries a lookup examines at its matching level (newest first)
 MIN_SUPPORT = 2  # candidates that must agree with every CT* token, besides a strict majority (docs/agentspec.md)
 
@@ -315,6 +319,7 @@ class History:
         self.stores: dict[tuple[Any, Any], _Store] = {}
         self.query_keys: dict[Any, list[tuple[Any, Any]]] = {}  # query id → its calls' history keys
         self.queue: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # (block, tokens, lead-in or None)
+        self.evicted = 0  # stores dropped over MAX_LIVE_TOKENS before their query ended
         # (block, tokens): room an attached call's output will take, made once the queue is applied.
         self.room: list[tuple[int, int]] = []
         self.clock = itertools.count()
@@ -583,6 +588,7 @@ class History:
                 break
             if not store.running:
                 self._drop(key)
+                self.evicted += 1
 
     def end_query(self, query_id: Any) -> None:
         """The query's last call finished: no later call reads its histories (every agent's), drop them."""

@@ -13,11 +13,10 @@ and P of every position; the engine allocates the budget and verifies as before
 through the disk cache (drafters/table_cache.py) keyed by the workload's tokens, the drafter's
 options and this code.
 
-The one thing that crosses queries is the history's memory bound: past `MAX_LIVE_TOKENS` arena tokens
-the drafter drops idle queries' histories, least recently used first, and drafts then depend on which
-queries were in flight. The table records the arena tokens each query's history reaches; a run may
-use it only while their sum stays within the bound (no run can evict then), else it keeps the live
-history (`HistoryTables.exact`).
+Nothing crosses queries: AgentSpec keeps every running query's history until the query ends (the
+paper's space O(H), appendix A.4). The live history's memory bound (`MAX_LIVE_TOKENS`) is the simulator's own
+and no part of these semantics; where a live run passes it, it says so (drafters/agentspec.py
+`History.evict`). A table holds no histories, so it needs no bound.
 
 P is stored once per position as a window of one token pool (`table_cache.pack_paths`): the default
 trace's 28.7M path tokens take 9.0M.
@@ -31,12 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentspec_sim.drafters import agentspec, block_index, structure, table_cache
-from agentspec_sim.drafters.agentspec import MAX_LIVE_TOKENS, MAX_SCAN, MIN_SUPPORT, History
+from agentspec_sim.drafters.agentspec import MAX_SCAN, MIN_SUPPORT, History
 from agentspec_sim.drafters.block_index import META_P
 from agentspec_sim.drafters.table_cache import Arrays, PathPool, cached_arrays
 from agentspec_sim.trace.schema import Call
 
-FORMAT = 1  # bump when the table's layout changes (the code's own bytes are in the key too)
+FORMAT = 2  # bump when the table's layout changes (the code's own bytes are in the key too)
 TABLE_FIELDS = 4  # meta columns kept: n, c, |CT*|, |P| (block_index META_N … META_P)
 
 
@@ -49,28 +48,20 @@ class HistoryTables:
     meta: np.ndarray  # int32 [positions, TABLE_FIELDS]
     path: np.ndarray  # int64 [positions]
     pool: np.ndarray  # int32
-    live_tokens: int  # Σ over queries of the arena tokens (SEPs and lead-ins included) its history reaches
-
-    @property
-    def exact(self) -> bool:
-        """Whether every run drafts exactly what the table says: the histories can never be evicted."""
-        return self.live_tokens <= MAX_LIVE_TOKENS
 
     def arrays(self) -> Arrays:
-        return {"at": self.at, "meta": self.meta, "path": self.path, "pool": self.pool,
-                "live_tokens": np.array([self.live_tokens], dtype=np.int64)}
+        return {"at": self.at, "meta": self.meta, "path": self.path, "pool": self.pool}
 
     @classmethod
     def from_arrays(cls, arrays: Arrays) -> HistoryTables:
-        return cls(arrays["at"], arrays["meta"], arrays["path"], arrays["pool"], int(arrays["live_tokens"][0]))
+        return cls(arrays["at"], arrays["meta"], arrays["path"], arrays["pool"])
 
     @staticmethod
     def valid(arrays: Arrays) -> bool:
         at, meta, path, pool = arrays["at"], arrays["meta"], arrays["path"], arrays["pool"]
         positions = int(at[-1]) if at.shape[0] else -1
         return (at.dtype == np.int64 and meta.dtype == np.int32 and path.dtype == np.int64 and pool.dtype == np.int32
-                and meta.shape == (positions, TABLE_FIELDS) and path.shape == (positions,)
-                and arrays["live_tokens"].shape == (1,))
+                and meta.shape == (positions, TABLE_FIELDS) and path.shape == (positions,))
 
 
 def build_tables(history: History, calls: Sequence[Call], prompts: Sequence[np.ndarray],
@@ -84,8 +75,6 @@ def build_tables(history: History, calls: Sequence[Call], prompts: Sequence[np.n
     metas: list[np.ndarray] = []
     paths: list[np.ndarray] = []
     pool = PathPool()
-    live = 0
-    query_live = 0
     for i, call in enumerate(calls):
         output = outputs[i]
         at[i + 1] = at[i]
@@ -97,15 +86,11 @@ def build_tables(history: History, calls: Sequence[Call], prompts: Sequence[np.n
             paths.append(pool.add(out, meta[:, META_P]))
             metas.append(meta[:, :TABLE_FIELDS].astype(np.int32))
             at[i + 1] += output.shape[0]
-            query_live = max(query_live, history.arena.live_tokens)
         if last_in_query[i]:
             history.end_query(call.query_id)
-            live += query_live
-            query_live = 0
-    live += query_live
     meta = np.concatenate(metas) if metas else np.zeros((0, TABLE_FIELDS), dtype=np.int32)
     path = np.concatenate(paths) if paths else np.zeros(0, dtype=np.int64)
-    return HistoryTables(at, meta, path, pool.tokens(), live)
+    return HistoryTables(at, meta, path, pool.tokens())
 
 
 _CODE = (agentspec.__file__, block_index.__file__, structure.__file__, table_cache.__file__, __file__)

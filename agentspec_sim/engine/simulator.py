@@ -51,7 +51,6 @@ from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
 from agentspec_sim.drafters import ngram_tables, suffix_tables
 from agentspec_sim.drafters.agentspec import (
-    MAX_LIVE_TOKENS,
     MAX_SCAN,
     MIN_SUPPORT,
     AgentSpecDrafter,
@@ -281,15 +280,12 @@ class Simulator:
     def _table_drafts(self) -> InlineDrafts | None:
         """agentspec, agentspec-s, agentspec-n: `InlineDrafts` drafting from the workload's lookup table
         (RULE_TABLE, drafters/history_tables.py) where it is exact for this run — one drafter, a fixed
-        draft length, histories that can never be evicted — else None (the live history drafts)."""
+        draft length — else None (the live history drafts)."""
         drafter = self.drafters[0]
         if (not self.draft_tables or type(drafter) not in TABLE_DRAFTERS or len(self.drafters) > 1
-                or self.spec.num_speculative_tokens <= 0 or self.per_step or type(self.policy) is not FixedK
-                or self.table.tokens.shape[0] > MAX_LIVE_TOKENS):  # (the arena's tokens: a floor of the histories')
+                or self.spec.num_speculative_tokens <= 0 or self.per_step or type(self.policy) is not FixedK):
             return None
         tables = self._history_tables(drafter.history)
-        if not tables.exact:
-            return None
         seqs, k = self.limits.max_num_seqs, drafter.k
         budgeted = bool(drafter.budgeted)
         n = len(self.states)
@@ -1038,8 +1034,11 @@ class Simulator:
                                          count=len(qs)),
         }).with_columns((pl.col("finish_s") - pl.col("arrival_s")).alias("latency_s")).with_columns(
             pl.col("arrival_s", "finish_s", "latency_s").fill_nan(None))
+        # A live AgentSpec history over the simulator's memory bound dropped idle queries' histories: say so.
+        evicted = sum(getattr(getattr(d, "history", None), "evicted", 0) for d in self.drafters)
         return RunResult(self.config, self.limits, self.spec, self.spec.name, engine_steps, calls, queries,
                          num_preemptions=self.scheduler.num_preemptions, wall_s=wall_s,
+                         extra={"history_evictions": evicted} if evicted else {},
                          steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids))
 
 
