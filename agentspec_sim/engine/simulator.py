@@ -70,10 +70,9 @@ from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, p
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
+from agentspec_sim.engine.layout import call_layout
 from agentspec_sim.engine.request import (
     FINISHED,
-    NO_NEXT,
-    NOT_CHAINED,
     REFUSED,
     S_FINISHED,
     S_REFUSED,
@@ -107,7 +106,7 @@ from agentspec_sim.engine.scheduler import (
     SimulationError,
     TableDrafts,
 )
-from agentspec_sim.trace.schema import Call, Workload
+from agentspec_sim.trace.schema import Workload
 
 ARRIVE, STEP, DONE = 0, 1, 2
 # Drafters whose every lookup a workload table can give (`Simulator._table_drafts`).
@@ -458,52 +457,29 @@ class Simulator:
 
     def _build(self, workload: Workload) -> None:
         cfg, max_len, bs = self.config, self.limits.max_model_len, self.config.block_size
+        layout = call_layout(workload, cfg.replicate, max_len, bs, cfg.think_time)
+        cols = layout.columns
+        # The first call no run can replay: an empty output, or more KV blocks than the cache holds.
         usable = self.limits.num_kv_blocks - 1
-        calls: list[Call] = []
-        columns: dict[str, list[int]] = {"prompt_len": [], "target_len": [], "tenant": [], "chain_next": []}
-        ids: list[str] = []
-        query_of: list[int] = []
-        for tenant in range(cfg.replicate):
-            for query in workload.queries:
-                suffix = "" if tenant == 0 else f"#{tenant}"
-                first = len(calls)
-                for k, call in enumerate(query.calls):
-                    if call.output_len == 0:
-                        raise SimulationError(f"call {call.id!r} has an empty output (a call emits at least one token)")
-                    target = max(0, min(call.output_len, max_len - call.prompt_len))
-                    needed = cdiv(call.prompt_len + target, bs)
-                    if call.prompt_len < max_len and needed > usable:
-                        raise SimulationError(
-                            f"call {call.id!r} needs {needed} KV blocks ({call.prompt_len + target} tokens) but the "
-                            f"cache holds {usable} blocks of {bs}; raise gpu_memory_utilization, "
-                            "num_kv_blocks or tensor_parallel_size, or lower max_model_len")
-                    calls.append(call)
-                    ids.append(f"{call.id}{suffix}")
-                    query_of.append(len(self.queries))
-                    self.position_in_query.append(k)
-                    columns["prompt_len"].append(call.prompt_len)
-                    columns["target_len"].append(target)
-                    columns["tenant"].append(tenant)
-                    columns["chain_next"].append(self._chain_next(query.calls, k, first + k + 1))
-                self.queries.append(_QueryRun(len(self.queries), f"{query.query_id}{suffix}", tenant, [], 0.0))
-        hist_off, tokens = _token_arena(calls, columns["target_len"])
-        # Calls of one tenant whose tokens start at the same place of the arena share block hashes.
-        region_of: dict[tuple[int, int], int] = {}
-        hreg = np.empty(len(calls), dtype=np.int64)
-        caps: list[int] = []
-        for i, (tenant, off) in enumerate(zip(columns["tenant"], hist_off.tolist(), strict=True)):
-            blocks = (columns["prompt_len"][i] + columns["target_len"][i]) // bs + 1
-            region = region_of.setdefault((tenant, off), len(caps))
-            if region == len(caps):
-                caps.append(blocks)
-            else:
-                caps[region] = max(caps[region], blocks)
-            hreg[i] = region
-        table = CallTable.build({**{k: np.asarray(v, dtype=np.int64) for k, v in columns.items()},
-                                 "hist_off": hist_off, "hreg": hreg}, tokens, np.asarray(caps, dtype=np.int64),
-                                slots=self.limits.max_num_seqs, blocks_per_slot=cdiv(max_len, bs) + 1)
-        for row, call in enumerate(calls):
-            state = CallState.in_table(table, row, call, ids[row], query_of[row])
+        over = np.flatnonzero((cols["prompt_len"] < max_len) & (layout.blocks_needed > usable))
+        first_over = int(over[0]) if over.shape[0] else len(layout.calls)
+        if 0 <= layout.first_empty < first_over:
+            raise SimulationError(f"call {layout.calls[layout.first_empty].id!r} has an empty output (a call emits "
+                                  "at least one token)")
+        if first_over < len(layout.calls):
+            call, needed = layout.calls[first_over], int(layout.blocks_needed[first_over])
+            tokens = call.prompt_len + int(cols["target_len"][first_over])
+            raise SimulationError(
+                f"call {call.id!r} needs {needed} KV blocks ({tokens} tokens) but the cache holds {usable} blocks "
+                f"of {bs}; raise gpu_memory_utilization, "
+                "num_kv_blocks or tensor_parallel_size, or lower max_model_len")
+        self.queries = [_QueryRun(q, query_id, tenant, [], 0.0) for q, (query_id, tenant) in enumerate(layout.queries)]
+        self.position_in_query = layout.position
+        table = CallTable.build(cols, layout.tokens, layout.region_caps, slots=self.limits.max_num_seqs,
+                                blocks_per_slot=cdiv(max_len, bs) + 1)
+        query_of = layout.query_of
+        for row, (call, call_id) in enumerate(zip(layout.calls, layout.ids, strict=True)):
+            state = CallState.in_table(table, row, call, call_id, query_of[row])
             self.states.append(state)
             self.queries[query_of[row]].calls.append(state)
         for query in self.queries:
@@ -511,22 +487,12 @@ class Simulator:
                 query.calls[-1].last_in_query = True
         self.table = table
         # One call-step per output token at most, plus the prefill chunks: room for all of it up front.
-        rows = int(table.cols["target_len"][:len(calls)].sum()) + sum(
-            p // self.limits.max_num_batched_tokens + 2 for p in columns["prompt_len"])
-        self.log = StepLogBuilder(rows, rows // min(self.limits.max_num_seqs, 8) + 1024, 4 * len(calls) + 1024)
+        rows = int(table.cols["target_len"][:len(layout.calls)].sum()) + int(
+            (cols["prompt_len"] // self.limits.max_num_batched_tokens + 2).sum())
+        self.log = StepLogBuilder(rows, rows // min(self.limits.max_num_seqs, 8) + 1024, 4 * len(layout.calls) + 1024)
         self.kv = KVCacheManager(self.limits.num_kv_blocks, bs, max_len, cfg.enable_prefix_caching, table)
         self.scheduler = Scheduler(self.kv, self.limits.max_num_seqs, self.limits.max_num_batched_tokens, max_len)
         self._place_arrivals()
-
-    def _chain_next(self, calls: tuple[Call, ...], k: int, next_row: int) -> int:
-        """chain_next of a query's k-th call: the next call's row if it arrives the instant this one ends."""
-        if k + 1 == len(calls):
-            return NO_NEXT
-        nxt = calls[k + 1]
-        think = self.config.think_time if self.config.think_time is not None else nxt.think_s
-        if think == 0.0 and nxt.arrival_s is None and nxt.prompt_len < self.limits.max_model_len:
-            return next_row
-        return NOT_CHAINED
 
     def _place_arrivals(self) -> None:
         cfg = self.config
@@ -1045,45 +1011,3 @@ class Simulator:
 def _replaced(held: tuple, current: dict[str, np.ndarray]) -> bool:
     """Whether any of `current`'s arrays is not the one the named tuple `held` holds (compared by identity)."""
     return any(getattr(held, name) is not array for name, array in current.items())
-
-
-def _token_arena(calls: list[Call], targets: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(offset of each call's prompt + recorded output, the arena holding them).
-
-    Traces loaded from files lay every call's prompt and output side by side in one int32 buffer
-    (trace/io.py); that buffer is read in place. Calls laid out otherwise get a copy appended.
-    """
-    offsets = np.empty(len(calls), dtype=np.int64)
-    base: np.ndarray | None = None
-    base_ptr = 0
-    copies: list[np.ndarray] = []
-    seen: dict[int, int] = {}
-    copied = 0
-    for i, call in enumerate(calls):
-        key = id(call)
-        if key in seen:  # a replicate copy: the same tokens
-            offsets[i] = seen[key]
-            continue
-        p, o = call.prompt_tokens, call.output_tokens
-        owner = p.base
-        if base is None and isinstance(owner, np.ndarray) and owner.dtype == np.int32 and owner.ndim == 1 \
-                and owner.flags.c_contiguous:
-            base, base_ptr = owner, owner.__array_interface__["data"][0]
-        p_ptr = p.__array_interface__["data"][0]
-        if (owner is base and base is not None and o.base is base and p.dtype == np.int32 and o.dtype == np.int32
-                and p.flags.c_contiguous and o.flags.c_contiguous
-                and o.__array_interface__["data"][0] == p_ptr + 4 * p.shape[0]):
-            offsets[i] = (p_ptr - base_ptr) // 4
-        else:
-            piece = np.concatenate([p, o[:targets[i]]]).astype(np.int32)
-            offsets[i] = -1 - copied  # fixed below, once the base's length is known
-            copies.append(piece)
-            copied += piece.shape[0]
-        seen[key] = int(offsets[i])
-    head = base if base is not None else np.zeros(0, dtype=np.int32)
-    if copies:
-        copy_off = np.concatenate([[0], np.cumsum([c.shape[0] for c in copies])[:-1]])
-        starts = {-1 - int(s): head.shape[0] + int(s) for s in copy_off}
-        offsets = np.array([starts[o] if o < 0 else o for o in offsets.tolist()], dtype=np.int64)
-        return offsets, np.concatenate([head, *copies])
-    return offsets, head
