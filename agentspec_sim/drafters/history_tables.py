@@ -14,9 +14,9 @@ through the disk cache (drafters/table_cache.py) keyed by the workload's tokens,
 options and this code.
 
 Nothing crosses queries: AgentSpec keeps every running query's history until the query ends (the
-paper's space O(H), appendix A.4). The live history's memory bound (`MAX_LIVE_TOKENS`) is the simulator's own
-and no part of these semantics; where a live run passes it, it says so (drafters/agentspec.py
-`History.evict`). A table holds no histories, so it needs no bound.
+paper's space O(H), appendix A.4). The live history's memory bound (`MAX_LIVE_TOKENS`) is the
+simulator's own and no part of these semantics; where a live run passes it, it says so
+(drafters/agentspec.py `History.evict`). A table holds no histories, so it needs no bound.
 
 P is stored once per position as a window of one token pool (`table_cache.pack_paths`): the default
 trace's 28.7M path tokens take 9.0M.

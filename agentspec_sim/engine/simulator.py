@@ -471,8 +471,7 @@ class Simulator:
             tokens = call.prompt_len + int(cols["target_len"][first_over])
             raise SimulationError(
                 f"call {call.id!r} needs {needed} KV blocks ({tokens} tokens) but the cache holds {usable} blocks "
-                f"of {bs}; raise gpu_memory_utilization, "
-                "num_kv_blocks or tensor_parallel_size, or lower max_model_len")
+                f"of {bs}; raise gpu_memory_utilization, num_kv_blocks or tensor_parallel_size, or lower max_model_len")
         self.queries = [_QueryRun(q, query_id, tenant, [], 0.0) for q, (query_id, tenant) in enumerate(layout.queries)]
         self.position_in_query = layout.position
         table = CallTable.build(cols, layout.tokens, layout.region_caps, slots=self.limits.max_num_seqs,
