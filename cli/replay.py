@@ -94,7 +94,7 @@ def replay(
             raise
         raise UsageError(str(exc)) from None
 
-    document = {"trace": str(path), "config": _config_dict(config), "runs": [_run_dict(s) for _, s in runs]}
+    document = {"trace": str(path), "config": _config_dict(config), "runs": [_run_dict(r, s) for r, s in runs]}
     if steps is not None:
         _write_steps(steps, [r for r, _ in runs])
     if output is not None:
@@ -165,7 +165,7 @@ def _write_finished(path: Path, config, finished: list, output: Path | None, ste
         from agentspec_sim.atomic import write_json_atomic
 
         document = {"trace": str(path), "config": _config_dict(config), "interrupted": True,
-                    "runs": [_run_dict(s) for _, s in finished]}
+                    "runs": [_run_dict(r, s) for r, s in finished]}
         write_json_atomic(output, document)
         wrote.append(str(output))
     if not wrote:
@@ -191,10 +191,11 @@ def _run(workload, specs, config, show_progress: bool, on_result=None):
         return compare(workload, specs, config, progress=report, on_result=on_result)
 
 
-def _run_dict(summary) -> dict:
+def _run_dict(result, summary) -> dict:
     """A run's summary for the JSON document, without the host's wall-clock time (it is on stderr): the same
-    trace, config and seed give a byte-identical document."""
-    return {k: v for k, v in summary.to_dict().items() if k != "wall_s"}
+    trace, config and seed give a byte-identical document. `history_evictions` only where a live AgentSpec
+    history passed the simulator's memory bound (the run's drafts are then an approximation)."""
+    return {**{k: v for k, v in summary.to_dict().items() if k != "wall_s"}, **result.extra}
 
 
 def _config_dict(config) -> dict:

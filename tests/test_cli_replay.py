@@ -49,10 +49,13 @@ def test_a_live_history_over_the_memory_bound_is_reported(trace, monkeypatch):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "memory bound" not in result.output
+    assert "history_evictions" not in CliRunner().invoke(app, [*args, "--json"]).output
     monkeypatch.setattr(agentspec, "MAX_LIVE_TOKENS", 20)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "passed the simulator's memory bound and dropped" in " ".join(result.output.split())
+    runs = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)["runs"]
+    assert "history_evictions" not in runs[0] and runs[1]["history_evictions"] > 0  # normal has no history
 
 
 def test_json_and_steps(trace, tmp_path):
