@@ -226,6 +226,47 @@ def test_arena_growth_and_freeing_keep_lookups_right():
         assert meta[0, 0] == 4 and sorted(out[0, :1].tolist()) == [129]
 
 
+def test_compaction_and_room_keep_every_live_blocks_tokens():
+    """Random appends, frees and reservations (`ensure_room`, a compiled caller's room) over a small pool:
+    compaction moves live blocks down in place while they fill at most half the pool, else into new
+    arrays; every live block keeps its tokens either way, and both kinds happen."""
+    arena = BlockArena((2,), pool_capacity=64, table_size=16)
+    rng = np.random.default_rng(3)
+    kept: dict[int, list[int]] = {}
+    pools = set()
+    in_place = 0
+    compact = arena._compact
+
+    def counting(extra):
+        nonlocal in_place
+        before = arena.pool
+        compact(extra)
+        in_place += arena.pool is before
+
+    arena._compact = counting
+    for _ in range(600):
+        r = rng.random()
+        if r < 0.15 or not kept:
+            kept[arena.new_block()] = []
+        elif r < 0.3 and len(kept) > 1:
+            b = int(rng.choice(list(kept)))
+            del kept[b]
+            arena.free_block(b)
+        elif r < 0.4:
+            arena.ensure_room(int(rng.choice(list(kept))), int(rng.integers(1, 40)))
+        else:
+            b = int(rng.choice(list(kept)))
+            toks = rng.integers(0, 50, size=int(rng.integers(1, 12))).astype(np.int32)
+            arena.run(np.asarray([[OP_APPEND, b, 0, toks.shape[0], 0, -1, 0, 0]], dtype=np.int64), toks,
+                      np.zeros((0, 1), np.int32), np.zeros((0, 5), np.int64), 4, 100)
+            kept[b] += toks.tolist()
+        pools.add(id(arena.pool))
+        for b, toks in kept.items():
+            stream = arena.block_tokens(b).tolist()
+            assert [t for t in stream if t != -1] == toks
+    assert in_place > 0 and len(pools) > 1
+
+
 # --------------------------------------------------------------------------------------------
 # Block and query isolation on real tokens.
 

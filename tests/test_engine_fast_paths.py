@@ -197,8 +197,8 @@ def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spe
                                                                             monkeypatch):
     """agentspec observing and proposing in compiled code — inside `run_steps`, and for the last step of a
     run (`_history_step`: hooks for the calls that started or finished, the rest compiled) — equals the
-    drafter's own hooks and propose, step for step; with a tiny arena most steps find no room and go to
-    the event loop, which grows it."""
+    drafter's own hooks and propose, step for step; with a tiny arena (pool and n-gram table) steps find no
+    room in the table and go to the event loop, which grows it."""
     from agentspec_sim.drafters.block_index import BlockArena
 
     monkeypatch.setattr(Simulator, "draft_tables", False)  # the live history (tests/test_history_tables.py: tables)
@@ -223,6 +223,26 @@ def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spe
     reference = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
     assert reference._history is None
     _same(compiled, reference.run())
+
+
+def test_agentspec_calls_start_with_room_for_their_whole_output(monkeypatch):
+    """A call's output has room in its blocks from its start (`History.attach_row`), so with a pool that
+    starts tiny (and a table that never fills) no step goes back to the event loop for want of room;
+    without the reservation most steps with drafts would."""
+    from agentspec_sim.drafters.block_index import BlockArena
+
+    monkeypatch.setattr(Simulator, "draft_tables", False)
+    monkeypatch.setattr(BlockArena.__init__, "__defaults__", (8, 1 << 16))
+    rng = np.random.default_rng(4)
+    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=120, vocab=4) for i in range(8)])
+    cfg = config(check_invariants=False, arrival="zero", max_num_seqs=8)
+    sim = Simulator(wl, parse_drafter(AGENTSPEC), cfg, resolve(cfg), RooflineCostModel("a100-80g", "qwen3-8b"))
+    answers = []
+    history_drafts = sim.scheduler.history_drafts
+    monkeypatch.setattr(sim.scheduler, "history_drafts", lambda dr, ah: answers.append(history_drafts(dr, ah))
+                        or answers[-1])
+    sim.run()
+    assert len(answers) > 20 and min(answers) >= 0.0
 
 
 def test_agentspec_history_on_a_real_trace_equals_the_drafters_own(monkeypatch):
