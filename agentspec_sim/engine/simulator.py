@@ -486,8 +486,7 @@ class Simulator:
                 query.calls[-1].last_in_query = True
         self.table = table
         # One call-step per output token at most, plus the prefill chunks: room for all of it up front.
-        rows = int(table.cols["target_len"][:len(layout.calls)].sum()) + int(
-            (cols["prompt_len"] // self.limits.max_num_batched_tokens + 2).sum())
+        rows = int((cols["target_len"] + cols["prompt_len"] // self.limits.max_num_batched_tokens + 2).sum())
         self.log = StepLogBuilder(rows, rows // min(self.limits.max_num_seqs, 8) + 1024, 4 * len(layout.calls) + 1024)
         self.kv = KVCacheManager(self.limits.num_kv_blocks, bs, max_len, cfg.enable_prefix_caching, table)
         self.scheduler = Scheduler(self.kv, self.limits.max_num_seqs, self.limits.max_num_batched_tokens, max_len)
