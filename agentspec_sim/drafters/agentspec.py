@@ -116,6 +116,9 @@ MAX_SCAN = 256  # chain entries a lookup examines at its matching level (newest 
 MIN_SUPPORT = 2  # candidates that must agree with every CT* token, besides a strict majority (docs/agentspec.md)
 
 _EMPTY = np.zeros(0, dtype=np.int32)
+# Digests of token→bytes maps, by identity (a map lives as long as its tokenizer and is never mutated):
+# every run's table key takes one, a Python pass over the whole vocabulary (~0.1 s for Qwen3's).
+_TABLE_DIGESTS: dict[int, tuple[Sequence[bytes], bytes]] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -346,10 +349,16 @@ class History:
         """A digest of the token→bytes map (b"" without one)."""
         if self.table is None:
             return b""
+        known = _TABLE_DIGESTS.get(id(self.table))
+        if known is not None and known[0] is self.table:
+            return known[1]
         h = hashlib.blake2b(digest_size=16)
         for token in self.table:
             h.update(len(token).to_bytes(2, "little"))
             h.update(token)
+        if len(_TABLE_DIGESTS) >= 8:
+            _TABLE_DIGESTS.clear()
+        _TABLE_DIGESTS[id(self.table)] = (self.table, h.digest())
         return h.digest()
 
     # -- calls --------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def build_tables(history: History, calls: Sequence[Call], prompts: Sequence[np.n
 _CODE = (agentspec.__file__, block_index.__file__, structure.__file__, table_cache.__file__, __file__)
 
 
-def table_key(history: History, tokens: np.ndarray, starts: np.ndarray, prompt_lens: np.ndarray,
+def table_key(history: History, tokens: np.ndarray | bytes, starts: np.ndarray, prompt_lens: np.ndarray,
               output_lens: np.ndarray, calls: Sequence[Call]) -> str:
     """What the table of these calls depends on: the code, the history's options (its token→bytes map
     included), each call's tokens (tokens[starts[i]:starts[i] + prompt_lens[i] + output_lens[i]], output

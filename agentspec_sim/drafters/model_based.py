@@ -562,10 +562,12 @@ class ModelBasedDrafter(BaseDrafter):
             raise SpecConfigError(f"method {self.name!r}: {exc}") from None
 
     def acceptance_tables(self, tokens: np.ndarray, hist_off: np.ndarray, prompt_len: np.ndarray,
-                          target_len: np.ndarray, calls: Sequence, call_ids: Sequence[str]) -> AcceptanceTables:
+                          target_len: np.ndarray, calls: Sequence, call_ids: Sequence[str],
+                          tokens_digest: bytes | None = None) -> AcceptanceTables:
         """`AcceptanceTables` of the calls laid out in an engine token arena: row r's prompt + recorded
         output (target_len[r] tokens of it) at tokens[hist_off[r]:]; `calls` give the structures,
-        `call_ids` the random keys. The same draws as `propose` (tests/test_model_based.py)."""
+        `call_ids` the random keys. The same draws as `propose` (tests/test_model_based.py).
+        `tokens_digest`: a digest of `tokens`, which the code table's key then hashes instead of them."""
         rows = len(call_ids)
         extent: dict[int, int] = {}
         for off, n in zip(hist_off.tolist(), (prompt_len + target_len).tolist(), strict=True):
@@ -582,13 +584,14 @@ class ModelBasedDrafter(BaseDrafter):
         if self.tokenizer is None or rows == 0:
             code = np.zeros(int(target_len.max(initial=0)) + 1, dtype=np.int8)
         else:
-            code, code_at = self._code_tables(tokens, hist_off, prompt_len, target_len, calls)
+            code, code_at = self._code_tables(tokens, hist_off, prompt_len, target_len, calls, tokens_digest)
         keys = np.array([call_key(self.seed, cid) for cid in call_ids], dtype=np.uint64)
         return AcceptanceTables(copy_at, copy, code_at, code, keys, self._a.copy(),
                                 np.array([self._b_copy, self._b_code], dtype=np.float64))
 
     def _code_tables(self, tokens: np.ndarray, hist_off: np.ndarray, prompt_len: np.ndarray,
-                     target_len: np.ndarray, calls: Sequence) -> tuple[np.ndarray, np.ndarray]:
+                     target_len: np.ndarray, calls: Sequence,
+                     tokens_digest: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(code, code_at): code(n) of every output position, one segment per distinct call (replicate
         copies share theirs), the calls of one structure segmented together. Made once per workload and
         tokenizer (the disk cache, drafters/table_cache.py): segmenting the default trace's outputs takes
@@ -599,7 +602,8 @@ class ModelBasedDrafter(BaseDrafter):
         first = np.array([first_row.setdefault(id(call), r) for r, call in enumerate(calls)], dtype=np.int64)
         structures = [structure_of(call.structure) for call in calls]
         key = table_cache.key_hash("code tables", CODE_TABLES_FORMAT, (__file__, structure.__file__),
-                                   {"tokenizer": self.tokenizer}, tokens, hist_off, prompt_len, target_len, first,
+                                   {"tokenizer": self.tokenizer}, tokens if tokens_digest is None else tokens_digest,
+                                   hist_off, prompt_len, target_len, first,
                                    np.frombuffer(repr(structures).encode(), dtype=np.uint8)).hexdigest()
         got = table_cache.cached_arrays(
             "code-tables", key,

@@ -87,10 +87,11 @@ def _code() -> tuple[str, ...]:
     return (*_CODE, batched.__file__)
 
 
-def table_key(min_n: int, max_n: int, rightmost: bool, tokens: np.ndarray, starts: np.ndarray,
+def table_key(min_n: int, max_n: int, rightmost: bool, tokens: np.ndarray | bytes, starts: np.ndarray,
               prompt_lens: np.ndarray, target_lens: np.ndarray) -> str:
     """What the table depends on: the code (this module's, the proposers' and the index's), the n-gram
-    range and rule, and each call's place in the arena and lengths (with the arena's tokens)."""
+    range and rule, and each call's place in the arena and lengths (with the arena's tokens, or their
+    digest as bytes)."""
     options = {"min_n": int(min_n), "max_n": int(max_n), "rightmost": bool(rightmost)}
     return table_cache.key_hash("ngram tables", FORMAT, _code(), options, tokens, starts, prompt_lens,
                                 target_lens).hexdigest()

@@ -95,11 +95,11 @@ def build_local_table(depth: int, k: int, factor: float, min_prob: float, max_mo
 _CODE = (suffix_tree.__file__, suffix.__file__, table_cache.__file__, __file__)
 
 
-def table_key(options: dict, tokens: np.ndarray, starts: np.ndarray, prompt_lens: np.ndarray,
+def table_key(options: dict, tokens: np.ndarray | bytes, starts: np.ndarray, prompt_lens: np.ndarray,
               output_lens: np.ndarray) -> str:
     """What the table depends on: the code, the drafter's options and the engine's max_model_len
     (`options`), each call's tokens (tokens[starts[i]:starts[i] + prompt_lens[i] + output_lens[i]];
-    output length −1: never runs)."""
+    output length −1: never runs; `tokens` may be their digest, as bytes)."""
     return table_cache.key_hash("suffix tables", FORMAT, _CODE, options, tokens, starts, prompt_lens,
                                 output_lens).hexdigest()
 

@@ -41,16 +41,17 @@ def code_digest(*files: str) -> bytes:
     return h.digest()
 
 
-def key_hash(name: str, fmt: int, code: Sequence[str], options: dict, *arrays: np.ndarray) -> Any:
+def key_hash(name: str, fmt: int, code: Sequence[str], options: dict, *arrays: np.ndarray | bytes) -> Any:
     """A table key's hash (blake2b) begun with what every table depends on: its name and format, the code
-    that makes it (`code_digest`), its options (as JSON) and the arrays that give the calls' tokens; the
-    caller adds what else its table depends on and takes `hexdigest()`."""
+    that makes it (`code_digest`), its options (as JSON) and the arrays that give the calls' tokens (or
+    a digest of one, as bytes: the engine's token arena, `CallLayout.tokens_digest`); the caller adds
+    what else its table depends on and takes `hexdigest()`."""
     h = hashlib.blake2b(digest_size=20)
     h.update(f"agentspec-sim {name} {fmt}\n".encode())
     h.update(code_digest(*code))
     h.update(json.dumps(options, sort_keys=True).encode())
     for array in arrays:
-        h.update(np.ascontiguousarray(array).tobytes())
+        h.update(array if isinstance(array, bytes) else np.ascontiguousarray(array).tobytes())
         h.update(b"|")
     return h
 
