@@ -499,13 +499,16 @@ class RooflineCostModel:
             linear = table[tokens]
         other = (~decode).nonzero()[0]
         if other.shape[0]:
+            # Steps with prefill chunks repeat (tokens, logit rows) pairs: look each distinct one up once.
+            pairs, which = np.unique(np.stack([tokens[other], logit_rows[other]]), axis=1, return_inverse=True)
             memo = self._linear_memo
-            for i, key in zip(other.tolist(), zip(tokens[other].tolist(), logit_rows[other].tolist(), strict=True),
-                              strict=True):
+            values = []
+            for key in zip(pairs[0].tolist(), pairs[1].tolist(), strict=True):
                 value = memo.get(key)
                 if value is None:
                     value = memo[key] = self._linear_s(*key)
-                linear[i] = value
+                values.append(value)
+            linear[other] = np.array(values, dtype=np.float64)[which.reshape(-1)]
         return linear
 
     def _compute_excess(self, q: np.ndarray, c: np.ndarray) -> float:

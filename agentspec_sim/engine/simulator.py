@@ -630,9 +630,9 @@ class Simulator:
             return
         sub = np.zeros(drafting.shape[0] + 1, dtype=np.int64)
         np.cumsum(sizes[drafting], out=sub[1:])
-        picked = rows[np.repeat(d > 0, sizes)]
-        base = step_times(self.cost, picked["scheduled"] - picked["drafted"], picked["context_len"],
-                          picked["decode"] == 0, sub)
+        picked = np.repeat(d > 0, sizes)  # the rows of those steps: four fields, not whole log rows
+        base = step_times(self.cost, rows["scheduled"][picked] - rows["drafted"][picked], rows["context_len"][picked],
+                          rows["decode"][picked] == 0, sub)
         n, dk = sizes[drafting], d[drafting]
         steps["t_A"][drafting] = base / n
         steps["t_V"][drafting] = (steps["forward_s"][drafting] - base) / dk

@@ -90,7 +90,6 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine)
     _check_configs(cells)
     source = WorkloadSource(trace_text, skip_bad_lines, workload, given=workload is not None)
-    workload = source.load()
     order = {cell.cell_id: i for i, cell in enumerate(cells)}
     if len(order) != len(cells):
         raise SweepError("two cells of the sweep have the same parameters")
@@ -102,8 +101,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         if resume:
             done = {cid: row for cid, row in store.previous().items() if cid in order}
         store.open(done[c.cell_id] for c in cells if c.cell_id in done)
-    todo = start_order([cell for cell in cells if cell.cell_id not in done], workload.output_tokens,
-                       len(workload.queries))
+    todo = [cell for cell in cells if cell.cell_id not in done]
 
     def ordered() -> list[Row]:
         rows = sorted(done.values(), key=lambda row: order[row["cell_id"]])
@@ -115,6 +113,9 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         jobs = min(jobs or os.cpu_count() or 1, max(1, len(todo)))  # no idle workers to start
     try:
         with make_executor(executor, jobs, source, run_cell, address) as pool:
+            # Loaded here, not before: local workers start (~1 s each, imports and their own load) meanwhile.
+            loaded = source.load()
+            todo = start_order(todo, loaded.output_tokens, len(loaded.queries))
             if progress is not None:
                 progress(len(done), len(cells), None)
             for _, row in pool.run(todo):
