@@ -500,10 +500,10 @@ class RooflineCostModel:
         other = (~decode).nonzero()[0]
         if other.shape[0]:
             # Steps with prefill chunks repeat (tokens, logit rows) pairs: look each distinct one up once.
-            pairs, which = np.unique(np.stack([tokens[other], logit_rows[other]]), axis=1, return_inverse=True)
+            pairs, which = np.unique((tokens[other].astype(np.int64) << 32) | logit_rows[other], return_inverse=True)
             memo = self._linear_memo
             values = []
-            for key in zip(pairs[0].tolist(), pairs[1].tolist(), strict=True):
+            for key in zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist(), strict=True):
                 value = memo.get(key)
                 if value is None:
                     value = memo[key] = self._linear_s(*key)
