@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import os
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,7 @@ def _load(path: Path, valid: Callable[[Arrays], bool]) -> Arrays | None:
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError):
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # (a cut-short .npz is a bad zip)
         return None
     try:
         if not valid(arrays):
