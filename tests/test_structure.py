@@ -259,6 +259,25 @@ def test_token_bytes_round_trip(qwen3) -> None:
             b.decode("utf-8")
 
 
+def test_token_bytes_of_reads_the_map_back_from_the_disk_cache(qwen3, tmp_path, monkeypatch) -> None:
+    # What drafters use instead of loading the tokenizer: the same map, made once, then read from the disk
+    # cache (a damaged entry is made again); equal to `token_bytes()` byte for byte, empty tokens included.
+    from agentspec_sim.trace import tokenizer as tokenizer_module
+
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path))
+    want = qwen3.token_bytes()
+    for attempt in ("made", "read", "damaged"):
+        tokenizer_module._token_bytes.cache_clear()
+        if attempt == "damaged":
+            (entry,) = (tmp_path / "token-bytes").glob("*.npz")
+            entry.write_bytes(entry.read_bytes()[:1000])
+        got = tokenizer_module.token_bytes_of("qwen3")
+        assert got == want and (got is not want) == (attempt == "read"), attempt  # made: the tokenizer's own
+        assert got is tokenizer_module.token_bytes_of("qwen3")  # one list per process
+        assert len(list((tmp_path / "token-bytes").glob("*.npz"))) == 1
+    tokenizer_module._token_bytes.cache_clear()
+
+
 def test_qwen3_markdown_bash_fence(qwen3) -> None:
     text = (
         "To list the files, run:\n\n```bash\nls -la /tmp\necho \"done\"\n```\n\n"

@@ -763,9 +763,9 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
             self._init_budget(opts)
         table = None
         if self.structured and opts.get("tokenizer") is not None:
-            from agentspec_sim.trace.tokenizer import load_tokenizer
+            from agentspec_sim.trace.tokenizer import token_bytes_of
 
-            table = load_tokenizer(str(opts["tokenizer"])).token_bytes()
+            table = token_bytes_of(str(opts["tokenizer"]))
         self.history = History(int(opts["min_match_len"]), int(opts["max_match_len"]), max(self.k, 1),
                                int(opts["max_candidates"]), table, structured=self.structured)
         self.max_n = int(opts["max_match_len"])

@@ -190,9 +190,9 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
         tokenizer = opts.get("tokenizer")
         table = None
         if tokenizer is not None:
-            from agentspec_sim.trace.tokenizer import load_tokenizer
+            from agentspec_sim.trace.tokenizer import token_bytes_of
 
-            table = load_tokenizer(str(tokenizer)).token_bytes()
+            table = token_bytes_of(str(tokenizer))
         lo, hi, cand = int(opts["min_match_len"]), int(opts["max_match_len"]), int(opts["max_candidates"])
         structured = bool(opts["structure"])
         self.order = tuple(CORPORA.index(c) for c in opts["corpora"])

@@ -387,9 +387,9 @@ class CopyIndex:
 @functools.lru_cache(maxsize=4)
 def token_bytes_for(tokenizer: str) -> list[bytes]:
     """The token → bytes table of a trace tokenizer (`TraceTokenizer.token_bytes`), loaded once."""
-    from agentspec_sim.trace.tokenizer import load_tokenizer
+    from agentspec_sim.trace.tokenizer import token_bytes_of
 
-    return load_tokenizer(tokenizer).token_bytes()
+    return token_bytes_of(tokenizer)
 
 
 def structure_of(call_structure) -> tuple:
