@@ -13,6 +13,7 @@ its own table the first time it handles it (`CallTable.adopt`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -256,24 +257,31 @@ class CallState:
         row["prompt_len"], row["target_len"], row["tenant"] = call.prompt_len, target_len, tenant
         table.handles = [self]
         table._refresh()
-        self._bind(table, 0, index, call, call_id, tenant, query_index)
+        self._bind(table, 0, index, call, call_id, tenant, query_index, target_len)
 
     @classmethod
-    def in_table(cls, table: CallTable, row: int, call: Call, call_id: str, query_index: int) -> CallState:
-        """The handle of row `row` of `table` (built by `CallTable.build`)."""
-        state = cls.__new__(cls)
-        state._bind(table, row, row, call, call_id, int(table.cols["tenant"][row]), query_index)
-        table.handles[row] = state
-        return state
+    def in_table(cls, table: CallTable, calls: Sequence[Call], call_ids: Sequence[str],
+                 query_of: Sequence[int]) -> list[CallState]:
+        """The handles of rows 0 … len(calls) − 1 of `table` (built by `CallTable.build`): row r runs
+        calls[r] as call_ids[r], of query instance query_of[r]."""
+        n = len(calls)
+        tenants, targets = table.cols["tenant"][:n].tolist(), table.cols["target_len"][:n].tolist()
+        states = []
+        for row, call in enumerate(calls):
+            state = cls.__new__(cls)
+            state._bind(table, row, row, call, call_ids[row], tenants[row], query_of[row], targets[row])
+            table.handles[row] = state
+            states.append(state)
+        return states
 
     def _bind(self, table: CallTable, row: int, index: int, call: Call, call_id: str, tenant: int,
-              query_index: int) -> None:
+              query_index: int, target_len: int) -> None:
         self._t, self._r = table, row
         self.index, self.call, self.call_id = index, call, call_id
         self.tenant, self.query_index = tenant, query_index
         self.prompt_len = call.prompt_len
         self.output_len = call.output_len
-        self.target_len = int(table.cols["target_len"][row])
+        self.target_len = target_len
         self.drafter_state: Any = None
         # No later call of its query comes (the engine sets it): drafters may drop state kept for one.
         self.last_in_query = False

@@ -477,10 +477,9 @@ class Simulator:
         table = CallTable.build(cols, layout.tokens, layout.region_caps, slots=self.limits.max_num_seqs,
                                 blocks_per_slot=cdiv(max_len, bs) + 1)
         query_of = layout.query_of
-        for row, (call, call_id) in enumerate(zip(layout.calls, layout.ids, strict=True)):
-            state = CallState.in_table(table, row, call, call_id, query_of[row])
-            self.states.append(state)
-            self.queries[query_of[row]].calls.append(state)
+        self.states = CallState.in_table(table, layout.calls, layout.ids, query_of)
+        for state in self.states:
+            self.queries[state.query_index].calls.append(state)
         for query in self.queries:
             if query.calls:
                 query.calls[-1].last_in_query = True
