@@ -3,7 +3,8 @@
 Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic] [--trace PATH]… [--queries N]
                                 [--drafters normal,ngram,suffix,agentspec] [--seqs 1,32,256]
                                 [--scale reflexion:1M,3M,10M coding:1M] [--scale-drafter agentspec]
-                                [--sweep-jobs 1,2] [--sweep-queries N] [--out benchmarks/results.json]
+                                [--sweep-jobs 1,2] [--sweep-repeats R] [--sweep-queries N]
+                                [--out benchmarks/results.json]
 
 Sections (each runs only when named; results.json keeps the sections not run this time, and the
 engine and scale runs not repeated this time):
@@ -23,9 +24,11 @@ engine and scale runs not repeated this time):
   of N output tokens resampled from a bundled trace, replayed with `--scale-drafter` at max_num_seqs
   256 in a child each: load seconds, simulate seconds, tokens per second, peak RSS.
 - sweep: wall time of `agentspec-sim sweep TRACE --max-num-seqs 1,2,4,…,256 -j J` (the Figure-1
-  drafters, one seed) for each J in --sweep-jobs, each with an empty table cache (the sweep builds
-  every workload table once; the trace itself is loaded into that cache beforehand); --sweep-queries
-  N sweeps the first N queries only.
+  drafters, one seed) for each J in --sweep-jobs, first with an empty table cache (the sweep builds
+  every workload table once; the trace itself is loaded into that cache beforehand), then again with
+  the tables that run left (`table_cache`: "empty" / "warm": a later sweep of the same trace);
+  --sweep-repeats R runs each pair R times (this machine's speed drifts); --sweep-queries N sweeps
+  the first N queries only.
 - arctic: benchmarks/suffix_vs_arctic.py (suffix vs ArcticInference's C++ per call-step and per call
   start) when arctic-inference is installed; otherwise recorded as skipped.
 
@@ -35,6 +38,7 @@ Timings on a shared machine are noisy: the load average at each run is recorded 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -307,28 +311,32 @@ def section_sweep(args, console) -> dict:
             write_trace(replace(w, queries=w.queries[:args.sweep_queries]), trace_used)
         else:
             trace_used = trace
-        for jobs in (int(j) for j in args.sweep_jobs.split(",")):
-            out = Path(tmp) / f"sweep-{jobs}.parquet"
-            cmd = [sys.executable, "-m", "agentspec_sim.cli", "sweep", str(trace_used), "--max-num-seqs",
-                   FIGURE1_SEQS, "-j", str(jobs), "-o", str(out), "-q"]
-            if args.sweep_drafters:
-                cmd += ["--drafter", args.sweep_drafters]
-            # An empty cache but for the loaded trace: the sweep builds its workload tables itself.
-            env = {**os.environ, "AGENTSPEC_SIM_CACHE": str(Path(tmp) / f"cache-{jobs}")}
+        for repeat, jobs in itertools.product(range(args.sweep_repeats), (int(j) for j in args.sweep_jobs.split(","))):
+            # An empty cache but for the loaded trace: the sweep builds its workload tables itself; then the
+            # same sweep again, reading them.
+            env = {**os.environ, "AGENTSPEC_SIM_CACHE": str(Path(tmp) / f"cache-{jobs}-{repeat}")}
             _load_into_cache(trace_used, env)
-            t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
-            if done.returncode != 0:
-                raise SystemExit(f"sweep -j {jobs} failed: {done.stderr.strip().splitlines()[-1:]}")
-            import polars as pl
+            for table_cache in ("empty", "warm"):
+                out = Path(tmp) / f"sweep-{jobs}-{repeat}-{table_cache}.parquet"
+                cmd = [sys.executable, "-m", "agentspec_sim.cli", "sweep", str(trace_used), "--max-num-seqs",
+                       FIGURE1_SEQS, "-j", str(jobs), "-o", str(out), "-q"]
+                if args.sweep_drafters:
+                    cmd += ["--drafter", args.sweep_drafters]
+                t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+                if done.returncode != 0:
+                    raise SystemExit(f"sweep -j {jobs} failed: {done.stderr.strip().splitlines()[-1:]}")
+                import polars as pl
 
-            cells = pl.read_parquet(out).height
-            runs.append({"trace": trace.name, "queries": args.sweep_queries,
-                         "drafters": args.sweep_drafters or "sweep's default", "jobs": jobs, "wall_s": wall,
-                         "cpu_s": cpu, "cells": cells, "load_average": os.getloadavg()[0]})
-            console.print(f"sweep -j {jobs}: {cells} cells in {wall:.1f} s wall ({cpu:.1f} s CPU in all processes)")
+                cells = pl.read_parquet(out).height
+                runs.append({"trace": trace.name, "queries": args.sweep_queries,
+                             "drafters": args.sweep_drafters or "sweep's default", "jobs": jobs,
+                             "table_cache": table_cache, "wall_s": wall, "cpu_s": cpu, "cells": cells,
+                             "load_average": os.getloadavg()[0]})
+                console.print(f"sweep -j {jobs}, {table_cache} table cache: {cells} cells in {wall:.1f} s wall "
+                              f"({cpu:.1f} s CPU in all processes)")
     return {"trace": trace.name, "queries": args.sweep_queries, "drafters": args.sweep_drafters or "sweep's default",
             "max_num_seqs": FIGURE1_SEQS, "runs": runs}
 
@@ -381,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="NAME:TOKENS,… synthetic traces from bundled NAME (coding = the default trace)")
     parser.add_argument("--scale-drafter", default="agentspec")
     parser.add_argument("--sweep-jobs", default="1,2")
+    parser.add_argument("--sweep-repeats", type=int, default=1,
+                        help="run each sweep pair (empty, warm table cache) R times")
     parser.add_argument("--sweep-queries", type=int, default=None, help="sweep only the first N queries")
     parser.add_argument("--sweep-drafters", default=None, help="sweep these drafters (default: sweep's own list)")
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="JSON results file")
