@@ -661,13 +661,16 @@ class Simulator:
         return self.now + draft_s + forward
 
     def _budgets(self, sizes: np.ndarray) -> np.ndarray:
-        """M(b) of each step's batch size (memoised: few distinct sizes)."""
+        """M(b) of each step's batch size (memoised: few distinct sizes, all ≤ max_num_seqs, so a lookup
+        table by size instead of sorting millions of steps' sizes)."""
         memo = self._budget_memo
-        values = np.unique(sizes)
-        for n in values.tolist():
+        present = np.bincount(sizes)
+        table = np.zeros(present.shape[0], dtype=np.int64)
+        for n in present.nonzero()[0].tolist():
             if n not in memo:
                 memo[n] = self.cost.token_budget(n)
-        return np.array([memo[n] for n in values.tolist()], dtype=np.int64)[np.searchsorted(values, sizes)]
+            table[n] = memo[n]
+        return table[sizes]
 
     def _on_done(self, payload: tuple[int, int]) -> None:
         """DONE of steps k0 … k1 − 1: time the run's events (first tokens, finishes, next calls that
