@@ -11,6 +11,7 @@ states from it (engine/simulator.py `_build`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +33,15 @@ class CallLayout:
     queries: list[tuple[str, int]]  # query instance → (its id, tenant)
     columns: dict[str, np.ndarray]  # int64 prompt_len, target_len, tenant, chain_next, hist_off, hreg
     tokens: np.ndarray  # int32 token arena: row i's prompt + output at hist_off[i]
-    tokens_digest: bytes  # of the arena's bytes: what drafter tables' keys hash instead of ~20 MB per run
     region_caps: np.ndarray  # int64 blocks of each prefix-hash region
     blocks_needed: np.ndarray  # int64 KV blocks each row needs for its prompt and output
     first_empty: int  # the first row whose recorded output is empty (no run can replay it), −1: none
+
+    @functools.cached_property
+    def tokens_digest(self) -> bytes:
+        """A digest of the arena's bytes: what drafter tables' keys hash instead of its ~20 MB every run
+        (made when a drafter with a table first asks; `normal` never does)."""
+        return hashlib.blake2b(self.tokens.tobytes(), digest_size=20).digest()
 
 
 _MEMO: dict[str, Any] = {"workload": None, "layouts": {}}
@@ -92,9 +98,8 @@ def _make_layout(workload: Workload, replicate: int, max_len: int, bs: int, thin
             caps[region] = max(caps[region], blocks[i])
         hreg[i] = region
     needed = -((cols["prompt_len"] + cols["target_len"]) // -bs)
-    digest = hashlib.blake2b(tokens.tobytes(), digest_size=20).digest()
     return CallLayout(calls, ids, query_of, position, queries, {**cols, "hist_off": hist_off, "hreg": hreg},
-                      tokens, digest, np.asarray(caps, dtype=np.int64), needed, first_empty)
+                      tokens, np.asarray(caps, dtype=np.int64), needed, first_empty)
 
 
 def _chain_next(calls: tuple[Call, ...], k: int, next_row: int, max_len: int, think_time: float | None) -> int:

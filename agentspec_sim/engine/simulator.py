@@ -220,7 +220,7 @@ class Simulator:
         cache when a run over the same calls with the same n-gram range made it."""
         cols, n = self.table.cols, len(self.states)
         args = (self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], cols["target_len"][:n])
-        key = ngram_tables.table_key(drafter.min_n, drafter.max_n, rightmost, self.tokens_digest, *args[1:])
+        key = ngram_tables.table_key(drafter.min_n, drafter.max_n, rightmost, self.layout.tokens_digest, *args[1:])
         return ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(
             *args, drafter.min_n, drafter.max_n, rightmost))
 
@@ -262,7 +262,7 @@ class Simulator:
         n, seqs, cols = len(self.states), self.limits.max_num_seqs, self.table.cols
         tables = drafter.acceptance_tables(self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n],
                                            cols["target_len"][:n], [s.call for s in self.states],
-                                           [s.call_id for s in self.states], tokens_digest=self.tokens_digest)
+                                           [s.call_id for s in self.states], tokens_digest=self.layout.tokens_digest)
         try:
             pass_s, terms = self.cost.draft_model_terms(seqs, kind=drafter.name)
             priced = True
@@ -305,7 +305,8 @@ class Simulator:
         calls = [state.call for state in self.states]
         prompts, outputs, lengths = self._runnable_calls()
         cols, n = self.table.cols, len(self.states)
-        key = table_key(history, self.tokens_digest, cols["hist_off"][:n], cols["prompt_len"][:n], lengths, calls)
+        key = table_key(history, self.layout.tokens_digest, cols["hist_off"][:n], cols["prompt_len"][:n], lengths,
+                        calls)
         fresh = history.empty_copy()
         return cached_tables(key, lambda: build_tables(fresh, calls, prompts, outputs,
                                                        [s.last_in_query for s in self.states]))
@@ -342,7 +343,7 @@ class Simulator:
         cols, n = self.table.cols, len(self.states)
         options = {"depth": drafter.depth, "k": drafter.k, "factor": drafter.factor, "min_prob": drafter.min_prob,
                    "offset": drafter.offset, "max_model_len": self.limits.max_model_len}
-        key = suffix_tables.table_key(options, self.tokens_digest, cols["hist_off"][:n], cols["prompt_len"][:n],
+        key = suffix_tables.table_key(options, self.layout.tokens_digest, cols["hist_off"][:n], cols["prompt_len"][:n],
                                       lengths)
         table, at = suffix_tables.cached_local_table(key, lambda: suffix_tables.build_local_table(
             drafter.depth, drafter.k, drafter.factor, drafter.min_prob, self.limits.max_model_len, prompts, outputs))
@@ -484,7 +485,7 @@ class Simulator:
             if query.calls:
                 query.calls[-1].last_in_query = True
         self.table = table
-        self.tokens_digest = layout.tokens_digest
+        self.layout = layout
         # One call-step per output token at most, plus the prefill chunks: room for all of it up front.
         rows = int((cols["target_len"] + cols["prompt_len"] // self.limits.max_num_batched_tokens + 2).sum())
         self.log = StepLogBuilder(rows, rows // min(self.limits.max_num_seqs, 8) + 1024, 4 * len(layout.calls) + 1024)
