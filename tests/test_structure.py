@@ -262,20 +262,20 @@ def test_token_bytes_round_trip(qwen3) -> None:
 def test_token_bytes_of_reads_the_map_back_from_the_disk_cache(qwen3, tmp_path, monkeypatch) -> None:
     # What drafters use instead of loading the tokenizer: the same map, made once, then read from the disk
     # cache (a damaged entry is made again); equal to `token_bytes()` byte for byte, empty tokens included.
-    from agentspec_sim.trace import tokenizer as tokenizer_module
+    from agentspec_sim.drafters.structure import token_bytes_of
 
     monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path))
     want = qwen3.token_bytes()
     for attempt in ("made", "read", "damaged"):
-        tokenizer_module._token_bytes.cache_clear()
+        token_bytes_of.cache_clear()
         if attempt == "damaged":
             (entry,) = (tmp_path / "token-bytes").glob("*.npz")
             entry.write_bytes(entry.read_bytes()[:1000])
-        got = tokenizer_module.token_bytes_of("qwen3")
-        assert got == want and (got is not want) == (attempt == "read"), attempt  # made: the tokenizer's own
-        assert got is tokenizer_module.token_bytes_of("qwen3")  # one list per process
+        got = token_bytes_of("qwen3")
+        assert got == want, attempt
+        assert got is token_bytes_of("qwen3")  # one list per process
         assert len(list((tmp_path / "token-bytes").glob("*.npz"))) == 1
-    tokenizer_module._token_bytes.cache_clear()
+    token_bytes_of.cache_clear()
 
 
 def test_qwen3_markdown_bash_fence(qwen3) -> None:

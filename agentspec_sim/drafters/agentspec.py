@@ -95,7 +95,14 @@ from agentspec_sim.drafters.block_index import (
     match_levels,
     suffix_batch_meta,
 )
-from agentspec_sim.drafters.structure import ROOT, StructureAutomaton, block_labels, segment, segment_fed
+from agentspec_sim.drafters.structure import (
+    ROOT,
+    StructureAutomaton,
+    block_labels,
+    segment,
+    segment_fed,
+    token_bytes_of,
+)
 
 if TYPE_CHECKING:
     from agentspec_sim.cost.base import StepCostModel
@@ -763,8 +770,6 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
             self._init_budget(opts)
         table = None
         if self.structured and opts.get("tokenizer") is not None:
-            from agentspec_sim.trace.tokenizer import token_bytes_of
-
             table = token_bytes_of(str(opts["tokenizer"]))
         self.history = History(int(opts["min_match_len"]), int(opts["max_match_len"]), max(self.k, 1),
                                int(opts["max_candidates"]), table, structured=self.structured)

@@ -190,7 +190,7 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
         tokenizer = opts.get("tokenizer")
         table = None
         if tokenizer is not None:
-            from agentspec_sim.trace.tokenizer import token_bytes_of
+            from agentspec_sim.drafters.structure import token_bytes_of
 
             table = token_bytes_of(str(tokenizer))
         lo, hi, cand = int(opts["min_match_len"]), int(opts["max_match_len"]), int(opts["max_candidates"])

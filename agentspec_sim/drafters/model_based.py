@@ -387,7 +387,7 @@ class CopyIndex:
 def token_bytes_for(tokenizer: str) -> list[bytes]:
     """The token → bytes table of a trace tokenizer (`TraceTokenizer.token_bytes`; one per process and
     tokenizer file, read from the disk cache after its first making: `token_bytes_of`)."""
-    from agentspec_sim.trace.tokenizer import token_bytes_of
+    from agentspec_sim.drafters.structure import token_bytes_of
 
     return token_bytes_of(tokenizer)
 

@@ -55,6 +55,7 @@ from typing import Final
 
 import numpy as np
 
+from agentspec_sim.drafters import table_cache
 from agentspec_sim.trace.schema import Structure
 
 Label = tuple[int, int]
@@ -322,4 +323,35 @@ def _segment(calls: Sequence[np.ndarray], token_bytes: Sequence[bytes],
     return out, automaton
 
 
-__all__ = ["ROOT", "Label", "StructureAutomaton", "block_labels", "segment", "segment_fed", "segment_many"]
+TOKEN_BYTES_FORMAT = 1
+
+
+@functools.lru_cache(maxsize=8)
+def token_bytes_of(tokenizer: str) -> list[bytes]:
+    """`load_tokenizer(tokenizer).token_bytes()` — the token→bytes map the structure-aware drafters
+    need of a tokenizer — made once and then read from the disk cache (drafters/table_cache.py), keyed
+    by the tokenizer file's bytes and the code that makes the map. Loading Qwen3's tokenizer and making
+    its map takes ~1 s, every process; reading the map ~0.05 s. One list per tokenizer and process."""
+    from agentspec_sim.trace import tokenizer as tokenizers
+
+    key = table_cache.key_hash("token bytes", TOKEN_BYTES_FORMAT, (tokenizers.__file__, __file__), {},
+                               tokenizers.tokenizer_file(tokenizer).read_bytes()).hexdigest()
+
+    def make() -> table_cache.Arrays:
+        table = tokenizers.load_tokenizer(tokenizer).token_bytes()
+        return {"blob": np.frombuffer(b"".join(table), dtype=np.uint8),
+                "ends": np.cumsum([len(t) for t in table], dtype=np.int64)}
+
+    arrays = table_cache.cached_arrays("token-bytes", key, make, _valid_token_bytes)
+    data, ends = arrays["blob"].tobytes(), arrays["ends"].tolist()
+    return [data[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _valid_token_bytes(arrays: table_cache.Arrays) -> bool:
+    blob, ends = arrays["blob"], arrays["ends"]
+    return (blob.dtype == np.uint8 and ends.dtype == np.int64 and ends.ndim == 1
+            and (ends.shape[0] == 0 or (ends[-1] == blob.shape[0] and bool((np.diff(ends, prepend=0) >= 0).all()))))
+
+
+__all__ = ["ROOT", "Label", "StructureAutomaton", "block_labels", "segment", "segment_fed", "segment_many",
+           "token_bytes_of"]

@@ -6,20 +6,13 @@ Face ecosystem renders them (trim_blocks, lstrip_blocks, `tojson`, `raise_except
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import io
 import json
 import lzma
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from agentspec_sim.atomic import write_bytes_atomic
-from agentspec_sim.trace.cache import cache_root
 
 BUNDLED = {"qwen3": Path(__file__).parent / "data" / "qwen3"}
 
@@ -180,39 +173,6 @@ def load_tokenizer(spec: str, base_dir: Path | None = None) -> TraceTokenizer:
     return _load(json_path.resolve(), config_path.resolve() if config_path else None, spec)
 
 
-def token_bytes_of(spec: str, base_dir: Path | None = None) -> list[bytes]:
-    """`load_tokenizer(spec, base_dir).token_bytes()`, read from the disk cache when this tokenizer file's
-    map was made before: what the structure-aware drafters need of a tokenizer. Loading Qwen3's tokenizer
-    and making its map takes ~1 s, every process; reading the map ~0.05 s. One list per file and process."""
-    json_path, config_path = _resolve(spec, base_dir)
-    return _token_bytes(json_path.resolve(), config_path.resolve() if config_path else None, spec)
-
-
-TOKEN_BYTES_FORMAT = 1
-
-
-@functools.lru_cache(maxsize=8)
-def _token_bytes(json_path: Path, config_path: Path | None, name: str) -> list[bytes]:
-    # The key: the tokenizer file's bytes and this module's code (which makes the map).
-    h = hashlib.blake2b(digest_size=20)
-    h.update(f"agentspec-sim token bytes {TOKEN_BYTES_FORMAT}\n".encode())
-    h.update(Path(__file__).read_bytes())
-    h.update(json_path.read_bytes())
-    path = cache_root() / "token-bytes" / f"{h.hexdigest()}.npz"
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            blob, ends = data["blob"], data["ends"]
-        if blob.dtype == np.uint8 and ends.dtype == np.int64 and ends.ndim == 1 and (
-                ends.shape[0] == 0 or (ends[-1] == blob.shape[0] and (np.diff(ends, prepend=0) >= 0).all())):
-            data_bytes = blob.tobytes()
-            starts = [0, *ends[:-1].tolist()]
-            return [data_bytes[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        pass  # absent or unreadable: made again below
-    table = _load(json_path, config_path, name).token_bytes()
-    buffer = io.BytesIO()
-    np.savez(buffer, blob=np.frombuffer(b"".join(table), dtype=np.uint8),
-             ends=np.cumsum([len(t) for t in table], dtype=np.int64))
-    with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next process the load
-        write_bytes_atomic(path, buffer.getvalue())
-    return table
+def tokenizer_file(spec: str, base_dir: Path | None = None) -> Path:
+    """The tokenizer.json (or .json.xz) file `load_tokenizer(spec, base_dir)` reads."""
+    return _resolve(spec, base_dir)[0].resolve()
