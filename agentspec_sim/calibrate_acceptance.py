@@ -50,8 +50,8 @@ from agentspec_sim.drafters.model_based import (
     call_key,
     copy_stream,
     structure_of,
-    token_bytes_for,
 )
+from agentspec_sim.drafters.structure import token_bytes_of
 from agentspec_sim.trace.schema import Call, Workload
 
 
@@ -112,7 +112,7 @@ def call_features(call: Call, token_bytes: Sequence[bytes] | None) -> tuple[np.n
 def build_streams(calls: Iterable[Call], tokenizer: str | None = "qwen3") -> Streams:
     """Feature streams of `calls` (tokenizer: the trace's, for the code feature; None turns it off)."""
     calls = list(calls)
-    table = token_bytes_for(tokenizer) if tokenizer else None
+    table = token_bytes_of(tokenizer) if tokenizer else None
     copies, codes = [], []
     for c in calls:
         cp, cd = call_features(c, table)

@@ -27,9 +27,9 @@ from agentspec_sim.drafters.model_based import (
     call_key,
     copy_stream,
     load_params,
-    token_bytes_for,
     uniform_draw,
 )
+from agentspec_sim.drafters.structure import token_bytes_of
 from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.trace.bundled import bundled_trace
@@ -233,7 +233,7 @@ def test_code_tables_are_segmented_once_per_workload(tmp_path, monkeypatch, spec
     again = drafter._code_tables(arena, hist_off, prompt_len, target_len, coding)
     assert len(segmented) == 1
     assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
-    table = token_bytes_for("qwen3")
+    table = token_bytes_of("qwen3")
     for i, c in enumerate(coding):  # what the per-call features say
         _, code = call_features(c, table)
         assert np.array_equal(first[0][first[1][i]:first[1][i] + c.output_len], code)
@@ -270,7 +270,7 @@ def test_copy_feature_definition_small_example():
 
 
 def test_code_feature_follows_the_structure_automaton(spec_bench):
-    table = token_bytes_for("qwen3")
+    table = token_bytes_of("qwen3")
     coding = [c for c in spec_bench.calls if (c.extra or {}).get("category") == "coding"][:6]
     drafter = make_drafter(_spec())
     for c in coding:

@@ -64,7 +64,7 @@ import numpy as np
 from numba import njit
 
 from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
-from agentspec_sim.drafters.structure import StructureAutomaton
+from agentspec_sim.drafters.structure import StructureAutomaton, token_bytes_of
 
 if TYPE_CHECKING:
     from agentspec_sim.cost.base import StepCostModel
@@ -384,14 +384,6 @@ class CopyIndex:
 # The code feature
 
 
-def token_bytes_for(tokenizer: str) -> list[bytes]:
-    """The token → bytes table of a trace tokenizer (`TraceTokenizer.token_bytes`; one per process and
-    tokenizer file, read from the disk cache after its first making: `token_bytes_of`)."""
-    from agentspec_sim.drafters.structure import token_bytes_of
-
-    return token_bytes_of(tokenizer)
-
-
 def structure_of(call_structure) -> tuple:
     """The structure the code feature segments by: the call's own, else Markdown fences."""
     return call_structure if call_structure else DEFAULT_STRUCTURE
@@ -521,7 +513,7 @@ class ModelBasedDrafter(BaseDrafter):
     def start_call(self, state: CallState) -> None:
         automaton = table = None
         if self.tokenizer is not None:
-            table = token_bytes_for(self.tokenizer)
+            table = token_bytes_of(self.tokenizer)
             automaton = StructureAutomaton(structure_of(state.call.structure))
         cs = _PerCall(call_key(self.seed, state.call_id), state.prompt_len, automaton, table)
         state.drafter_state = cs
@@ -618,7 +610,7 @@ class ModelBasedDrafter(BaseDrafter):
         """`_code_tables`, computed: row r's call is first seen at row first[r], its structure structures[r]."""
         from agentspec_sim.drafters.structure import segment_many
 
-        table = token_bytes_for(self.tokenizer)
+        table = token_bytes_of(self.tokenizer)
         size = len(table)
         padded = None
         by_structure: dict[tuple, list[int]] = {}
