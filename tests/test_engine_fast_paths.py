@@ -16,10 +16,10 @@ from agentspec_sim.drafters.base import parse_drafter
 from agentspec_sim.drafters.ngram import NgramDrafter
 from agentspec_sim.engine.batched import propose_ngram_rows
 from agentspec_sim.engine.config import resolve
-from agentspec_sim.engine.kernel_cache import clear_if_changed
 from agentspec_sim.engine.kv import BlockPool
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.engine.simulator import Simulator
+from agentspec_sim.kernel_cache import clear_if_changed
 
 
 def _run(wl, drafter, cfg, cost, max_run_steps=None):

@@ -59,7 +59,7 @@ from numba import njit
 from agentspec_sim.drafters import suffix_tree
 from agentspec_sim.drafters.suffix_tree import CNT, LEN, RIDX, RSEQ, SOFF
 from agentspec_sim.drafters.suffix_tree import child_node as tree_child  # the tree's own child lookup
-from agentspec_sim.engine.kernel_cache import clear_if_changed
+from agentspec_sim.kernel_cache import clear_if_changed
 
 # The kernels below compile in suffix_tree.py's child_node: numba alone would not notice an edit there.
 clear_if_changed(__file__, [suffix_tree.__file__])

@@ -56,7 +56,7 @@ from numba import njit
 
 from agentspec_sim.drafters import ngram, ngram_v2
 from agentspec_sim.drafters.base import BaseDrafter
-from agentspec_sim.engine.kernel_cache import clear_if_changed
+from agentspec_sim.kernel_cache import clear_if_changed
 
 # `_ngram_rows_scan` compiles in ngram.py's ngram_match, `ngram_v2_rows_indexed` in ngram_v2.py's match.
 clear_if_changed(__file__, [ngram.__file__, ngram_v2.__file__])

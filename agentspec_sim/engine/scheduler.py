@@ -57,9 +57,9 @@ from agentspec_sim.drafters.suffix_tree import run_ops_into as st_run_ops
 from agentspec_sim.engine import batched, kv
 from agentspec_sim.engine.batched import _ngram_rows_indexed, ngram_v2_rows_indexed
 from agentspec_sim.engine.fastcall import FastCall
-from agentspec_sim.engine.kernel_cache import clear_if_changed
 from agentspec_sim.engine.kv import KVCacheManager, allocate_slots, free_call, kernel, lookup
 from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_WAITING, CallState, CallTable, zeros
+from agentspec_sim.kernel_cache import clear_if_changed
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 # This module's kernels compile in kv.py's and batched.py's (and so in ngram_v2.py's).
