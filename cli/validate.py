@@ -49,7 +49,6 @@ def timing(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Execute each step's batch as a real forward pass (torch), compare with the cost model, fit a calibration."""
-    _need_torch()
     from agentspec_sim.cost.calibrate import CalibrationFitError
     from agentspec_sim.cost.profiles import ProfileError
     from agentspec_sim.validation.schedule import ScheduleError, load_shapes, stratified_sample
@@ -67,6 +66,8 @@ def timing(
         shapes = load_shapes(steps, drafter)
         if sample is not None:
             shapes = stratified_sample(shapes, sample, seed=seed)
+        # Only now: a bad argument or step log is named the same way with or without torch installed.
+        _need_torch()
         config = TimingConfig(model=model, tiny=tiny, device=device, hardware=hardware,
                               calibration=str(calibration) if calibration else None, warmup=warmup,
                               repeats=repeats, seed=seed)
