@@ -44,3 +44,21 @@ def clear_if_changed(module_file: str, dependencies: Sequence[str]) -> None:
         stamp.write_text(digest.hexdigest())
     except OSError:
         return
+
+
+def is_compiled(dispatcher: object) -> bool | None:
+    """Whether numba's on-disk cache holds a current compiled version of `dispatcher` (an `njit(cache=True)`
+    function): True, False, or None when that cannot be told (not a caching dispatcher, another numba).
+
+    "Current" is numba's own test: the index exists and was written for today's source file (its stamp)
+    and numba version. Reads only the small index file, never the machine code.
+    """
+    cache = getattr(dispatcher, "_cache", None)
+    index = getattr(cache, "_cache_file", None)
+    load_index = getattr(index, "_load_index", None)
+    if load_index is None:
+        return None
+    try:
+        return bool(load_index())
+    except Exception:  # a damaged or foreign index: numba recompiles, and so it is not compiled
+        return False

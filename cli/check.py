@@ -62,6 +62,9 @@ def check(
         pairs = lib.resolve_traces(recorded, baseline, traces or [])
         err.print(f"check: re-running {len(recorded.drafters) + 1} drafters × {len(recorded.max_num_seqs)} max "
                   f"batch size(s) on {len(pairs)} trace(s)…")
+        from agentspec_sim.cli.common import say_if_compiling
+
+        say_if_compiling()
         current = lib.measure(recorded, pairs)
         result = lib.compare_cells(recorded.cells, current, tolerance, goodput_tolerance,
                                    only_traces=[r.path for r, _ in pairs])

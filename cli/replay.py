@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentspec_sim.cli.app import app
-from agentspec_sim.cli.common import load_workload, trace_argument
+from agentspec_sim.cli.common import PlainProgress, load_workload, say_if_compiling, trace_argument
 from agentspec_sim.cli.errors import UsageError
 
 
@@ -179,8 +179,11 @@ def _run(workload, specs, config, show_progress: bool, on_result=None):
     from agentspec_sim.engine.run import compare
 
     console = Console(stderr=True)
+    say_if_compiling()  # stderr even with --json: it explains a wait of a minute
+    if show_progress and not console.is_terminal:  # a log or a pipe: lines, not a bar that cannot redraw
+        return compare(workload, specs, config, progress=PlainProgress("calls").update, on_result=on_result)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not (show_progress and console.is_terminal)) as bar:
+                  console=console, transient=True, disable=not show_progress) as bar:
         tasks: dict[str, int] = {}
 
         def report(name: str, done: int, total: int) -> None:

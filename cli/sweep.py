@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentspec_sim.cli.app import app
-from agentspec_sim.cli.common import trace_argument
+from agentspec_sim.cli.common import PlainProgress, say_if_compiling, trace_argument
 from agentspec_sim.cli.errors import UsageError
 
 FIGURE1 = "normal,ngram,ngram-v2,suffix,eagle3,agentspec"
@@ -105,8 +105,11 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
     except SweepError as exc:
         raise UsageError(str(exc)) from None
     console = Console(stderr=True)
+    if show_progress:
+        say_if_compiling()
     bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                    transient=True, disable=not (show_progress and console.is_terminal))
+    lines = PlainProgress("cells") if show_progress and not console.is_terminal else None  # a log or a pipe
     task = bar.add_task("cells", total=None)
     counts = {"done": 0, "total": 0}
 
@@ -115,6 +118,8 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
             bar.start()  # only once the workers are up
         counts.update(done=done, total=total)
         bar.update(task, completed=done, total=total)
+        if lines is not None:
+            lines.update("sweep", done, total)
 
     try:
         return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,

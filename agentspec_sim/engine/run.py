@@ -82,3 +82,16 @@ def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Map
         if on_result is not None:
             on_result(*out[-1])
     return out
+
+
+def kernels_compiled() -> bool:
+    """False when the next run in this environment compiles the engine's kernels first (numba's cache
+    is empty or stale: a fresh install, an edited source file). The command line says so before it
+    starts, since that first compile takes minutes on a small machine and shows no progress.
+    True when the cache is current, or when it cannot be told."""
+    from agentspec_sim.cost import roofline
+    from agentspec_sim.engine import result, scheduler
+    from agentspec_sim.kernel_cache import is_compiled
+
+    return all(is_compiled(kernel) is not False
+               for kernel in (scheduler.run_steps, roofline._step_parts, result._transposed))
