@@ -217,6 +217,7 @@ def test_fifo_eviction_of_cached_responses():
 # Differential tests against the real library
 
 
+@pytest.mark.extra("arctic-inference")
 @pytest.mark.skipif(not ARCTIC, reason="arctic_inference not installed")
 def test_tree_matches_the_cpp_tree_with_removals():
     pytest.importorskip("arctic_inference.suffix_decoding")
@@ -396,6 +397,7 @@ def trace_queries():
     return [q.calls[:4] for q in w.queries[:5]]
 
 
+@pytest.mark.extra("arctic-inference")
 @pytest.mark.parametrize(("options", "replay_options"), TRACE_CASES)
 def test_replay_matches_vllm_driving_the_real_library(trace_queries, options, replay_options):
     res = replay(trace_queries, _spec(**options), concurrency=3, seed=3, **replay_options)
@@ -464,6 +466,7 @@ def test_engine_replay_catches_the_generic_driving(engine_workload, monkeypatch)
     assert any("not once" in p for p in res.problems)  # steps with no propose
 
 
+@pytest.mark.extra("arctic-inference")
 @pytest.mark.parametrize(("options", "engine"), ENGINE_CASES)
 def test_engine_run_matches_vllm_driving_the_real_library(engine_workload, options, engine):
     pytest.importorskip("arctic_inference.suffix_decoding")

@@ -295,6 +295,7 @@ def test_ray_missing_is_one_clear_error(tiny, monkeypatch):
         run_sweep(tiny, ["ngram"], max_num_seqs=[1], executor="ray")
 
 
+@pytest.mark.extra("ray")
 def test_ray_executor_matches_inline(tiny, tmp_path):
     pytest.importorskip("ray")
     args = dict(drafters=["ngram"], max_num_seqs=[1, 4])

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.extra("torch")
 torch = pytest.importorskip("torch")
 
 from agentspec_sim.cost.profiles import load_model  # noqa: E402
