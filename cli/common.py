@@ -35,7 +35,7 @@ def say_if_compiling() -> None:
     if not kernels_compiled():
         from rich.console import Console
 
-        Console(stderr=True, highlight=False).print(
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
             "compiling the simulator's kernels: once per install, about a minute (cached for later runs)…",
             markup=False)
 
