@@ -65,3 +65,44 @@ class PlainProgress:
         self._last[name] = now
         of = "" if total is None else f"/{total:,}"
         self._console.print(f"{name}: {done:,}{of} {self._unit} ({now - self._start:.0f} s)", markup=False)
+
+
+# One unit per quantity across tables, JSON and flags: times are seconds everywhere (the SLO flags and the
+# JSON documents are seconds), so a table column says "s" in its header and shows seconds, never ms.
+def seconds(value: float | None) -> str:
+    """Seconds with three significant digits and no exponent: 233,011 · 233 · 17.3 · 0.174 · 0.0113."""
+    import math
+
+    if value is None or not math.isfinite(value):
+        return "—"
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    decimals = 2 - math.floor(math.log10(abs(value)))
+    return f"{value:.{decimals}f}"
+
+
+def percent(rate: float | None) -> str:
+    """A rate in [0, 1] as a percentage with one decimal (`—` where undefined, e.g. for `normal`)."""
+    return "—" if rate is None else f"{rate * 100:.1f}%"
+
+
+# The two rejection rates, in the words every table that shows them uses (definitions: agentspec_sim/metrics.py).
+REJECTION_LEGEND = ("rej.tok: rejected / drafted tokens = 1 − vLLM's draft acceptance rate "
+                    "(vllm:spec_decode_num_accepted_tokens / num_draft_tokens) · rej.call: the paper's rejection "
+                    "rate, the mean over calls of a call's rejected / drafted")
+
+
+def burst_note(workload: Workload, config) -> str | None:
+    """The line a latency table needs when every query arrives at once (the default trace records no
+    arrival_s, and without --rate every query's first call then arrives at t = 0): TTFT and query latency
+    are then mostly queueing behind the whole trace, not what a user of a loaded server sees. None otherwise."""
+    if config.arrival == "poisson" or (len(workload.queries) < 2 and config.replicate < 2):
+        return None
+    recorded = config.arrival == "recorded"
+    starts = {(q.calls[0].arrival_s or 0.0) if recorded else 0.0 for q in workload.queries}
+    if len(starts) > 1:
+        return None
+    return ("note: every query arrives at once (the trace records no arrival_s), so TTFT and query latency are "
+            "queueing behind the whole burst; --rate Q makes queries arrive as a Poisson process of Q per second")

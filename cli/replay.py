@@ -11,7 +11,16 @@ from rich.console import Console
 from rich.table import Table
 
 from agentspec_sim.cli.app import app
-from agentspec_sim.cli.common import PlainProgress, load_workload, say_if_compiling, trace_argument
+from agentspec_sim.cli.common import (
+    REJECTION_LEGEND,
+    PlainProgress,
+    burst_note,
+    load_workload,
+    percent,
+    say_if_compiling,
+    seconds,
+    trace_argument,
+)
 from agentspec_sim.cli.errors import UsageError
 
 
@@ -104,7 +113,7 @@ def replay(
     if as_json:
         typer.echo(json.dumps(document, indent=2))
         return
-    _render(path, runs)
+    _render(path, runs, burst_note(workload, config))
 
 
 def _check_options(seed: int, rate: float | None, think_time: float | None, output: Path | None,
@@ -217,30 +226,33 @@ def _write_steps(path: Path, results) -> None:
         frame.write_parquet(out)
 
 
-def _fmt(value: float | None, spec: str = ".2f", scale: float = 1.0, suffix: str = "") -> str:
-    return "—" if value is None else f"{value * scale:{spec}}{suffix}"
+def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _render(path: Path, runs) -> None:
+def _render(path: Path, runs, note: str | None = None) -> None:
     console = Console()
     first = runs[0][1]
     limits = first.limits
-    table = Table(title=f"replay {path.name}", box=box.SIMPLE_HEAD, pad_edge=False, caption=(
-        "goodput: output tok/s of simulated time · reject: call-mean rejection rate · TTFT, TPOT: p50 in ms · "
-        "query p99 in s\n"
+    table = Table(title=f"replay {path.name}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0), caption=(
+        "goodput: output tok/s of simulated time · TTFT, TPOT: p50 · query: p99 latency · times in seconds, "
+        f"as in --json\n{REJECTION_LEGEND}\n"
         f"max_num_seqs {limits['max_num_seqs']} · max_num_batched_tokens {limits['max_num_batched_tokens']} · "
         f"max_model_len {limits['max_model_len']:,} · KV blocks {limits['num_kv_blocks']:,}×{limits['block_size']}"))
     table.add_column("drafter", no_wrap=True)
-    # Short headers keep the table readable in an 80-column terminal; units are in the caption.
-    for name in ("goodput", "speedup", "reject", "acc.len", "TTFT", "TPOT", "query p99"):
+    # Short headers keep the table inside an 80-column terminal; the caption defines each.
+    for name in ("goodput", "speedup", "rej.tok", "rej.call", "acc.len", "TTFT s", "TPOT s", "query s"):
         table.add_column(name, justify="right", no_wrap=True)
     for _, s in runs:
         table.add_row(
-            s.drafter, f"{s.goodput_tok_s:,.0f}", _fmt(s.speedup, ".3f", suffix="×"),
-            _fmt(s.rejection_rate, ".1f", 100, "%"), _fmt(s.mean_acceptance_length, ".2f"),
-            _fmt(s.ttft.p50, ".0f", 1000), _fmt(s.tpot.p50, ".1f", 1000), _fmt(s.query_latency.p99, ",.0f"),
+            s.drafter, f"{s.goodput_tok_s:,.0f}", _fmt(s.speedup, ".3f", "×"), percent(s.rejection_rate_tokens),
+            percent(s.rejection_rate), _fmt(s.mean_acceptance_length, ".2f"), seconds(s.ttft.p50),
+            seconds(s.tpot.p50), seconds(s.query_latency.p99),
         )
     console.print(table)
+    if note:
+        console.print(note, highlight=False)
     bound = {"none": "no call ever waited for capacity", "max_num_seqs": "calls waited mostly on max_num_seqs",
              "kv_cache": "calls waited mostly on KV-cache capacity",
              "token_budget": "calls waited mostly on the per-step token budget"}[first.bound_by]

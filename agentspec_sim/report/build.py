@@ -97,8 +97,10 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
     lines += [f"{results.height} cells: {len(settings)} setting(s) × drafters {', '.join(drafters)} × max batch "
               f"sizes {', '.join(map(str, sorted(set(results['max_num_seqs'].to_list()))))}; seeds "
               f"{', '.join(map(str, seeds))} (metrics are means over seeds, latencies pooled). Speedup is goodput "
-              "over `normal`'s on the same trace, GPU, model and max batch size; rejection rate is the paper's "
-              "per-call mean of rejected / drafted tokens; times are simulated GPU time.", ""]
+              "over `normal`'s on the same trace, GPU, model and max batch size; the rejection rate is given both "
+              "ways: the paper's (Table 1), the mean over calls of a call's rejected / drafted tokens, and "
+              "token-level, rejected / drafted tokens over the run = 1 − vLLM's draft acceptance rate "
+              "(`vllm:spec_decode_num_accepted_tokens` / `num_draft_tokens`); times are simulated GPU time.", ""]
     batches: dict[tuple[str, str, str], int] = {}
     for trace, hardware, model in settings:
         setting = means.filter((pl.col("trace") == trace) & (pl.col("hardware") == hardware)
@@ -128,7 +130,11 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
             lines += [f"### {caption}", "", f"![{caption}]({path.name})", ""]
         lines += ["Speedup per max batch size (the numbers behind the first plot):", "",
                   tables.speedup_table(setting, drafters), "",
-                  "### Rejection rate (paper Table 1)", "", tables.rejection_table(setting, drafters), "",
+                  "### Rejection rate (paper Table 1)", "",
+                  tables.rejection_table(setting, drafters), "",
+                  *(["### Token rejection rate (1 − vLLM's draft acceptance rate)", "",
+                     tables.rejection_table(setting, drafters, "rejection_rate_tokens"), ""]
+                    if "rejection_rate_tokens" in setting.columns else []),
                   f"### Time breakdown at max batch size {chosen} (paper Table 5)", "",
                   tables.breakdown_table(setting, drafters, chosen), ""]
         latency = _latency_lines(setting, drafters, chosen)

@@ -7,8 +7,11 @@ drafter, `normal` included) the expected rejection rate, goodput and speedup. Tr
 relative to the baseline's folder, so the file works from any working directory.
 
 A cell regresses when its rejection rate rises by more than `tolerance` (absolute, in rate units) or its
-goodput or speedup falls by more than `goodput_tolerance` (relative). The simulator is deterministic,
-so tight tolerances only absorb floating-point differences between machines.
+goodput or speedup falls by more than `goodput_tolerance` (relative). Which rejection rate gates is the
+caller's choice (`REJECTION`): the paper's call-mean `rejection_rate` (the default, what every baseline
+records) or the token-level `rejection_rate_tokens` = 1 − vLLM's draft acceptance rate (recorded by
+baselines written since; an older file still reads, and gating it by tokens asks for --update). The
+simulator is deterministic, so tight tolerances only absorb floating-point differences between machines.
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ from xml.etree import ElementTree
 from agentspec_sim.atomic import atomic_text
 
 BASELINE_VERSION = 1
-METRICS = ("rejection_rate", "goodput_tok_s", "speedup")
+METRICS = ("rejection_rate", "goodput_tok_s", "speedup")  # every baseline's cells hold these
+TOKEN_REJECTION = "rejection_rate_tokens"  # the field a baseline gained: optional when read
+RECORDED = (*METRICS, TOKEN_REJECTION)  # what a new baseline records per cell
+# The rejection rate a check gates, by `check --rejection` (definitions: agentspec_sim/metrics.py).
+REJECTION = {"call": "rejection_rate", "token": TOKEN_REJECTION}
+REJECTION_LABEL = {"call": "call-mean rejection rate", "token": "token rejection rate"}
 
 
 class BaselineError(ValueError):
@@ -47,7 +55,7 @@ class Baseline:
     engine: dict[str, Any]
     max_num_seqs: tuple[int, ...]
     drafters: tuple[dict[str, Any], ...]  # {"label": …, "speculative_config": {…}}
-    cells: tuple[dict[str, Any], ...]  # {"trace", "max_num_seqs", "drafter", *METRICS}
+    cells: tuple[dict[str, Any], ...]  # {"trace", "max_num_seqs", "drafter", *METRICS[, TOKEN_REJECTION]}
 
     def to_json(self) -> dict[str, Any]:
         return {"version": BASELINE_VERSION, "traces": [{"path": t.path, "sha256": t.sha256} for t in self.traces],
@@ -80,6 +88,7 @@ class CheckResult:
     tolerance: float
     goodput_tolerance: float
     unexpected: list[str] = field(default_factory=list)  # cells run now that the baseline does not list
+    rejection: str = "call"  # which rejection rate gated (a key of REJECTION)
 
     @property
     def failed(self) -> list[CellDiff]:
@@ -141,7 +150,7 @@ def load_baseline(path: str | Path) -> Baseline:
                 raise BaselineError(f"{where}: cells[{i}].{key}: missing")
         if cell["trace"] not in known:
             raise BaselineError(f"{where}: cells[{i}].trace: {cell['trace']!r} is not among traces")
-        for key in METRICS:
+        for key in (k for k in RECORDED if k in cell):
             value = cell[key]
             if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)
                                       or not math.isfinite(value)):
@@ -221,7 +230,7 @@ def measure(baseline: Baseline, traces: Sequence[tuple[TraceRecord, Path]]) -> l
     for record, path in traces:
         rows = compare_rows(load_trace(path), record.path, specs, baseline.max_num_seqs, config)
         cells += [{"trace": record.path, "max_num_seqs": row["max_num_seqs"], "drafter": row["drafter"],
-                   **{k: row[k] for k in METRICS}} for row in rows]
+                   **{k: row[k] for k in RECORDED}} for row in rows]
     return cells
 
 
@@ -248,13 +257,28 @@ def record_baseline(traces: Sequence[str | Path], baseline_path: str | Path, dra
 
 # -- comparing ----------------------------------------------------------------------------------------------------
 
+def require_rejection(baseline: Baseline, path: str | Path, rejection: str) -> None:
+    """BaselineError unless every cell of `baseline` records the rejection rate `rejection` gates on
+    (a baseline written before token-level rejection was recorded has only the call-mean one)."""
+    if rejection not in REJECTION:
+        raise BaselineError(f"--rejection: expected {' or '.join(REJECTION)}, got {rejection!r}")
+    metric = REJECTION[rejection]
+    for i, cell in enumerate(baseline.cells):
+        if metric not in cell:
+            raise BaselineError(f"{path}: cells[{i}].{metric}: not recorded (the baseline predates it); re-record "
+                                f"it with --update, or gate the call-mean rate with --rejection call")
+
+
 def _key(cell: dict[str, Any]) -> tuple[str, int, str]:
     return cell["trace"], int(cell["max_num_seqs"]), cell["drafter"]
 
 
 def compare_cells(expected: Sequence[dict[str, Any]], current: Sequence[dict[str, Any]], tolerance: float = 0.01,
-                  goodput_tolerance: float = 0.02, only_traces: Sequence[str] | None = None) -> CheckResult:
-    """Diff current cells against the baseline's. `only_traces`: compare the baseline's cells of these traces only."""
+                  goodput_tolerance: float = 0.02, only_traces: Sequence[str] | None = None,
+                  rejection: str = "call") -> CheckResult:
+    """Diff current cells against the baseline's. `only_traces`: compare the baseline's cells of these traces only.
+    `rejection`: which rejection rate gates ("call" or "token", `REJECTION`); a metric a cell does not record
+    reads as None (`require_rejection` checks the gated one is there)."""
     now = {_key(c): c for c in current}
     diffs = []
     for cell in expected:
@@ -262,26 +286,29 @@ def compare_cells(expected: Sequence[dict[str, Any]], current: Sequence[dict[str
             continue
         key = _key(cell)
         got = now.get(key)
-        base = {k: cell[k] for k in METRICS}
+        base = {k: cell.get(k) for k in RECORDED}
         if got is None:
-            diffs.append(CellDiff(*key, base, dict.fromkeys(METRICS), ("cell no longer produced",)))
+            diffs.append(CellDiff(*key, base, dict.fromkeys(RECORDED), ("cell no longer produced",)))
             continue
-        diffs.append(_diff_cell(key, base, {k: got[k] for k in METRICS}, tolerance, goodput_tolerance))
+        diffs.append(_diff_cell(key, base, {k: got.get(k) for k in RECORDED}, tolerance, goodput_tolerance,
+                                rejection))
     recorded = {_key(c) for c in expected}
     unexpected = [f"{t} · max_num_seqs {n} · {d}" for (t, n, d) in now if (t, n, d) not in recorded]
-    return CheckResult(diffs, tolerance, goodput_tolerance, unexpected)
+    return CheckResult(diffs, tolerance, goodput_tolerance, unexpected, rejection)
 
 
-def _diff_cell(key, base: dict, cur: dict, tolerance: float, goodput_tolerance: float) -> CellDiff:
+def _diff_cell(key, base: dict, cur: dict, tolerance: float, goodput_tolerance: float,
+               rejection: str = "call") -> CellDiff:
     bad, good = [], []
-    old, new = base["rejection_rate"], cur["rejection_rate"]
+    metric, label = REJECTION[rejection], REJECTION_LABEL[rejection]
+    old, new = base[metric], cur[metric]
     if (old is None) != (new is None):
-        bad.append(f"rejection rate {_pct(old)} → {_pct(new)}")
+        bad.append(f"{label} {_pct(old)} → {_pct(new)}")
     elif old is not None:
         if new - old > tolerance:
-            bad.append(f"rejection rate +{(new - old) * 100:.2f} pp > {tolerance * 100:.2f} pp")
+            bad.append(f"{label} +{(new - old) * 100:.2f} pp > {tolerance * 100:.2f} pp")
         elif old - new > tolerance:
-            good.append(f"rejection rate −{(old - new) * 100:.2f} pp")
+            good.append(f"{label} −{(old - new) * 100:.2f} pp")
     for name, label in (("goodput_tok_s", "goodput"), ("speedup", "speedup")):
         old, new = base[name], cur[name]
         if old is None or old == 0:
@@ -309,12 +336,13 @@ def junit_xml(result: CheckResult) -> str:
         "name": "agentspec-sim check", "tests": str(len(result.diffs)), "failures": str(len(result.failed)),
         "errors": "0", "skipped": "0"})
     props = ElementTree.SubElement(suite, "properties")
-    for name, value in (("tolerance", result.tolerance), ("goodput_tolerance", result.goodput_tolerance)):
+    for name, value in (("tolerance", result.tolerance), ("goodput_tolerance", result.goodput_tolerance),
+                        ("rejection", result.rejection)):
         ElementTree.SubElement(props, "property", {"name": name, "value": repr(value)})
     for diff in result.diffs:
         case = ElementTree.SubElement(suite, "testcase", {"classname": f"check.{Path(diff.trace).name}",
                                                           "name": f"{diff.drafter} @ max_num_seqs={diff.max_num_seqs}"})
-        detail = ", ".join(f"{k}: {diff.baseline[k]!r} → {diff.current[k]!r}" for k in METRICS)
+        detail = ", ".join(f"{k}: {diff.baseline.get(k)!r} → {diff.current.get(k)!r}" for k in RECORDED)
         if diff.regressions:
             failure = ElementTree.SubElement(case, "failure", {"message": "; ".join(diff.regressions),
                                                                "type": "regression"})

@@ -27,14 +27,15 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence
     return "\n".join(lines)
 
 
-def rejection_table(setting: pl.DataFrame, drafters: Sequence[str]) -> str:
-    """Table 1: call-mean rejection rate per drafter (rows) and max batch size (columns), plus the mean."""
+def rejection_table(setting: pl.DataFrame, drafters: Sequence[str], column: str = "rejection_rate") -> str:
+    """Table 1: a rejection rate per drafter (rows) and max batch size (columns), plus the mean. `column`:
+    `rejection_rate` (the paper's call mean) or `rejection_rate_tokens` (1 − vLLM's draft acceptance rate)."""
     sizes = setting["max_num_seqs"].unique().sort().to_list()
     rows = []
     for drafter in drafters:
         if drafter == "normal" or setting.filter(pl.col("drafter") == drafter).height == 0:
             continue
-        values = [_cell(setting, drafter, b, "rejection_rate") for b in sizes]
+        values = [_cell(setting, drafter, b, column) for b in sizes]
         present = [v for v in values if v is not None]
         mean = sum(present) / len(present) if present else None
         rows.append([drafter, *map(_pct, values), _pct(mean)])
