@@ -4,6 +4,7 @@ cache, with the vLLM flags to deploy them; from a sweep's results (--results) or
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import typer
@@ -13,12 +14,18 @@ from rich.table import Table
 
 from agentspec_sim.cli import sweep as sweep_cli
 from agentspec_sim.cli.app import app
-from agentspec_sim.cli.common import trace_argument
+from agentspec_sim.cli.common import seconds, trace_argument
 from agentspec_sim.cli.errors import UsageError
+
+# plan's own options; every other one shapes the sweep it runs, so with --results (a finished sweep) it is refused
+# rather than silently ignored.
+_PLAN_OPTIONS = frozenset({"results", "slo_p99_latency", "slo_ttft", "slo_tpot", "min_goodput", "allow_preemption",
+                           "as_json"})
 
 
 @app.command()
 def plan(
+    ctx: typer.Context,
     trace: Path | None = trace_argument(),
     results: Path | None = typer.Option(None, "--results", help="Plan from this sweep results parquet instead of "
                                         "running a sweep."),
@@ -43,31 +50,43 @@ def plan(
     output: Path | None = typer.Option(None, "--output", "-o", help="Keep the sweep plan runs as this results "
                                        "parquet (resumable with --resume)."),
     resume: bool = typer.Option(False, "--resume", help="Resume the sweep in --output."),
-    num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks", help="KV blocks (default: from GPU memory)."),
-    rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, queries per second."),
-    replicate: int = typer.Option(1, "--replicate", help="Run N independent copies of every query."),
-    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines."),
+    max_num_batched_tokens: int | None = sweep_cli.max_num_batched_tokens_option(),
+    gpu_memory_utilization: float = sweep_cli.gpu_memory_utilization_option(),
+    max_model_len: int | None = sweep_cli.max_model_len_option(),
+    num_kv_blocks: int | None = sweep_cli.num_kv_blocks_option(),
+    tensor_parallel_size: int = sweep_cli.tensor_parallel_size_option(),
+    calibration: Path | None = sweep_cli.calibration_option(),
+    rate: float | None = sweep_cli.rate_option(),
+    replicate: int = sweep_cli.replicate_option(),
+    think_time: float | None = sweep_cli.think_time_option(),
+    no_prefix_caching: bool = sweep_cli.no_prefix_caching_option(),
+    skip_bad_lines: bool = sweep_cli.skip_bad_lines_option(),
 ) -> None:
     """Pick the max batch size and drafter (and k) with the highest goodput that meets the SLOs and fits the
     KV cache; print the vLLM flags that deploy it."""
+    import math
+
     from agentspec_sim.sweep import SweepError, read_results
     from agentspec_sim.sweep.plan import SLO
     from agentspec_sim.sweep.plan import plan as make_plan
 
     for name, value in (("--slo-p99-latency", slo_p99_latency), ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot),
                         ("--min-goodput", min_goodput)):
-        if value is not None and value <= 0:
-            raise UsageError(f"{name} must be > 0, got {value}")
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{name} must be > 0 (a finite number), got {value}")
     slo = SLO(slo_p99_latency, slo_ttft, slo_tpot, min_goodput, allow_preemption)
     if results is not None:
-        if trace is not None or output is not None:
-            raise UsageError("--results plans from a finished sweep: give no TRACE and no --output")
+        if trace is not None:
+            raise UsageError("--results plans from a finished sweep: give no TRACE")
+        _refuse_sweep_options(ctx)
         try:
             frame = read_results(results)
         except SweepError as exc:
             raise UsageError(str(exc)) from None
     else:
-        engine = sweep_cli.engine_config(num_kv_blocks=num_kv_blocks, rate=rate, replicate=replicate)
+        engine = sweep_cli.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len,
+                                         num_kv_blocks, tensor_parallel_size, calibration, rate, replicate,
+                                         think_time, no_prefix_caching)
         frame = sweep_cli.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
@@ -83,17 +102,31 @@ def plan(
         _render(p)
 
 
-def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
-    return "—" if value is None else f"{value * scale:{spec}}"
+def _refuse_sweep_options(ctx: typer.Context) -> None:
+    """With --results the sweep has run: an option that would change it (an engine knob, a drafter, -o…) is
+    an error, not a setting the printed plan quietly lacks."""
+    for param in ctx.command.params:
+        if param.name in _PLAN_OPTIONS or param.name == "trace":
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            flag = max(param.opts, key=len)
+            raise UsageError(f"{flag}: applies to the sweep plan runs; with --results the sweep has run with its "
+                             "own settings (re-run it to change them, or give a TRACE instead of --results)")
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else f"{value:{spec}}"
 
 
 def _render(p) -> None:
     console = Console()
     table = Table(title=f"plan · {Path(p.trace).name} · {p.hardware} · {p.model}", box=box.SIMPLE_HEAD,
-                  pad_edge=False, caption="batch: the max_num_seqs of highest goodput meeting the objectives · "
-                                          "p99 latencies: query in s, TTFT and TPOT in ms")
+                  show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  caption="batch: the max_num_seqs of highest goodput meeting the objectives · goodput in tok/s · "
+                          "p99 latencies in seconds, as the --slo-* options and --json take them")
     # Short headers keep the table inside 80 columns; what stops each drafter is listed below it.
-    for name in ("drafter", "batch", "goodput", "speedup", "query p99", "TTFT", "TPOT"):
+    for name in ("drafter", "batch", "goodput", "speedup", "query p99 s", "TTFT p99 s", "TPOT p99 s"):
         table.add_column(name, justify="left" if name == "drafter" else "right", no_wrap=True)
     for d in p.drafters:
         b = d.best
@@ -101,19 +134,15 @@ def _render(p) -> None:
             table.add_row(d.drafter, "none", "—", "—", "—", "—", "—")
             continue
         table.add_row(d.drafter, str(b.max_num_seqs), f"{b.goodput_tok_s:,.0f}", _fmt(b.speedup, ".2f") + "×",
-                      _fmt(b.query_latency_p99_s, ",.1f"), _fmt(b.ttft_p99_s, ",.0f", 1000),
-                      _fmt(b.tpot_p99_s, ".1f", 1000))
+                      seconds(b.query_latency_p99_s), seconds(b.ttft_p99_s), seconds(b.tpot_p99_s))
     console.print(table)
     for d in p.drafters:
         console.print(f"  {d.drafter}: {'larger: ' if d.best is not None else ''}{d.why}", highlight=False)
     console.print(f"[bold]best:[/] {p.reason}")
     if p.best is not None:
         env = "".join(f"{k}={v} " for k, v in p.vllm_env.items())
-        console.print(f"{env}vllm serve … " + " ".join(_quote(a) for a in p.vllm_args), soft_wrap=True,
-                      highlight=False)
+        # Quoted for a POSIX shell, so the line pastes as it is.
+        command = " ".join(shlex.quote(a) for a in ["vllm", "serve", p.vllm_model, *p.vllm_args])
+        console.print(env + command, soft_wrap=True, highlight=False, markup=False)
     if p.vllm_note:
-        console.print(f"note: {p.vllm_note}", highlight=False)
-
-
-def _quote(arg: str) -> str:
-    return f"'{arg}'" if arg.startswith("{") else arg
+        console.print(f"note: {p.vllm_note}", highlight=False, markup=False)

@@ -63,13 +63,70 @@ def address_option():
                         "Ray instance.")
 
 
+# The engine knobs `sweep` and `plan` share: every cell of the sweep runs with them (factories, as above).
+def max_num_batched_tokens_option():
+    return typer.Option(None, "--max-num-batched-tokens", help="Token budget per step (default: vLLM's for the "
+                        "GPU: 2048 on A100, 8192 on H100/H200).")
+
+
+def gpu_memory_utilization_option():
+    return typer.Option(0.92, "--gpu-memory-utilization", help="Share of GPU memory vLLM may use (weights + KV "
+                        "cache; vLLM 0.33's default).")
+
+
+def max_model_len_option():
+    return typer.Option(None, "--max-model-len", help="Context limit (default: the model's).")
+
+
+def num_kv_blocks_option():
+    return typer.Option(None, "--num-kv-blocks", help="KV blocks (vLLM's num_gpu_blocks_override); default: from "
+                        "GPU memory.")
+
+
+def tensor_parallel_size_option():
+    return typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica.")
+
+
+def calibration_option():
+    return typer.Option(None, "--calibration", help="Fitted cost-profile file (`calibrate cost`).")
+
+
+def rate_option():
+    return typer.Option(None, "--rate", help="Queries arrive as a Poisson process of this many per second "
+                        "(default: the trace's arrival times, else all at 0).")
+
+
+def replicate_option():
+    return typer.Option(1, "--replicate", help="Run N independent copies of every query.")
+
+
+def think_time_option():
+    return typer.Option(None, "--think-time", help="Seconds between a call's finish and the next call of its query "
+                        "(default: the trace's think_s).")
+
+
+def no_prefix_caching_option():
+    return typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache.")
+
+
+def skip_bad_lines_option():
+    return typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines (and count them).")
+
+
 def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.92,
                   max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: int = 1,
                   calibration: Path | None = None, rate: float | None = None, replicate: int = 1,
                   think_time: float | None = None, no_prefix_caching: bool = False):
     """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell)."""
+    import math
+
     from agentspec_sim.engine import EngineConfig, EngineConfigError
 
+    # What EngineConfig lets through (NaN compares false with every bound) but no run can use.
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise UsageError(f"--rate: must be a finite number of queries per second > 0, got {rate}")
+    if think_time is not None and not (math.isfinite(think_time) and think_time >= 0):
+        raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
     try:
         return EngineConfig(max_num_batched_tokens=max_num_batched_tokens,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
@@ -159,20 +216,17 @@ def sweep(
     address: str | None = address_option(),
     resume: bool = typer.Option(False, "--resume", help="Keep the cells an earlier (interrupted) run of this "
                                 "output finished; run only the rest."),
-    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="Token budget per "
-                                                      "step (default: vLLM's for the GPU)."),
-    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="Share of GPU memory vLLM "
-                                                 "may use."),
-    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context limit (default: the model's)."),
-    num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks", help="KV blocks (default: from GPU memory)."),
-    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica."),
-    calibration: Path | None = typer.Option(None, "--calibration", help="Fitted cost-profile file."),
-    rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, queries per second."),
-    replicate: int = typer.Option(1, "--replicate", help="Run N independent copies of every query."),
-    think_time: float | None = typer.Option(None, "--think-time", help="Seconds between a call's finish and the "
-                                            "next call of its query."),
-    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache."),
-    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines."),
+    max_num_batched_tokens: int | None = max_num_batched_tokens_option(),
+    gpu_memory_utilization: float = gpu_memory_utilization_option(),
+    max_model_len: int | None = max_model_len_option(),
+    num_kv_blocks: int | None = num_kv_blocks_option(),
+    tensor_parallel_size: int = tensor_parallel_size_option(),
+    calibration: Path | None = calibration_option(),
+    rate: float | None = rate_option(),
+    replicate: int = replicate_option(),
+    think_time: float | None = think_time_option(),
+    no_prefix_caching: bool = no_prefix_caching_option(),
+    skip_bad_lines: bool = skip_bad_lines_option(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no speedup table."),
 ) -> None:
     """Simulate every drafter configuration at every max batch size (× hardware × model × seed); write a

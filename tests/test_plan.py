@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 
 import polars as pl
 import pytest
@@ -20,6 +21,9 @@ NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 4}
 GOODPUT = {"normal": (100, 180, 300, 360), "ngram k=5": (200, 280, 320, 340), "ngram k=2": (150, 260, 340, 350)}
 P99 = (10.0, 12.0, 20.0, 40.0)
 SIZES = (1, 2, 4, 8)
+# The engine settings a sweep records with every row (Cell.engine_config): the defaults, as vLLM picks them.
+ENGINE = json.dumps({k: v for k, v in asdict(EngineConfig()).items()
+                     if k not in ("max_num_seqs", "hardware", "model", "seed", "check_invariants")}, sort_keys=True)
 
 
 def _config(label: str) -> str:
@@ -41,7 +45,7 @@ def constructed(seeds: int = 1, slower_seed: dict | None = None) -> pl.DataFrame
                              "goodput_tok_s": float(goodputs[i]), "speedup": goodputs[i] / GOODPUT["normal"][i],
                              "query_latency_p99": p99, "ttft_p99": 0.1 * b, "tpot_p99": 0.01,
                              "preemptions": 7 if b == 8 else 0, "incomplete_queries": 0,
-                             "limits_num_kv_blocks": 1000, "limits_block_size": 16})
+                             "limits_num_kv_blocks": 1000, "limits_block_size": 16, "engine_config": ENGINE})
     return pl.DataFrame(rows)
 
 
@@ -126,9 +130,12 @@ def test_cli_json_and_errors(kv_bound, tmp_path):
     assert result.returncode == 0, result.stderr
     (doc,) = json.loads(result.stdout)
     assert doc["best"]["max_num_seqs"] == 2 and doc["vllm_args"][:2] == ["--max-num-seqs", "2"]
+    # The sweep's KV size is carried into the flags (vLLM's name for it), the model named as vLLM takes it.
+    assert doc["vllm_args"][2:4] == ["--num-gpu-blocks-override", "24"] and doc["vllm_model"] == "Qwen/Qwen3-8B"
     table = subprocess.run([*cli, "--results", str(out), "--slo-p99-latency", "1000"], capture_output=True,
                            text=True, timeout=120, env={"COLUMNS": "100", "PATH": ""})
-    assert table.returncode == 0 and "vllm serve … --max-num-seqs 2" in table.stdout, table.stderr
+    assert table.returncode == 0, table.stderr
+    assert "vllm serve Qwen/Qwen3-8B --max-num-seqs 2 --num-gpu-blocks-override 24" in table.stdout
     for args, words in ((["--results", str(tmp_path / "none.parquet")], "none.parquet"),
                         (["--results", str(out), "--slo-ttft", "-1"], "--slo-ttft")):
         bad = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)

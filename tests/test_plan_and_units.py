@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+import polars as pl
 import pytest
+import typer
 
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import percent, seconds
 from agentspec_sim.cli.errors import run_guarded
+from agentspec_sim.engine.config import EngineConfig
+from agentspec_sim.sweep.plan import REQUIRED_DRAFT_MODEL, VLLM_SPECULATIVE_KEYS, plan, vllm_engine_args
 from agentspec_sim.trace.io import write_records
 
 
@@ -146,3 +151,124 @@ def test_a_baseline_without_the_token_rate_still_checks(baseline, monkeypatch, c
     assert "baseline.json: cells[0].rejection_rate_tokens: not recorded" in line and "--update" in line
     code, _, err = run_cli(["check", "--baseline", str(baseline), "--rejection", "tokens"], monkeypatch, capsys)
     assert "--rejection: expected call or token" in one_error_line(code, err)
+
+
+# -- class 9: plan takes sweep's engine knobs and prints what vLLM accepts -------------------------------------
+
+# The vLLM 0.33 `vllm serve` flags the planner may print (vllm/engine/arg_utils.py add_cli_args); a flag
+# outside this list is one a user would paste and vLLM would reject.
+VLLM_SERVE_FLAGS = {"--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--num-gpu-blocks-override",
+                    "--gpu-memory-utilization", "--tensor-parallel-size", "--block-size",
+                    "--no-enable-prefix-caching", "--speculative-config"}
+
+
+def _options(name: str) -> set[str]:
+    command = typer.main.get_command(app).commands[name]
+    return {opt for param in command.params for opt in param.opts if opt.startswith("--")}
+
+
+def test_plan_takes_every_option_sweep_takes():
+    # sweep's own: --quiet (plan has --json) and --output, which plan has too.
+    assert _options("sweep") - {"--quiet"} <= _options("plan")
+
+
+ENGINE = {k: v for k, v in asdict(EngineConfig()).items()
+          if k not in ("max_num_seqs", "hardware", "model", "seed", "check_invariants")}
+
+
+def frame(configs: dict[str, dict], model: str = "qwen3-8b", engine: dict | None = None) -> pl.DataFrame:
+    """Sweep rows at max_num_seqs 1 and 2 where the last configuration has the most goodput."""
+    rows = []
+    for i, (label, spec) in enumerate(configs.items()):
+        for b in (1, 2):
+            rows.append({"trace": "t.jsonl", "hardware": "a100-80g", "model": model, "seed": 0, "drafter": label,
+                         "speculative_config": json.dumps(spec, sort_keys=True), "max_num_seqs": b,
+                         "goodput_tok_s": 100.0 * (i + 1) * b, "speedup": float(i + 1), "query_latency_p99": 1.0,
+                         "ttft_p99": 0.1, "tpot_p99": 0.01, "preemptions": 0, "incomplete_queries": 0,
+                         "limits_num_kv_blocks": 1000, "limits_block_size": 16,
+                         "engine_config": json.dumps(engine or ENGINE, sort_keys=True)})
+    return pl.DataFrame(rows)
+
+
+NORMAL = {"method": "normal"}
+
+
+def test_eagle3_names_the_draft_head_vllm_requires():
+    eagle = {"method": "eagle3", "num_speculative_tokens": 3}
+    (p,) = plan(frame({"normal": NORMAL, "eagle3": eagle}, model="llama-3.1-8b"))
+    # The head the bundled Llama-3.1-8B acceptance figures were measured with.
+    assert p.vllm_speculative_config["model"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" and p.vllm_note is None
+    assert p.vllm_model == "meta-llama/Llama-3.1-8B-Instruct"
+    (p,) = plan(frame({"normal": NORMAL, "eagle3": eagle}))  # Qwen3-8B's figures come from no one head
+    assert p.vllm_speculative_config["model"] == REQUIRED_DRAFT_MODEL and "REQUIRED" in p.vllm_note
+    (p,) = plan(frame({"normal": NORMAL, "eagle3": {**eagle, "model": "my-org/qwen3-eagle3"}}))
+    assert p.vllm_speculative_config["model"] == "my-org/qwen3-eagle3" and p.vllm_note is None
+    (p,) = plan(frame({"normal": NORMAL, "mtp": {"method": "mtp", "num_speculative_tokens": 1}}, model="mimo-7b"))
+    assert "model" not in p.vllm_speculative_config  # vLLM's mtp reuses the target's own weights
+
+
+def test_a_given_draft_model_survives_the_sweep():
+    """--speculative-config's "model" (no effect on the simulation) stays in the config a sweep records."""
+    from agentspec_sim.drafters.base import parse_drafter
+
+    spec = parse_drafter('{"method": "eagle3", "num_speculative_tokens": 2, "model": "my-org/head"}')
+    assert spec.to_json()["model"] == "my-org/head"
+
+
+def test_only_vllm_keys_reach_the_printed_speculative_config():
+    # Simulator-only keys a sweep's configuration can hold; vLLM's SpeculativeConfig forbids extra fields.
+    eagle = {"method": "eagle3", "num_speculative_tokens": 3, "seed": 4, "target_model": "llama-3.1-8b",
+             "tokenizer": "qwen3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    (p,) = plan(frame({"normal": NORMAL, "eagle3": eagle}))
+    assert set(p.vllm_speculative_config) == {"method", "num_speculative_tokens", "model"}
+    assert set(p.vllm_speculative_config) <= VLLM_SPECULATIVE_KEYS
+    assert json.loads(p.vllm_args[p.vllm_args.index("--speculative-config") + 1]) == p.vllm_speculative_config
+
+
+def test_engine_knobs_become_vllm_flags():
+    assert vllm_engine_args(ENGINE) == []  # the defaults are what vLLM picks by itself
+    knobs = {**ENGINE, "max_num_batched_tokens": 1024, "max_model_len": 8192, "num_kv_blocks": 500,
+             "gpu_memory_utilization": 0.8, "tensor_parallel_size": 2, "enable_prefix_caching": False,
+             "rate": 3.0, "replicate": 2, "think_time": 1.0}  # the last three shape the workload: no flag
+    args = vllm_engine_args(knobs)
+    assert args == ["--max-num-batched-tokens", "1024", "--max-model-len", "8192", "--num-gpu-blocks-override",
+                    "500", "--gpu-memory-utilization", "0.8", "--tensor-parallel-size", "2",
+                    "--no-enable-prefix-caching"]
+    (p,) = plan(frame({"normal": NORMAL, "ngram": {"method": "ngram", "num_speculative_tokens": 3}}, engine=knobs))
+    assert p.vllm_args[:2] == ["--max-num-seqs", "2"] and args == p.vllm_args[2:2 + len(args)]
+    assert {a for a in p.vllm_args if a.startswith("--")} <= VLLM_SERVE_FLAGS
+
+
+def test_results_of_two_engine_configs_are_not_averaged_into_one_plan():
+    mixed = pl.concat([frame({"normal": NORMAL}), frame({"normal": NORMAL}, engine={**ENGINE, "max_model_len": 99})])
+    from agentspec_sim.sweep import SweepError
+
+    with pytest.raises(SweepError, match="mix 2 engine configurations"):
+        plan(mixed)
+
+
+def test_plan_runs_its_sweep_with_the_knobs_and_prints_them(trace, monkeypatch, capsys):
+    args = ["plan", str(trace), "--drafter", "ngram", "--max-num-seqs", "1,2", "--executor", "inline",
+            "--max-model-len", "4096", "--max-num-batched-tokens", "1024", "--no-prefix-caching",
+            "--gpu-memory-utilization", "0.85", "-o", str(trace.with_suffix(".parquet"))]
+    code, out, err = run_cli([*args, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    (doc,) = json.loads(out)
+    assert doc["engine"]["max_model_len"] == 4096 and doc["engine"]["enable_prefix_caching"] is False
+    flags = doc["vllm_args"]
+    for pair in (["--max-model-len", "4096"], ["--max-num-batched-tokens", "1024"],
+                 ["--gpu-memory-utilization", "0.85"]):
+        assert flags[flags.index(pair[0]):flags.index(pair[0]) + 2] == pair
+    assert "--no-enable-prefix-caching" in flags
+    # The table: p99 latencies in seconds like the JSON and the --slo-* flags, and the line to paste.
+    code, out, err = run_cli(["plan", "--results", str(trace.with_suffix(".parquet"))], monkeypatch, capsys)
+    assert code == 0, err
+    assert "TTFT p99 s" in out and seconds(doc["best"]["ttft_p99_s"]) in out
+    assert "vllm serve Qwen/Qwen3-8B --max-num-seqs" in out and "--max-model-len 4096" in out
+
+
+def test_plan_from_results_refuses_options_of_the_sweep(trace, monkeypatch, capsys):
+    frame({"normal": NORMAL}).write_parquet(trace.parent / "r.parquet")  # not read: the options fail first
+    code, _, err = run_cli(["plan", "--results", str(trace.parent / "r.parquet"), "--max-model-len", "4096"],
+                           monkeypatch, capsys)
+    assert "--max-model-len: applies to the sweep plan runs" in one_error_line(code, err)

@@ -21,6 +21,7 @@ from agentspec_sim.cost.profiles import (
     load_model,
     model_from_hf_config,
     model_ids,
+    served_model_name,
     weight_bytes,
 )
 from agentspec_sim.cost.roofline import Calibration, RooflineCostModel
@@ -45,5 +46,6 @@ __all__ = [
     "load_model",
     "model_from_hf_config",
     "model_ids",
+    "served_model_name",
     "weight_bytes",
 ]

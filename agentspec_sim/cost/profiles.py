@@ -585,6 +585,17 @@ def load_model(model: str | Path | ModelProfile) -> ModelProfile:
     return model_from_hf_config(data, id=ident, name=data.get("_name_or_path") or ident, where=str(path))
 
 
+def served_model_name(model: str | Path) -> str | None:
+    """The model argument `vllm serve` takes for this profile: a bundled profile's `hf_repo`, a
+    config.json's `_name_or_path`; None when the file names neither (or cannot be read)."""
+    try:
+        data = _read_json(_resolve(MODEL_DIR, model, "model profile or config.json"))
+    except (ProfileError, OSError):
+        return None
+    name = data.get("hf_repo") or data.get("_name_or_path")
+    return str(name) if name else None
+
+
 # --------------------------------------------------------------------------------------------
 # Memory arithmetic
 

@@ -110,7 +110,9 @@ class SpeculativeConfig:
         return spec
 
     def to_json(self) -> dict[str, Any]:
-        """The resolved config as `--speculative-config` JSON (defaults made explicit)."""
+        """The resolved config as `--speculative-config` JSON (defaults made explicit). The vLLM keys that
+        have no effect here (`NO_EFFECT_KEYS`: the draft `model`…) are kept as given, so a configuration
+        printed for `vllm serve` still names the draft weights the user chose."""
         out: dict[str, Any] = {"method": self.method}
         if self.method != "normal":
             out["num_speculative_tokens"] = self.num_speculative_tokens
@@ -120,6 +122,8 @@ class SpeculativeConfig:
         if self.num_speculative_tokens_per_batch_size is not None:
             out["num_speculative_tokens_per_batch_size"] = [list(r) for r in self.num_speculative_tokens_per_batch_size]
         out.update(dict(self.options))
+        for key in sorted(NO_EFFECT_KEYS & set(self.raw)):
+            out.setdefault(key, self.raw[key])
         return out
 
 

@@ -98,6 +98,9 @@ class AcceptanceParams:
     aliases: tuple[str, ...] = ()
     calibration: Mapping[str, Any] = field(default_factory=dict)
     path: str | None = None
+    # The draft weights the figures were measured with, as vLLM's --speculative-config "model" names them
+    # (EAGLE-3 needs one; `plan` prints it); None where the file's figures come from no one head.
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if not self.positions:
@@ -131,7 +134,8 @@ class AcceptanceParams:
                        coefficients=coefficients, source=str(data.get("source", "")),
                        sources={str(k): str(v) for k, v in dict(data.get("sources", {})).items()},
                        aliases=tuple(str(a) for a in data.get("aliases", ())),
-                       calibration=dict(data.get("calibration", {})), path=path)
+                       calibration=dict(data.get("calibration", {})), path=path,
+                       draft_model=str(data["draft_model"]) if data.get("draft_model") else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {type(exc).__name__}: {exc} (needs method, model, positions[, "
                              "coefficients])") from None
@@ -140,6 +144,8 @@ class AcceptanceParams:
         out: dict[str, Any] = {"method": self.method, "model": self.model, "source": self.source}
         if self.aliases:
             out["aliases"] = list(self.aliases)
+        if self.draft_model:
+            out["draft_model"] = self.draft_model
         out["positions"] = [round(float(a), 6) for a in self.positions]
         out["coefficients"] = {k: round(float(self.coefficient(k)), 6) for k in FEATURES}
         out["sources"] = dict(self.sources)

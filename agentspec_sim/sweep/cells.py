@@ -41,6 +41,10 @@ _SMALL_BATCH_FACTOR = {"normal": 0.75, "ngram": 0.8, "ngram-v2": 0.8, "eagle3": 
                        "agentspec": 0.3}
 
 
+# EngineConfig fields that vary per cell (key columns of their own) or do not change results.
+_PER_CELL_ENGINE_FIELDS = frozenset({"max_num_seqs", "hardware", "model", "seed", "check_invariants"})
+
+
 class SweepError(ValueError):
     """A sweep that cannot run as asked (bad grid, failed cell, results file of another schema)."""
 
@@ -74,6 +78,15 @@ class Cell:
     def group(self) -> tuple[str, EngineConfig]:
         """The cells that share one `normal` baseline: same trace, same engine config."""
         return self.trace, self.config
+
+    @property
+    def engine_config(self) -> str:
+        """The engine settings the cell shares with the rest of its sweep (every `EngineConfig` field but the
+        per-cell max_num_seqs, hardware, model and seed, and the test-only check_invariants), as JSON with
+        sorted keys: the results keep it so `plan --results` can print the `vllm serve` flags that deploy
+        what was simulated."""
+        shared = {k: v for k, v in asdict(self.config).items() if k not in _PER_CELL_ENGINE_FIELDS}
+        return json.dumps(shared, sort_keys=True)
 
     def key_columns(self) -> dict[str, Any]:
         return {"cell_id": self.cell_id, "trace": self.trace, "drafter": self.label,

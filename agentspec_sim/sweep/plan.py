@@ -10,6 +10,9 @@ Rules (docs/sweep-and-plan.md):
   preemption (vLLM preempts exactly when the KV cache runs out), unless `allow_preemption`.
 - Per drafter: the feasible max_num_seqs of highest goodput (a tie goes to the smaller batch).
   Overall: the drafter whose best has the highest goodput (ties: `normal`, then the smaller batch).
+- The vLLM flags: `--max-num-seqs`, the engine settings the sweep was given that vLLM would not pick by itself
+  (`vllm_engine_args`), and the winner's `--speculative-config` with vLLM's keys only; an EAGLE-3 winner
+  names its draft head ("model", which vLLM requires), or a marked field to fill in.
 - The `num_speculative_tokens_per_batch_size` schedule: for each swept batch size up to the chosen
   one, the k of the winner's method (its configurations that differ only in k, and `normal` as
   k = 0) with the highest goodput at that max_num_seqs; each range runs from the previous swept
@@ -35,6 +38,19 @@ _VLLM_METHOD = {"ngram-v2": "ngram"}
 _VLLM_ENV = {"ngram": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
 _NOT_IN_VLLM = frozenset({"agentspec", "agentspec-s", "agentspec-r", "agentspec-n", "agspec"})
 _CELL = (*_GROUP, "drafter", "speculative_config", "max_num_seqs")
+# The vLLM 0.33 SpeculativeConfig fields (vllm/config/speculative.py) a simulated configuration can carry.
+# vLLM forbids any other key, so the simulator's own (target_model, acceptance_params, seed, tokenizer…) are
+# left out of the printed --speculative-config.
+VLLM_SPECULATIVE_KEYS = frozenset({
+    "method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size", "model", "draft_tensor_parallel_size",
+    "quantization", "revision", "code_revision", "prompt_lookup_min", "prompt_lookup_max",
+    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+})
+# Methods whose draft weights vLLM 0.33 cannot infer: without "model" it raises "num_speculative_tokens was
+# provided but without speculative model" (mtp defaults to the target's own weights; ngram and suffix need none).
+_NEEDS_DRAFT_MODEL = frozenset({"eagle3"})
+REQUIRED_DRAFT_MODEL = "<REQUIRED: the EAGLE-3 draft head to deploy>"
 
 
 @dataclass(frozen=True)
@@ -104,9 +120,11 @@ class Plan:
     best: Choice | None
     reason: str
     vllm_speculative_config: dict[str, Any] | None = None  # None: serve without speculation
-    vllm_args: list[str] = field(default_factory=list)
+    vllm_args: list[str] = field(default_factory=list)  # the flags after `vllm serve MODEL`
     vllm_env: dict[str, str] = field(default_factory=dict)  # environment the method needs
-    vllm_note: str | None = None  # e.g. a method vLLM does not ship
+    vllm_note: str | None = None  # what the flags cannot say: a method vLLM does not ship, a field to fill in…
+    vllm_model: str | None = None  # the `vllm serve` model argument (the profile's Hugging Face repo)
+    engine: dict[str, Any] | None = None  # the sweep's shared engine settings (None: the results predate them)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,10 +151,56 @@ def plan(results: pl.DataFrame, slo: SLO | None = None) -> list[Plan]:
     cells = aggregate(results)
     if cells.height == 0:
         raise SweepError("no sweep results to plan from")
+    engines = _engine_settings(results)
     plans = []
     for (trace, hardware, model), group in cells.group_by(list(_GROUP), maintain_order=True):
-        plans.append(_plan_group(str(trace), str(hardware), str(model), group, slo))
+        plans.append(_plan_group(str(trace), str(hardware), str(model), group, slo,
+                                 engines.get((trace, hardware, model))))
     return plans
+
+
+def _engine_settings(results: pl.DataFrame) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(trace, hardware, model) → the engine settings its cells share (the `engine_config` column). Cells of
+    one group run with different settings would be averaged into one answer: refused."""
+    from agentspec_sim.sweep.results import ENGINE_CONFIG
+
+    if ENGINE_CONFIG not in results.columns:
+        return {}
+    out = {}
+    for key, group in results.group_by(list(_GROUP), maintain_order=True):
+        texts = group[ENGINE_CONFIG].unique(maintain_order=True).to_list()
+        if len(texts) > 1:
+            trace, hardware, model = key
+            raise SweepError(f"results for {trace} on {hardware} / {model} mix {len(texts)} engine configurations "
+                             "(sweeps with different engine options): plan each sweep's results file on its own")
+        if texts[0] is not None:
+            out[tuple(key)] = json.loads(texts[0])
+    return out
+
+
+def vllm_engine_args(engine: dict[str, Any]) -> list[str]:
+    """The `vllm serve` flags (vLLM 0.33, vllm/engine/arg_utils.py) that set the engine as the sweep simulated
+    it: every setting it was given that differs from what vLLM picks by itself. An unset limit (None) is
+    resolved by the simulator as vLLM resolves it (agentspec_sim/engine/config.py), so it needs no flag. The
+    workload knobs (rate, replicate, think_time, arrival) and the calibration shape the simulation, not the
+    server, and have no flag."""
+    from agentspec_sim.cost.profiles import VLLM_GPU_MEMORY_UTILIZATION
+
+    args: list[str] = []
+    for key, flag in (("max_num_batched_tokens", "--max-num-batched-tokens"), ("max_model_len", "--max-model-len"),
+                      ("num_kv_blocks", "--num-gpu-blocks-override")):  # vLLM's override counts the null block too
+        if engine.get(key) is not None:
+            args += [flag, str(engine[key])]
+    utilisation = engine.get("gpu_memory_utilization")
+    if utilisation is not None and utilisation != VLLM_GPU_MEMORY_UTILIZATION:
+        args += ["--gpu-memory-utilization", f"{utilisation:g}"]
+    if engine.get("tensor_parallel_size", 1) != 1:
+        args += ["--tensor-parallel-size", str(engine["tensor_parallel_size"])]
+    if engine.get("block_size", 16) != 16:  # vLLM's block size on CUDA
+        args += ["--block-size", str(engine["block_size"])]
+    if engine.get("enable_prefix_caching") is False:  # on by default in vLLM 0.33 as here
+        args.append("--no-enable-prefix-caching")
+    return args
 
 
 def _choice(row: dict[str, Any]) -> Choice:
@@ -164,7 +228,8 @@ def _plan_drafter(label: str, rows: list[dict[str, Any]], slo: SLO) -> DrafterPl
     return DrafterPlan(label, _choice(best), why)
 
 
-def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo: SLO) -> Plan:
+def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo: SLO,
+                engine: dict[str, Any] | None = None) -> Plan:
     rows = cells.to_dicts()
     # Queries cut short by a refused call (a prompt ≥ max_model_len, refused as vLLM refuses it) fail
     # at every batch size and say nothing about it: only incompleteness beyond the group's least counts.
@@ -189,18 +254,45 @@ def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo:
                if unavoidable else "")
     reason = (f"{winner.drafter} at max_num_seqs {best.max_num_seqs} has the highest goodput meeting the objectives "
               f"({best.goodput_tok_s:,.0f} tok/s{speed}); larger: {winner.why}{runner_up}{refused}")
+    from agentspec_sim.cost.profiles import served_model_name
+
     config = _vllm_config(best, rows)
     args = ["--max-num-seqs", str(best.max_num_seqs)]
+    notes = []
+    if engine is not None:
+        args += vllm_engine_args(engine)
+    else:
+        notes.append("these results do not record the sweep's engine settings (a file from an older version): add "
+                     "the --max-model-len, --max-num-batched-tokens, … flags the sweep ran with")
     env: dict[str, str] = {}
-    note = None
     if config is not None:
         method = config["method"]
         env = dict(_VLLM_ENV.get(method, {}))
-        config = {**config, "method": _VLLM_METHOD.get(method, method)}
+        if method in _NEEDS_DRAFT_MODEL and not config.get("model"):
+            config["model"] = _draft_model(config, model) or REQUIRED_DRAFT_MODEL
+            if config["model"] == REQUIRED_DRAFT_MODEL:
+                notes.append(f'{method} needs its draft head in --speculative-config "model" (vLLM 0.33 refuses '
+                             f"{method} without one): replace {REQUIRED_DRAFT_MODEL} with the head you deploy (the "
+                             f"simulated acceptance is not from one particular head for {model})")
+        config = {k: v for k, v in config.items() if k in VLLM_SPECULATIVE_KEYS}
+        config["method"] = _VLLM_METHOD.get(method, method)
         args += ["--speculative-config", json.dumps(config, sort_keys=True)]
         if method in _NOT_IN_VLLM or method.startswith("test-"):
-            note = f"{method} is simulated here; vLLM 0.33 has no such method"
-    return Plan(trace, hardware, model, slo, drafters, best, reason, config, args, env, note)
+            notes.insert(0, f"{method} is simulated here; vLLM 0.33 has no such method")
+    return Plan(trace, hardware, model, slo, drafters, best, reason, config, args, env, "; ".join(notes) or None,
+                served_model_name(model) or model, engine)
+
+
+def _draft_model(config: dict[str, Any], model: str) -> str | None:
+    """The draft weights the acceptance parameters of (method, target model) were measured with, if known."""
+    from agentspec_sim.drafters.model_based import load_params, load_params_file
+
+    try:
+        path = config.get("acceptance_params")
+        params = load_params_file(path) if path else load_params(config["method"], model)
+    except ValueError:
+        return None
+    return params.draft_model
 
 
 def _vllm_config(best: Choice, rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -1,9 +1,10 @@
 """The sweep results file: its schema, the journal that makes it resumable, and its reader.
 
 Schema (one row per cell; docs/sweep-and-plan.md): the cell's key columns `KEY_COLUMNS`, then every
-field of `RunSummary.to_row()` in its order, then `query_latencies_s` (every completed query's
-latency). `speedup` is goodput over the goodput of the `normal` cell of the same (trace, engine
-config) group, filled in when the rows are written (null while that cell is missing).
+field of `RunSummary.to_row()` in its order, then `engine_config` (the engine settings every cell
+shares, as JSON) and `query_latencies_s` (every completed query's latency). `speedup` is goodput
+over the goodput of the `normal` cell of the same (trace, engine config) group, filled in when the
+rows are written (null while that cell is missing).
 
 Durability: each finished cell is appended to a journal beside the results, `<results>.partial`
 (one JSON line, written with one `write` and fsynced), so a killed sweep loses at most the cells in
@@ -28,10 +29,13 @@ from agentspec_sim.sweep.cells import SweepError
 
 KEY_COLUMNS = ("cell_id", "trace", "drafter", "speculative_config", "max_num_seqs", "hardware", "model", "seed")
 LATENCIES = "query_latencies_s"
+# The engine settings the sweep's cells share, as JSON (`Cell.engine_config`); absent in files written before
+# it was recorded.
+ENGINE_CONFIG = "engine_config"
 _FIXED_DTYPES: dict[str, pl.DataType] = {
     "cell_id": pl.Utf8(), "trace": pl.Utf8(), "drafter": pl.Utf8(), "speculative_config": pl.Utf8(),
     "max_num_seqs": pl.Int64(), "hardware": pl.Utf8(), "model": pl.Utf8(), "seed": pl.Int64(),
-    "speedup": pl.Float64(), LATENCIES: pl.List(pl.Float64()),
+    "speedup": pl.Float64(), ENGINE_CONFIG: pl.Utf8(), LATENCIES: pl.List(pl.Float64()),
 }
 Row = dict[str, Any]
 

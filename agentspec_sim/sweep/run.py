@@ -26,7 +26,7 @@ from agentspec_sim.sweep.cells import (
     start_order,
 )
 from agentspec_sim.sweep.executors import WorkloadSource, make_executor
-from agentspec_sim.sweep.results import LATENCIES, ResultStore, Row, fill_speedups, to_frame
+from agentspec_sim.sweep.results import ENGINE_CONFIG, LATENCIES, ResultStore, Row, fill_speedups, to_frame
 from agentspec_sim.trace.schema import Workload
 
 Progress = Callable[[int, int, Row | None], None]
@@ -34,7 +34,7 @@ Progress = Callable[[int, int, Row | None], None]
 
 def run_cell(workload: Workload, cell: Cell) -> Row:
     """Simulate one cell; its row: key columns, `RunSummary.to_row()` (speedup left to the sweep,
-    which knows the group's `normal` goodput), then every completed query's latency."""
+    which knows the group's `normal` goodput), the shared engine settings, then every completed query's latency."""
     from agentspec_sim.engine.run import simulate
     from agentspec_sim.metrics import summarize
 
@@ -42,6 +42,7 @@ def run_cell(workload: Workload, cell: Cell) -> Row:
     row = cell.key_columns()
     for key, value in summarize(result).to_row().items():
         row.setdefault(key, value)  # drafter, speculative_config: the cell's (as given to vLLM, unbound)
+    row[ENGINE_CONFIG] = cell.engine_config
     row[LATENCIES] = [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
     return row
 
