@@ -124,12 +124,15 @@ def cost(
     seed: int = typer.Option(0, "--seed", help="Seed of the hold-out split."),
     output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (what `replay --calibration` "
                                 "reads).", show_default=False),
+    allow_profile_mismatch: bool = typer.Option(False, "--allow-profile-mismatch", help="Fit timings that record "
+                                                "other hardware or another model than --hardware / --model anyway "
+                                                "(refused by default: the factors would describe neither)."),
     as_json: bool = typer.Option(False, "--json", help="Print the fit report as JSON."),
 ) -> None:
     """Fit the cost model's efficiency factors and overheads (and the drafting cost, given draft_s) to measured
     step times by bounded least squares; report the error before/after on fitted and held-out steps."""
-    from agentspec_sim.cost.calibrate import CalibrationFitError, fit_calibration
-    from agentspec_sim.cost.profiles import ProfileError
+    from agentspec_sim.cost.calibrate import CalibrationFitError, ProfileMismatchError, fit_calibration
+    from agentspec_sim.cost.profiles import ProfileError, load_hardware, load_model, profile_name
     from agentspec_sim.cost.roofline import Calibration
     from agentspec_sim.validation.calibration_input import timings_from_table
     from agentspec_sim.validation.schedule import ScheduleError
@@ -138,15 +141,21 @@ def cost(
         raise UsageError("--holdout must be in [0, 1)")
     try:
         timings = timings_from_table(file, time_column, drafter)
+        hw, m = load_hardware(hardware), load_model(model)
         begin = Calibration.from_file(start) if start else None
-        fit = fit_calibration(timings, hardware, model, start=begin, holdout=holdout, seed=seed,
-                              tensor_parallel_size=tensor_parallel_size, source=f"calibrate cost {file.name}")
+        fit = fit_calibration(timings, hw, m, start=begin, holdout=holdout, seed=seed,
+                              tensor_parallel_size=tensor_parallel_size, source=f"calibrate cost {file.name}",
+                              allow_profile_mismatch=allow_profile_mismatch)
+    except ProfileMismatchError as exc:
+        raise UsageError(f"{file}: {exc}, e.g. --hardware DIR/hardware.json --model DIR/model.json; or "
+                         "--allow-profile-mismatch to fit them anyway") from None
     except (ScheduleError, ProfileError, CalibrationFitError) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # e.g. heads that do not split over --tensor-parallel-size
         raise UsageError(str(exc)) from None
-    fit.calibration.to_file(output, hardware=hardware, model=model, tensor_parallel_size=tensor_parallel_size,
-                            fit=fit.to_dict())
+    # What the factors were fitted against, as names a run's profiles are matched with (not the paths given).
+    fit.calibration.to_file(output, hardware=profile_name(hw), model=profile_name(m),
+                            tensor_parallel_size=tensor_parallel_size, fit=fit.to_dict())
     if as_json:
         typer.echo(json.dumps({"output": str(output), **fit.to_dict()}, indent=2))
         return

@@ -88,7 +88,8 @@ def tensor_parallel_size_option():
 
 
 def calibration_option():
-    return typer.Option(None, "--calibration", help="Fitted cost-profile file (`calibrate cost`).")
+    return typer.Option(None, "--calibration", help="Fitted cost-profile file (`calibrate cost`); refused when it "
+                        "was fitted on other hardware or another model.")
 
 
 def rate_option():

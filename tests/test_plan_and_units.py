@@ -17,6 +17,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import typer
@@ -272,3 +273,69 @@ def test_plan_from_results_refuses_options_of_the_sweep(trace, monkeypatch, caps
     code, _, err = run_cli(["plan", "--results", str(trace.parent / "r.parquet"), "--max-model-len", "4096"],
                            monkeypatch, capsys)
     assert "--max-model-len: applies to the sweep plan runs" in one_error_line(code, err)
+
+
+# -- class 9: calibrations stay with the hardware and model they were measured on -------------------------------
+
+CAL_FORMAT = "agentspec-sim/cost-calibration"
+
+
+def _timing_table(path: Path, hardware: str, model: str) -> Path:
+    """`validate timing`'s timing_calls layout: call-step rows, measured_s, and what they were measured on."""
+    from test_calibrate_cost import measured
+
+    from agentspec_sim.validation.schedule import write_table
+
+    t = measured(hardware="a100-80g")
+    sizes = np.diff(t.offsets)
+    rows = int(sizes.sum())
+    write_table(path, {"step": np.repeat(np.arange(t.num_steps), sizes),
+                       "phase": np.where(t.is_prefill, "prefill", "decode"), "context_len": t.context_lens,
+                       "scheduled_tokens": t.query_lens, "measured_s": np.repeat(t.forward_s, sizes),
+                       "hardware": np.full(rows, hardware), "model": np.full(rows, model)})
+    return path
+
+
+def test_calibrate_cost_refuses_timings_from_other_hardware(tmp_path, monkeypatch, capsys):
+    cpu = _timing_table(tmp_path / "timing_calls.parquet", "cpu-test", "qwen3-8b-tiny")
+    out = tmp_path / "cal.json"
+    code, _, err = run_cli(["calibrate", "cost", str(cpu), "-o", str(out)], monkeypatch, capsys)
+    line = one_error_line(code, err)
+    assert "timing_calls.parquet: the timings were measured on hardware 'cpu-test' (not a100-80g)" in line
+    assert "model 'qwen3-8b-tiny' (not qwen3-8b)" in line and "--allow-profile-mismatch" in line
+    assert not out.exists()
+    code, _, err = run_cli(["calibrate", "cost", str(cpu), "-o", str(out), "--allow-profile-mismatch"],
+                           monkeypatch, capsys)
+    assert code == 0 and out.exists(), err
+    gpu = _timing_table(tmp_path / "gpu.parquet", "a100-80g", "qwen3-8b")
+    code, _, err = run_cli(["calibrate", "cost", str(gpu), "-o", str(out)], monkeypatch, capsys)
+    assert code == 0, err
+    recorded = json.loads(out.read_text())
+    assert (recorded["hardware"], recorded["model"]) == ("a100-80g", "qwen3-8b")
+
+
+def _calibration(path: Path, hardware: str | None, model: str | None) -> Path:
+    meta = {k: v for k, v in (("hardware", hardware), ("model", model)) if v is not None}
+    path.write_text(json.dumps({"format": CAL_FORMAT, "version": 1, "source": "test", **meta,
+                                "factors": {"memory_efficiency": 2.0}}))
+    return path
+
+
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_runs_refuse_a_calibration_fitted_elsewhere(trace, monkeypatch, capsys, command):
+    cal = _calibration(trace.parent / "cpu-cal.json", "cpu-test", "qwen3-8b-tiny")
+    out = trace.parent / "out.parquet"
+    extra = ["-o", str(out), "--executor", "inline"] if command == "sweep" else []
+    code, _, err = run_cli([command, str(trace), "--drafter", "ngram", "--max-num-seqs", "2", "--calibration",
+                            str(cal), *extra], monkeypatch, capsys)
+    line = one_error_line(code, err)
+    assert "cpu-cal.json: fitted on hardware 'cpu-test' (not a100-80g)" in line and "calibrate cost" in line
+    assert not out.exists()
+
+
+def test_a_calibration_of_the_runs_hardware_and_model_is_used(trace, monkeypatch, capsys):
+    for hardware, model in (("a100-80g", "qwen3-8b"), ("A100-80G", "Qwen/Qwen3-8B"), (None, None)):
+        cal = _calibration(trace.parent / "cal.json", hardware, model)
+        code, _, err = run_cli(["replay", str(trace), "--max-num-seqs", "2", "--calibration", str(cal)],
+                               monkeypatch, capsys)
+        assert code == 0, (hardware, model, err)

@@ -5,6 +5,8 @@ step, phase, context_len, scheduled_tokens and a step-level time column:
   * `measured_s`  — `validate timing`'s timing_calls.parquet (a measured forward pass);
   * `forward_s`   — a step log, or a vLLM export that separates forward and drafting time;
   * `step_time_s` — a vLLM export of whole steps; with `draft_s` the forward time is the difference.
+Optional `hardware` and `model` columns (one value each; `validate timing` writes them) say what the times
+were measured on, so `calibrate cost` fits them only against those profiles.
 With a `draft_s` column, steps that drafted also fit the model-free drafting cost against the number
 of decode calls in the step (the rows a model-free proposer runs over).
 """
@@ -42,8 +44,19 @@ def timings_from_columns(columns: Mapping[str, np.ndarray], where: str = "<table
                             f"got {forward[k]!r}")
     decode_calls = np.add.reduceat((~shapes.is_prefill).astype(np.int64), shapes.offsets[:-1])
     timings = StepTimings(shapes.offsets, shapes.query_lens, shapes.context_lens, shapes.is_prefill, forward,
-                          None if draft is None else np.nan_to_num(draft), None if draft is None else decode_calls)
+                          None if draft is None else np.nan_to_num(draft), None if draft is None else decode_calls,
+                          _recorded(columns, "hardware", where), _recorded(columns, "model", where))
     return timings, name
+
+
+def _recorded(columns: Mapping[str, np.ndarray], name: str, where: str) -> str | None:
+    """The one value of a `hardware` / `model` column (what the times were measured on), None without one."""
+    if name not in columns:
+        return None
+    values = sorted({str(v) for v in columns[name].tolist() if v is not None and str(v)})
+    if len(values) > 1:
+        raise ScheduleError(f"{where}: {name}: the timings mix {', '.join(map(repr, values))}; fit each on its own")
+    return values[0] if values else None
 
 
 def timings_from_table(path: str | Path, time_column: str | None = None, drafter: str | None = None) -> StepTimings:

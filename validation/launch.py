@@ -96,11 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{summary['model']}: {summary['steps']} steps, MAPE {summary['mape']:.1f}% → {args.out}")
         return 0
     from agentspec_sim.cost.calibrate import fit_calibration
+    from agentspec_sim.cost.profiles import load_hardware, load_model, profile_name
     from agentspec_sim.validation.calibration_input import timings_from_table
 
     timings = timings_from_table(args.steplog)
-    fit = fit_calibration(timings, args.hardware, args.model)
-    fit.calibration.to_file(args.output, hardware=args.hardware, model=args.model, fit=fit.to_dict())
+    hw, model = load_hardware(args.hardware), load_model(args.model)
+    fit = fit_calibration(timings, hw, model)  # refuses timings that record other hardware or another model
+    # The names runs match their own profiles against (agentspec_sim.cost.profiles.check_calibration).
+    fit.calibration.to_file(args.output, hardware=profile_name(hw), model=profile_name(model), fit=fit.to_dict())
     print(f"MAPE {fit.mape_before_train:.1f}% → {fit.mape_after_train:.1f}% (held out: "
           f"{fit.mape_before_holdout}→{fit.mape_after_holdout}); wrote {args.output}")
     return 0

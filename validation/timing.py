@@ -109,12 +109,16 @@ class TimingResult:
         return cols
 
     def call_columns(self) -> dict[str, np.ndarray]:
-        """One row per call-step, in the step log's columns plus `measured_s` (input for `calibrate cost`)."""
+        """One row per call-step, in the step log's columns plus `measured_s` (input for `calibrate cost`) and
+        the hardware and model it was measured on (the ids hardware.json and model.json carry), so the times
+        are never fitted against another device's profile by mistake."""
         s = self.shapes
         sizes = s.batch_sizes
+        rows = int(sizes.sum())
         return {"step": np.repeat(s.step_ids, sizes), "phase": np.where(s.is_prefill, "prefill", "decode"),
                 "context_len": s.context_lens, "scheduled_tokens": s.query_lens,
-                "batch_size": np.repeat(sizes, sizes), "measured_s": np.repeat(self.measured_s, sizes)}
+                "batch_size": np.repeat(sizes, sizes), "measured_s": np.repeat(self.measured_s, sizes),
+                "hardware": np.full(rows, self.hardware.id), "model": np.full(rows, self.spec.name)}
 
 
 def resolve_device(device: str | None) -> str:

@@ -14,6 +14,7 @@ from agentspec_sim.cost.profiles import (
     ProfileError,
     activation_reserve_bytes,
     build_cost_model,
+    check_calibration,
     hardware_ids,
     kv_bytes_per_token,
     kv_capacity_tokens,
@@ -21,6 +22,8 @@ from agentspec_sim.cost.profiles import (
     load_model,
     model_from_hf_config,
     model_ids,
+    profile_mismatch,
+    profile_name,
     served_model_name,
     weight_bytes,
 )
@@ -39,6 +42,7 @@ __all__ = [
     "StepCostModel",
     "activation_reserve_bytes",
     "build_cost_model",
+    "check_calibration",
     "hardware_ids",
     "kv_bytes_per_token",
     "kv_capacity_tokens",
@@ -46,6 +50,8 @@ __all__ = [
     "load_model",
     "model_from_hf_config",
     "model_ids",
+    "profile_mismatch",
+    "profile_name",
     "served_model_name",
     "weight_bytes",
 ]

@@ -46,12 +46,17 @@ class CalibrationFitError(ValueError):
     """Measurements a fit cannot use (too few steps, non-positive times, mismatched lengths)."""
 
 
+class ProfileMismatchError(CalibrationFitError):
+    """Timings that record other hardware or another model than the profiles they are to be fitted against."""
+
+
 @dataclass(frozen=True)
 class StepTimings:
     """Measured steps: step k is rows offsets[k]:offsets[k + 1] of the call arrays.
 
     forward_s: each step's measured forward time; draft_s / drafting_calls (optional): its measured
-    model-free drafting time and the number of calls that drafted in it.
+    model-free drafting time and the number of calls that drafted in it. hardware / model (optional): what
+    the times were measured on, as the input records it (`validate timing` does; a profile id or name).
     """
 
     offsets: np.ndarray
@@ -61,6 +66,8 @@ class StepTimings:
     forward_s: np.ndarray
     draft_s: np.ndarray | None = None
     drafting_calls: np.ndarray | None = None
+    hardware: str | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
         n = self.offsets.shape[0] - 1
@@ -86,7 +93,7 @@ class StepTimings:
 
         return StepTimings(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), self.query_lens[rows],
                            self.context_lens[rows], self.is_prefill[rows], self.forward_s[picks],
-                           take(self.draft_s), take(self.drafting_calls))
+                           take(self.draft_s), take(self.drafting_calls), self.hardware, self.model)
 
 
 @dataclass(frozen=True)
@@ -142,13 +149,24 @@ def split_holdout(num_steps: int, fraction: float, seed: int) -> tuple[np.ndarra
 def fit_calibration(timings: StepTimings, hardware: HardwareProfile | str, model: ModelProfile | str, *,
                     start: Calibration | None = None, factors: tuple[str, ...] = FORWARD_FACTORS,
                     holdout: float = 0.25, seed: int = 0, tensor_parallel_size: int = 1, kv_dtype_bytes: int = 2,
-                    loss: str = "soft_l1", source: str = "calibrate cost") -> CalibrationFit:
+                    loss: str = "soft_l1", source: str = "calibrate cost",
+                    allow_profile_mismatch: bool = False) -> CalibrationFit:
     """Fit `factors` of the calibration to `timings` (see the module docstring); deterministic for a seed.
 
     start: the calibration the fit starts from and keeps for every factor it does not fit (default:
-    the documented defaults). Needs at least len(factors) + 1 fitted steps.
+    the documented defaults). Needs at least len(factors) + 1 fitted steps. Timings that record the
+    hardware and model they were measured on are fitted only against those profiles (ProfileMismatchError
+    otherwise, unless `allow_profile_mismatch`): fitted against another device's peaks, CPU timings gave an
+    A100 efficiencies of 2.0 and 1.43, numbers that describe neither.
     """
+    from agentspec_sim.cost.profiles import profile_mismatch
+
     hw, m = load_hardware(hardware), load_model(model)
+    mismatch = profile_mismatch(timings.hardware, timings.model, hw, m)
+    if mismatch and not allow_profile_mismatch:
+        raise ProfileMismatchError(f"the timings were measured on {mismatch}: fit them against the profiles they "
+                                   "were measured on (`validate timing` writes hardware.json and model.json beside "
+                                   "them)")
     start = start or Calibration()
     unknown = [f for f in factors if f not in BOUNDS]
     if unknown:

@@ -597,6 +597,64 @@ def served_model_name(model: str | Path) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
+# Which hardware and model a measurement or a fitted calibration belongs to
+
+
+def profile_name(profile: HardwareProfile | ModelProfile) -> str:
+    """The name a measurement or calibration records for the profile it was made on: a bundled profile or
+    any hardware by its id, a model read from a config.json by its `_name_or_path` (the id of such a
+    model is only its file's or folder's name; `validate timing` writes model.json with the id it ran)."""
+    if isinstance(profile, ModelProfile) and profile.id not in model_ids() and profile.name:
+        return str(profile.name)
+    return profile.id
+
+
+def _recorded_names(value: str, load) -> set[str]:
+    names = {value.lower(), value.rsplit("/", 1)[-1].lower()}  # a Hugging Face repo id by its model part too
+    if value.endswith(".json") or Path(value).is_dir():  # an older file recorded the path it was given
+        try:
+            profile = load(value)
+        except (ProfileError, OSError):
+            return names
+        names |= {profile_name(profile).lower()}
+    return names
+
+
+def _matches(recorded: str, profile: HardwareProfile | ModelProfile, load) -> bool:
+    return bool(_recorded_names(recorded, load) & {profile.id.lower(), str(profile.name).lower(),
+                                                   profile_name(profile).lower()})
+
+
+def profile_mismatch(hardware: str | None, model: str | None, hw: HardwareProfile, m: ModelProfile) -> str | None:
+    """How the hardware / model something was measured or fitted on (as recorded: a profile's id or name)
+    differ from `hw` / `m`, in words; None when they agree or nothing was recorded."""
+    parts = []
+    if hardware and not _matches(hardware, hw, load_hardware):
+        parts.append(f"hardware {hardware!r} (not {hw.id})")
+    if model and not _matches(model, m, load_model):
+        parts.append(f"model {model!r} (not {profile_name(m)})")
+    return " and ".join(parts) or None
+
+
+def check_calibration(calibration: str | Path, hw: HardwareProfile, m: ModelProfile) -> None:
+    """ProfileError when the calibration file was fitted on other hardware or another model than `hw` / `m`.
+
+    Refused, not warned about: fitted efficiencies describe the kernels of the device and model they were
+    measured on (CPU timings fitted against an A100 profile gave efficiencies of 2.0 and 1.43), so on any
+    other pair every step time, goodput and speedup would be wrong with nothing in the results to show it.
+    A calibration that records neither (written by hand, or before files recorded them) is used as it is.
+    """
+    from agentspec_sim.cost.roofline import Calibration
+
+    hardware, model = Calibration.fitted_on(calibration)
+    mismatch = profile_mismatch(hardware, model, hw, m)
+    if mismatch:
+        raise ProfileError(f"{calibration}: fitted on {mismatch}: its factors would misprice every step of this "
+                           f"run; fit one on {hw.id} / {profile_name(m)} (`agentspec-sim calibrate cost`), or "
+                           "run with the hardware and model it was fitted on")
+
+
+# --------------------------------------------------------------------------------------------
 # Memory arithmetic
 
 
@@ -688,17 +746,20 @@ def build_cost_model(
 ) -> RooflineCostModel:
     """The roofline step-cost model for `model` on `hardware` with `tensor_parallel_size` GPUs.
 
-    calibration: a calibration JSON file (see `Calibration.from_file`), a Calibration, or None
-                 for the documented defaults (docs/cost-model.md).
+    calibration: a calibration JSON file (see `Calibration.from_file`; refused when it was fitted on
+                 other hardware or another model, `check_calibration`), a Calibration, or None for
+                 the documented defaults (docs/cost-model.md).
     draft:       which draft network `draft_model_time` prices by default: "eagle3", "mtp", or
                  None (the model's MTP layer when it has one, else EAGLE-3).
     """
     from agentspec_sim.cost.roofline import Calibration, RooflineCostModel
 
+    hw, m = load_hardware(hardware), load_model(model)
     if calibration is None:
         cal = Calibration()
     elif isinstance(calibration, Calibration):
         cal = calibration
     else:
         cal = Calibration.from_file(calibration)
-    return RooflineCostModel(load_hardware(hardware), load_model(model), tensor_parallel_size, cal, draft=draft)
+        check_calibration(calibration, hw, m)
+    return RooflineCostModel(hw, m, tensor_parallel_size, cal, draft=draft)

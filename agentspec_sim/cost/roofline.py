@@ -178,6 +178,19 @@ class Calibration:
         except ValueError as exc:
             raise ProfileError(f"{path}: {exc}") from exc
 
+    @staticmethod
+    def fitted_on(path: str | Path) -> tuple[str | None, str | None]:
+        """The (hardware, model) a calibration file records it was fitted on (`to_file`'s meta; None where
+        absent). Reads the file again: `from_file` has checked it."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None, None
+        if not isinstance(data, dict):
+            return None, None
+        hardware, model = data.get("hardware"), data.get("model")
+        return (hardware if isinstance(hardware, str) else None), (model if isinstance(model, str) else None)
+
     def to_file(self, path: str | Path, **meta) -> None:
         """Write every factor (atomically); `meta` (e.g. hardware=, model=) is stored alongside."""
         record = {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, "source": self.source,

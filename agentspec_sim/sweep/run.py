@@ -135,12 +135,15 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
 
 
 def _check_configs(cells: Sequence[Cell]) -> None:
-    """Resolve every distinct engine config here, so a bad profile name or limit fails before any
-    worker starts (EngineConfigError, ProfileError)."""
+    """Resolve every distinct engine config here, so a bad profile name or limit, or a calibration fitted on
+    other hardware or another model, fails before any worker starts (EngineConfigError, ProfileError)."""
+    from agentspec_sim.cost import build_cost_model
     from agentspec_sim.engine.config import resolve
 
     for config in dict.fromkeys(cell.config for cell in cells):
         resolve(config)
+        if config.calibration is not None:
+            build_cost_model(config.hardware, config.model, config.tensor_parallel_size, config.calibration)
 
 
 def _baselines(cells: Sequence[Cell]) -> dict[str, str]:
