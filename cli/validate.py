@@ -202,11 +202,13 @@ def _render_vllm(document: dict) -> None:
     table = Table(title=f"validate vllm: {Path(document['trace']).name}, max_num_seqs {document['max_num_seqs']}",
                   box=box.SIMPLE_HEAD, caption="meas = vLLM's own metrics; sim = the simulator on vLLM's outputs; "
                   "identical = calls whose per-step drafted/accepted sequences match")
-    for col in ("method", "acc.len meas", "sim", "reject meas", "sim", "goodput meas", "sim", "identical"):
+    # rej.tok: rejected / drafted tokens = 1 − vLLM's draft acceptance rate, on both sides (as replay names it).
+    for col in ("method", "acc.len meas", "sim", "rej.tok meas", "sim", "goodput meas", "sim", "identical"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in document["methods"]:
         m, s = r["measured"], r["simulated"]
         table.add_row(r["method"], _num(m["mean_acceptance_length"], ".2f"), _num(s["mean_acceptance_length"], ".2f"),
-                      _num(m["rejection_rate"]), _num(s["rejection_rate"]), _num(m["goodput_tok_s"], ",.0f"),
-                      _num(s["goodput_tok_s"], ",.0f"), f"{r['calls_with_identical_steps']}/{r['calls']}")
+                      _num(m["rejection_rate_tokens"]), _num(s["rejection_rate_tokens"]),
+                      _num(m["goodput_tok_s"], ",.0f"), _num(s["goodput_tok_s"], ",.0f"),
+                      f"{r['calls_with_identical_steps']}/{r['calls']}")
     Console().print(table)

@@ -125,7 +125,7 @@ def test_simulation_on_vllm_outputs_matches_step_by_step(fake_vllm, name):
     assert result.calls == 9 and result.calls_with_identical_steps == 9, result.step_mismatches
     for key in ("drafts", "draft_tokens", "accepted_tokens"):
         assert result.simulated[key] == result.measured[key]
-    assert result.simulated["rejection_rate"] == pytest.approx(result.measured["rejection_rate"])
+    assert result.simulated["rejection_rate_tokens"] == pytest.approx(result.measured["rejection_rate_tokens"])
     assert result.simulated["goodput_tok_s"] > 0 and result.measured["goodput_tok_s"] > 0
 
 

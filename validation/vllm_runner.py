@@ -101,12 +101,13 @@ class VllmRun:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else float("nan")
 
     def acceptance(self) -> dict[str, float | None]:
-        """vLLM's definitions: mean acceptance length 1 + accepted / drafts; rejection = 1 − accepted / drafted."""
+        """vLLM's definitions: mean acceptance length 1 + accepted / drafts; token rejection = 1 − accepted /
+        drafted (named as the simulator's `rejection_rate_tokens`: its `rejection_rate` is the paper's call mean)."""
         drafts, drafted = self.counters.get("num_drafts", 0), self.counters.get("num_draft_tokens", 0)
         accepted = self.counters.get("num_accepted_tokens", 0)
         return {"drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
                 "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-                "rejection_rate": 1 - accepted / drafted if drafted else None}
+                "rejection_rate_tokens": 1 - accepted / drafted if drafted else None}
 
 
 _COUNTERS = {
@@ -298,7 +299,7 @@ def compare(workload: Workload, run: VllmRun, method: Method, config: Any) -> Co
                               f"{record.per_step_accepted[:8]}; simulated {sim[0][:8]} / {sim[1][:8]}")
     simulated = {"drafts": draft_steps, "draft_tokens": drafted, "accepted_tokens": accepted,
                  "mean_acceptance_length": 1 + accepted / draft_steps if draft_steps else None,
-                 "rejection_rate": 1 - accepted / drafted if drafted else None,
+                 "rejection_rate_tokens": 1 - accepted / drafted if drafted else None,
                  "goodput_tok_s": summary.goodput_tok_s}
     measured = {**run.acceptance(), "goodput_tok_s": run.goodput_tok_s, "wall_s": run.wall_s,
                 "accepted_per_pos": run.accepted_per_pos}
