@@ -16,6 +16,7 @@ from rich.table import Table
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import load_workload, trace_argument
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, Output, check_outputs, json_paths
 
 analyze = typer.Typer(name="analyze", help="Offline analyses of a trace (no engine run).", no_args_is_help=True)
 app.add_typer(analyze, name="analyze")
@@ -38,6 +39,13 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
+def _check_output(output: Output, trace: Path | None, inputs: dict | None = None) -> None:
+    """The output policy (agentspec_sim/outputs.py): the output is none of the files the analysis reads."""
+    from agentspec_sim.trace.bundled import default_trace_path
+
+    check_outputs(output, inputs={"TRACE": trace or default_trace_path(), **(inputs or {})})
+
+
 def _emit(doc: dict, as_json: bool, render) -> None:
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
@@ -54,7 +62,7 @@ def redundancy(
     max_candidates: int = typer.Option(64, "--max-candidates", help="Newest matched continuations kept per position."),
     no_structure: bool = typer.Option(False, "--no-structure", help="Ignore semantic blocks (history per query only)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write the figure (PNG) here."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the figure here (.png, .svg or .pdf)."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed lines (and count them)."),
 ) -> None:
     """Acceptance vs redundancy c/n for several match lengths (AgentSpec Figure 6), by replaying outputs."""
@@ -63,6 +71,7 @@ def redundancy(
     lens = _int_list(match_lens, "--match-lens")
     if max_candidates < 1 or draft_len < 0:
         raise UsageError("--max-candidates must be ≥ 1 and --draft-len ≥ 0")
+    _check_output(Output("--output", output, FIGURE_SUFFIXES), trace)
     path, workload = load_workload(trace, skip_bad_lines)
     profile = redundancy_profile(workload, _token_bytes(workload), lens, max_candidates=max_candidates,
                                  draft_len=draft_len, structured=not no_structure)
@@ -110,7 +119,7 @@ def _render_redundancy(profile: dict) -> None:
 @analyze.command()
 def roles(
     trace: Path | None = trace_argument(),
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write the cap file (JSON, atomically); the "
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the cap file (.json, atomically); the "
                                 "agspec drafter reads it through its `role_caps` key.", show_default=False),
     drafter: str = typer.Option('{"method": "agspec"}', "--drafter", help="The agspec speculative config whose "
                                 "retrieval is profiled (corpora, representations, controller)."),
@@ -133,6 +142,8 @@ def roles(
         raise UsageError("--k-max must be ≥ 1")
     if batch_size < 1:
         raise UsageError("--batch-size must be ≥ 1")
+    _check_output(Output("--output", output, JSON_SUFFIXES), trace, {"--model": model, "--hardware": hardware,
+                                                                     "--drafter": json_paths([drafter])})
     path, workload = load_workload(trace, skip_bad_lines)
     try:
         doc = analyze_roles(workload, output, drafter=drafter, k_max=k_max, penalty=penalty, batch_size=batch_size,

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.outputs import JSON_SUFFIXES, Output, check_outputs
 
 calibrate_app = typer.Typer(name="calibrate", help="Fit simulator parameters from measurements.",
                             no_args_is_help=True)
@@ -35,7 +36,7 @@ def acceptance(
     coefficients_from: Path | None = typer.Option(None, "--coefficients-from", help="Hold the feature coefficients "
                                                   "at those of this parameter file (default: fit them when requests "
                                                   "match trace calls, else the method's bundled default)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write the parameter JSON (atomically).",
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the parameter file (.json, atomically).",
                                 show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print the fit report as JSON instead of a table."),
 ) -> None:
@@ -53,6 +54,8 @@ def acceptance(
         raise UsageError(f"--method: {exc}") from None
     if k is not None and k < 1:
         raise UsageError("--k must be ≥ 1")
+    check_outputs(Output("--output", output, JSON_SUFFIXES),
+                  inputs={"FILE": file, "--features": features, "--coefficients-from": coefficients_from})
     if not file.is_file():
         raise FileNotFoundError(2, "no such file", str(file))
     workload = None
@@ -122,8 +125,8 @@ def cost(
                                        "(default: the last)."),
     holdout: float = typer.Option(0.25, "--holdout", help="Share of steps held out of the fit and only evaluated."),
     seed: int = typer.Option(0, "--seed", help="Seed of the hold-out split."),
-    output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (what `replay --calibration` "
-                                "reads).", show_default=False),
+    output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (.json: what `replay "
+                                "--calibration` reads).", show_default=False),
     allow_profile_mismatch: bool = typer.Option(False, "--allow-profile-mismatch", help="Fit timings that record "
                                                 "other hardware or another model than --hardware / --model anyway "
                                                 "(refused by default: the factors would describe neither)."),
@@ -139,6 +142,8 @@ def cost(
 
     if not 0 <= holdout < 1:
         raise UsageError("--holdout must be in [0, 1)")
+    check_outputs(Output("--output", output, JSON_SUFFIXES),
+                  inputs={"FILE": file, "--calibration": start, "--hardware": hardware, "--model": model})
     try:
         timings = timings_from_table(file, time_column, drafter)
         hw, m = load_hardware(hardware), load_model(model)

@@ -30,7 +30,8 @@ def check(
     goodput_tolerance: float = typer.Option(0.02, "--goodput-tolerance", help="Largest allowed relative fall of "
                                             "goodput or speedup (0.02 = 2%)."),
     update: bool = typer.Option(False, "--update", help="Re-measure and rewrite the baseline (creates it if absent)."),
-    junit: Path | None = typer.Option(None, "--junit", help="Also write the result as JUnit XML (for CI systems)."),
+    junit: Path | None = typer.Option(None, "--junit", help="Also write the result as JUnit XML (.xml, for CI "
+                                        "systems)."),
     drafter: str | None = typer.Option(None, "--drafter", help="With --update: drafters to record (comma-separated "
                                        f"names or JSON; default: the baseline's, else {_DEFAULT_DRAFTERS})."),
     max_num_seqs: str | None = typer.Option(None, "--max-num-seqs", help="With --update: max batch sizes to record "
@@ -50,6 +51,7 @@ def check(
                             ("--model", model)):
             if value is not None:
                 raise UsageError(f"{name} applies only with --update (check re-runs what the baseline records)")
+    _check_outputs(baseline, junit, traces or [], update)
     console = Console()
     err = Console(stderr=True)
     try:
@@ -96,6 +98,19 @@ def check(
         raise typer.Exit(1)
     console.print(f"ok: {len(result.diffs)} cells within tolerance ({lib.REJECTION_LABEL[rejection]} "
                   f"+{tolerance * 100:g} pp, goodput/speedup −{goodput_tolerance * 100:g}%)")
+
+
+def _check_outputs(baseline: Path, junit: Path | None, traces: list[Path], update: bool) -> None:
+    """The output policy (agentspec_sim/outputs.py): --junit, and with --update the baseline, are none of the
+    files the check reads. (--update rewrites the baseline it reads: that is its purpose.)"""
+    from agentspec_sim.outputs import JSON_SUFFIXES, JUNIT_SUFFIXES, Output, check_outputs
+    from agentspec_sim.trace.bundled import default_trace_path
+
+    inputs: dict = {"TRACE": traces or ([default_trace_path()] if update else [])}
+    if not update:
+        inputs["--baseline"] = baseline
+    check_outputs(Output("--baseline", baseline if update else None, JSON_SUFFIXES),
+                  Output("--junit", junit, JUNIT_SUFFIXES), inputs=inputs)
 
 
 def _update(lib, baseline: Path, traces: list[Path], drafter, max_num_seqs, hardware, model, err):

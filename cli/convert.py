@@ -28,6 +28,10 @@ def convert(
         raise UsageError(f"FORMAT: unknown format {fmt!r}; choose one of {', '.join(sorted(CONVERTERS))}")
     if max_queries is not None and max_queries < 1:
         raise UsageError(f"--max-queries: must be ≥ 1, got {max_queries}")
+    from agentspec_sim.outputs import TRACE_SUFFIXES, Output, check_outputs
+
+    # An existing output inside an INPUT folder counts as an input: the converter reads that folder.
+    check_outputs(Output("--output", output, TRACE_SUFFIXES), inputs={"INPUT": inputs, "--tokenizer": tokenizer})
     summary = convert_to_trace(fmt, inputs, output, tokens=tokens, tokenizer=tokenizer, max_queries=max_queries)
     Console(stderr=True).print(
         f"wrote {output}: {summary['queries']} queries, {summary['calls']} calls, "

@@ -8,6 +8,14 @@ Signals: `run_guarded` turns SIGINT and SIGTERM into `Interrupted` (a KeyboardIn
 wherever the program is, so every `finally` and every atomic write (agentspec_sim/atomic.py)
 removes its temporary file; a command may catch it to write what is complete and re-raise it
 with a `note` saying what it wrote. Further signals are ignored while that cleanup runs.
+
+Outputs: each command runs in an output scope (agentspec_sim/outputs.py), so an output that would
+destroy an input, or that cannot be written, is one line naming the file and its option. Standard
+output is guarded the same way: a write or flush that fails (a full disk, an I/O error) is one line
+`error: standard output: <reason>`, exit 2; a closed pipe (`| head`) ends the command quietly with
+exit code 1, as Python's documentation advises (signal module, "Note on SIGPIPE") and as rich does for
+the tables it prints. Either way fd 1 is then pointed at /dev/null, so the interpreter's last flush
+does not fail again.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from rich.markup import escape
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STDOUT = "standard output"  # the file name an OSError from writing sys.stdout carries
 
 
 class UsageError(ValueError):
@@ -97,14 +106,75 @@ def exit_code_for_signal(signum: int) -> int:
     return 128 + int(signum)
 
 
+class _GuardedStdout:
+    """sys.stdout while a command runs: an OSError writing or flushing it is raised again with the file
+    name `STDOUT`, so that it is reported as standard output's (rich and click write through this)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, STDOUT) from exc  # EPIPE makes a BrokenPipeError
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, STDOUT) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _guarded_stdout() -> Iterator[None]:
+    original = sys.stdout
+    if original is not None:
+        sys.stdout = _GuardedStdout(original)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = original
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null so what is still buffered, and the interpreter's flush at exit, go nowhere."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        fd = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+
+def _stdout_failed(exc: OSError) -> int:
+    _silence_stdout()
+    if isinstance(exc, BrokenPipeError):  # the reader went away (`| head`): not an error to report
+        return 1
+    if debug_enabled():
+        traceback.print_exc()
+    stderr.print(f"[bold red]error:[/] {escape(_message(exc))}", markup=True)
+    return 2
+
+
 def run_guarded(app: typer.Typer) -> int:
     """Run the Typer app: expected failures print `error: …` and return 2; SIGINT/SIGTERM print one line
-    (with what the command wrote before exiting) and return 130/143."""
+    (with what the command wrote before exiting) and return 130/143; a failing standard output is one
+    line and 2, a closed pipe 1 and quiet (see the module docstring)."""
+    from agentspec_sim.outputs import command_scope
+
     args = [a for a in sys.argv[1:] if a != "--debug"]
     interrupt: BaseException | None = None
     try:
-        with interrupt_signals() as signals:
+        with interrupt_signals() as signals, _guarded_stdout(), command_scope():
             code = _run(app, args)
+            code = _flush_stdout(code)
         interrupt = signals.raised
     except KeyboardInterrupt as exc:  # raised outside the command (e.g. while loading the app)
         interrupt = exc
@@ -117,18 +187,38 @@ def run_guarded(app: typer.Typer) -> int:
     return exit_code_for_signal(signum)
 
 
+def _flush_stdout(code: int) -> int:
+    """Flush standard output inside the guard: a failure to deliver the last of it is the command's too."""
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        if exc.filename != STDOUT:
+            raise
+        if code != 0:  # the command failed already and said so: keep its code
+            _silence_stdout()
+            return code
+        return _stdout_failed(exc)
+    return code
+
+
 def _run(app: typer.Typer, args: list[str]) -> int:
     try:
         # standalone_mode=False: click returns a command's typer.Exit code instead of raising it.
         code = app(args=args, prog_name="agentspec-sim", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
+    except SystemExit as exc:  # rich ends a command this way when standard output's pipe closed (exit 1)
+        if exc.code is None or isinstance(exc.code, int):
+            return int(exc.code or 0)
+        raise
     except MemoryError:
         if debug_enabled():
             traceback.print_exc()
         stderr.print("[bold red]error:[/] out of memory (the trace or run is too large for this machine)", markup=True)
         return 2
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.filename == STDOUT:
+            return _stdout_failed(exc)
         if _is_expected(exc):
             if debug_enabled():
                 traceback.print_exc()

@@ -33,6 +33,9 @@ def record(
 
     if max_num_seqs < 1 or (queries is not None and queries < 1):
         raise UsageError("--max-num-seqs and --queries must be ≥ 1")
+    from agentspec_sim.outputs import TRACE_SUFFIXES, Output, check_outputs
+
+    check_outputs(Output("--output", output, TRACE_SUFFIXES), inputs={"TRACE": trace, "--model": model})
     workload = load_trace(trace)  # a bad trace is reported before a missing vLLM
     if importlib.util.find_spec("vllm") is None:
         raise UsageError("record needs vLLM and model weights: pip install 'agentspec-sim[vllm]' (vllm==0.33.0)")

@@ -52,8 +52,9 @@ def replay(
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache."),
     seed: int = typer.Option(0, "--seed", help="Seed for arrivals and staggering."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of the table."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Also write the JSON document to this file."),
-    steps: Path | None = typer.Option(None, "--steps", help="Write every run's per-call-step log (parquet)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Also write the JSON document to this file "
+                                       "(.json, or .json.gz/.xz/.zst compressed)."),
+    steps: Path | None = typer.Option(None, "--steps", help="Write every run's per-call-step log (.parquet)."),
     check: bool = typer.Option(False, "--check-invariants", help="Run the engine's invariant checks every step."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines (and count them)."),
 ) -> None:
@@ -61,7 +62,9 @@ def replay(
     from agentspec_sim.drafters.base import SpecConfigError, parse_drafter, parse_drafter_list
     from agentspec_sim.engine import EngineConfig, EngineConfigError, SimulationError
 
-    _check_options(seed, rate, think_time, output, steps)
+    _check_options(seed, rate, think_time)
+    _check_outputs(output, steps, trace=trace, calibration=calibration, model=model, hardware=hardware,
+                   speculative_config=speculative_config)
     try:
         specs = parse_drafter_list(drafter) + [parse_drafter(text) for text in speculative_config]
         config = EngineConfig(
@@ -116,12 +119,9 @@ def replay(
     _render(path, runs, burst_note(workload, config))
 
 
-def _check_options(seed: int, rate: float | None, think_time: float | None, output: Path | None,
-                   steps: Path | None) -> None:
-    """What EngineConfig does not check, and the output paths, before any work starts."""
+def _check_options(seed: int, rate: float | None, think_time: float | None) -> None:
+    """What EngineConfig does not check, before any work starts."""
     import math
-
-    from agentspec_sim.atomic import check_writable
 
     if seed < 0:
         raise UsageError(f"--seed: must be ≥ 0, got {seed}")
@@ -129,11 +129,23 @@ def _check_options(seed: int, rate: float | None, think_time: float | None, outp
         raise UsageError(f"--rate: must be a finite number of queries per second > 0, got {rate}")
     if think_time is not None and not math.isfinite(think_time):
         raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
-    if output is not None and steps is not None and output.resolve() == steps.resolve():
-        raise UsageError(f"--output and --steps name the same file {output}")
-    for target in (output, steps):
-        if target is not None:
-            check_writable(target)
+
+
+def _check_outputs(output: Path | None, steps: Path | None, *, trace: Path | None, calibration: Path | None,
+                   model: str, hardware: str, speculative_config: list[str]) -> None:
+    """The output policy (agentspec_sim/outputs.py) for -o and --steps, against every file the run reads."""
+    from agentspec_sim.outputs import (
+        JSON_DOCUMENT_SUFFIXES,
+        PARQUET_SUFFIXES,
+        Output,
+        check_outputs,
+        json_paths,
+    )
+    from agentspec_sim.trace.bundled import default_trace_path
+
+    check_outputs(Output("--output", output, JSON_DOCUMENT_SUFFIXES), Output("--steps", steps, PARQUET_SUFFIXES),
+                  inputs={"TRACE": trace or default_trace_path(), "--calibration": calibration, "--model": model,
+                          "--hardware": hardware, "--speculative-config": json_paths(speculative_config)})
 
 
 def _check_draft_networks(specs, config) -> None:

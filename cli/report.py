@@ -10,6 +10,8 @@ from rich.console import Console
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
 
+REPORT_FILES = ("report.md", "*.png")  # what agentspec_sim/report/build.py writes into the folder
+
 
 @app.command()
 def report(
@@ -28,6 +30,11 @@ def report(
 
     if batch_size is not None and batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {batch_size}")
+    from agentspec_sim.outputs import Output, check_outputs
+
+    # The folder may hold the results; refused only where a file the report writes would replace an input.
+    check_outputs(Output("--output", output, folder=True, names=REPORT_FILES),
+                  inputs={"RESULTS": results, "--steps": steps})
     try:
         frame = load_results(results)
         written = write_report(frame, output, batch=batch_size, step_logs=steps, title=title,

@@ -162,6 +162,7 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
                        seeds=list(range(seeds)))
     except SweepError as exc:
         raise UsageError(str(exc)) from None
+    _check_output(trace, output, engine, hardware, model, speculative_config)
     console = Console(stderr=True)
     if show_progress:
         say_if_compiling()
@@ -201,10 +202,23 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
         bar.stop()
 
 
+def _check_output(trace: Path | None, output: Path | None, engine, hardware: str, model: str,
+                  speculative_config: list[str]) -> None:
+    """The output policy (agentspec_sim/outputs.py) for the results parquet, against every file cells read."""
+    from agentspec_sim.outputs import PARQUET_SUFFIXES, Output, check_outputs, json_paths
+    from agentspec_sim.trace.bundled import default_trace_path
+
+    check_outputs(Output("--output", output, PARQUET_SUFFIXES),
+                  inputs={"TRACE": trace or default_trace_path(), "--calibration": engine.calibration,
+                          "--hardware": hardware.split(","), "--model": model.split(","),
+                          "--speculative-config": json_paths(speculative_config)})
+
+
 @app.command()
 def sweep(
     trace: Path | None = trace_argument(),
-    output: Path = typer.Option(..., "--output", "-o", help="Results parquet (one row per cell)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Results parquet (.parquet, one row per cell); one "
+                                "sweep at a time writes it."),
     drafter: str = drafter_option(),
     speculative_config: list[str] = speculative_config_option(),
     grid: list[str] = grid_option(),

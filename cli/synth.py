@@ -24,7 +24,8 @@ def synth(
 ) -> None:
     """Make a large trace by resampling a real one: new ids, the same per-query shapes, and copies of
     one query relabelled so that they share no text (see agentspec_sim/trace/synth.py)."""
-    from agentspec_sim.atomic import check_writable
+    from agentspec_sim.outputs import TRACE_SUFFIXES, Output, check_outputs
+    from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import write_trace
     from agentspec_sim.trace.synth import synthesize, vocabulary_for
 
@@ -35,7 +36,7 @@ def synth(
             raise UsageError(f"{name}: must be ≥ 1, got {value}")
     if seed < 0:
         raise UsageError(f"--seed: must be ≥ 0, got {seed}")
-    check_writable(output)
+    check_outputs(Output("--output", output, TRACE_SUFFIXES), inputs={"--like": like or default_trace_path()})
     path, workload = load_workload(like)
     if not workload.queries:
         raise UsageError(f"--like: {path} has no queries to resample")

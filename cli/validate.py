@@ -14,6 +14,10 @@ from rich.table import Table
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
 
+# What validation/timing.py's write_outputs puts in the -o folder.
+TIMING_FILES = ("timing.parquet", "timing_calls.parquet", "hardware.json", "model.json", "calibration.json",
+                "summary.json", "scatter.png")
+
 validate_app = typer.Typer(name="validate", help="Check the simulator against real execution.", no_args_is_help=True)
 app.add_typer(validate_app, name="validate")
 
@@ -60,8 +64,10 @@ def timing(
         raise UsageError("--holdout must be in [0, 1)")
     if sample is not None and sample < 1:
         raise UsageError("--sample must be ≥ 1")
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"{output}: exists and is not a folder (-o names the output folder)")
+    from agentspec_sim.outputs import Output, check_outputs
+
+    check_outputs(Output("--output", output, folder=True, names=TIMING_FILES),
+                  inputs={"STEPS": steps, "--calibration": calibration, "--hardware": hardware, "--model": model})
     try:
         shapes = load_shapes(steps, drafter)
         if sample is not None:
@@ -131,7 +137,8 @@ def vllm_cmd(
     sim_model: str = typer.Option("qwen3-8b", "--sim-model", help="Model profile of the simulation."),
     calibration: Path | None = typer.Option(None, "--calibration", help="Cost calibration for the simulation."),
     record_dir: Path | None = typer.Option(None, "--record-dir", help="Write each method's re-generated trace here."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison as JSON."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison as JSON (.json, or "
+                                       ".json.gz/.xz/.zst)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Serve the trace's calls through vLLM with each spec method, then simulate the same calls (with vLLM's
@@ -158,6 +165,12 @@ def vllm_cmd(
             raise UsageError(f"--method {name}: unknown{hint}; known: {', '.join(known)}")
     if max_num_seqs < 1 or (queries is not None and queries < 1):
         raise UsageError("--max-num-seqs and --queries must be ≥ 1")
+    from agentspec_sim.outputs import JSON_DOCUMENT_SUFFIXES, Output, check_outputs
+
+    check_outputs(Output("--output", output, JSON_DOCUMENT_SUFFIXES),
+                  Output("--record-dir", record_dir, folder=True, names=tuple(f"{n}.jsonl" for n in names)),
+                  inputs={"TRACE": trace, "--model": model, "--eagle3-model": eagle3_model,
+                          "--calibration": calibration})
     _need_vllm()
     workload = load_trace(trace)
     if queries is not None:

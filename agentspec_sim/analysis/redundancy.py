@@ -110,7 +110,7 @@ def _row(lo, hi, sel, proposed, accepted) -> dict:
 
 
 def plot_redundancy(profile: dict, path: str | Path, title: str | None = None, min_positions: int = 20) -> Path:
-    """Figure 6 as a PNG: acceptance ratio (1 − ρ) vs redundancy c/n, one line per match length
+    """Figure 6 as a PNG (or SVG / PDF by suffix): acceptance ratio (1 − ρ) vs redundancy c/n, one line per match length
     (bins holding fewer than `min_positions` drafts are left out: their ratio is noise)."""
     import matplotlib
 
@@ -131,9 +131,17 @@ def plot_redundancy(profile: dict, path: str | Path, title: str | None = None, m
     ax.legend(title=f"draft: {profile['draft']}")
     ax.set_title(title or "Acceptance vs redundancy (AgentSpec Fig. 6)")
     fig.tight_layout()
+    from agentspec_sim.atomic import atomic_binary
+
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    # The format follows the suffix matplotlib would read from a file name (.png, .svg, .pdf), written
+    # atomically like every output; a device or a name without a suffix gets PNG.
+    fmt = path.suffix[1:].lower() if path.suffix.lower() in (".png", ".svg", ".pdf") else "png"
+    try:
+        with atomic_binary(path, compress=False) as out:
+            fig.savefig(out, format=fmt, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 

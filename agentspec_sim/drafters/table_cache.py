@@ -73,7 +73,7 @@ def cached_arrays(kind: str, key: str, build: Callable[[], Arrays], valid: Calla
 
             buffer = io.BytesIO()
             np.savez(buffer, **arrays)
-            write_bytes_atomic(path, buffer.getvalue())
+            write_bytes_atomic(path, buffer.getvalue(), sync=False)
             _trim(path.parent, keep=path)
         return arrays
 

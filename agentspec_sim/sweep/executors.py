@@ -77,7 +77,7 @@ class WorkloadSource:
                 if not path.exists():
                     from agentspec_sim.atomic import write_bytes_atomic
 
-                    write_bytes_atomic(path, self.data)
+                    write_bytes_atomic(path, self.data, sync=False)
             self.loaded = load_trace(path, skip_bad_lines=self.skip_bad_lines)
         return self.loaded
 

@@ -87,8 +87,8 @@ def store(directory: Path, key: str, workload: Workload) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         raw = io.BytesIO()
         np.save(raw, np.ascontiguousarray(buffer, dtype=np.int32), allow_pickle=False)
-        write_bytes_atomic(directory / f"{key}.npy", raw.getvalue())
-        write_bytes_atomic(directory / f"{key}.json", json.dumps(meta, ensure_ascii=False).encode())
+        write_bytes_atomic(directory / f"{key}.npy", raw.getvalue(), sync=False)
+        write_bytes_atomic(directory / f"{key}.json", json.dumps(meta, ensure_ascii=False).encode(), sync=False)
     except OSError:
         return
 
