@@ -11,11 +11,22 @@ Durability: each finished cell is appended to a journal beside the results, `<re
 flight. The parquet file itself is only ever replaced atomically (agentspec_sim.atomic): when the
 sweep ends, or is interrupted, it is written from every finished row and the journal is removed. A
 resumed sweep reads both (the journal wins where both hold a cell) and discards a torn last line.
+
+One writer: a sweep holds an exclusive lock (`<results>.lock`, agentspec_sim.outputs.sole_writer) from
+before it reads an earlier run until its parquet is written; a second sweep of the same output is
+refused at once. A symlinked output's journal and lock sit beside the file it points to; a device or
+FIFO output gets the parquet written through at the end, with no journal and no lock (nothing to resume).
+
+A failed write: when the journal cannot be appended to (a full disk, an I/O error), it is cut back to
+its last whole line, so it is intact. When the parquet then cannot be written either, the journal is
+kept for --resume only if it is intact — whole lines, each fsynced — and removed otherwise; the error
+says which. No temporary file and no torn parquet is ever left (atomic.py removes its temporary file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,6 +35,7 @@ from typing import Any
 
 import polars as pl
 
+from agentspec_sim import outputs
 from agentspec_sim.atomic import atomic_binary, atomic_text
 from agentspec_sim.sweep.cells import SweepError
 
@@ -98,20 +110,39 @@ def read_results(path: str | Path) -> pl.DataFrame:
 class ResultStore:
     """The results parquet and its journal for one sweep run.
 
-    `previous()` reads what an earlier run left (parquet, then journal); `open(kept)` starts the
-    journal with the rows being kept; `append(row)` records one finished cell durably; `close(rows)`
-    writes the parquet and removes the journal. Nothing is ever written to the parquet's own name
-    except by an atomic replace.
+    `lock()` makes the output this process's (released by `close` / `abort`); `previous()` reads what
+    an earlier run left (parquet, then journal); `open(kept)` starts the journal with the rows being
+    kept; `append(row)` records one finished cell durably; `close(rows)` writes the parquet and removes
+    the journal; `abort(rows)`, after a failure, writes what finished and keeps the journal only where
+    the parquet could not be written and the journal is intact. Nothing is ever written to the
+    parquet's own name except by an atomic replace (or, for a device or FIFO, written through once).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.journal = journal_path(path)
+        real = Path(os.path.realpath(self.path))  # a symlink: the journal and lock go beside its file
+        self.journaled = not outputs.is_special(self.path)  # a device or FIFO: no journal, nothing to resume
+        self.journal = journal_path(real)
+        self._lock_path = real.with_name(real.name + ".lock")
+        self._lock: contextlib.ExitStack | None = None
         self._fd: int | None = None
+        self._whole = 0  # bytes of whole, fsynced lines in the journal
+        self._lines = 0  # and how many lines
+        self._intact = True
+
+    def lock(self) -> None:
+        """Refuse at once (OutputError) if another process is writing this output; else hold it."""
+        if not self.journaled or self._lock is not None:
+            return
+        stack = contextlib.ExitStack()
+        stack.enter_context(outputs.sole_writer(self.path, self._lock_path))
+        self._lock = stack
 
     def previous(self) -> dict[str, Row]:
         """Finished rows from an earlier run of this output, by cell_id (the journal's win)."""
         rows: dict[str, Row] = {}
+        if not self.journaled:
+            return rows
         if self.path.exists():
             for row in read_results(self.path).to_dicts():
                 rows[row["cell_id"]] = row
@@ -122,32 +153,105 @@ class ResultStore:
 
     def open(self, kept: Iterable[Row]) -> None:
         """Start the journal afresh (atomically) holding `kept`, then keep it open for appends."""
+        if not self.journaled:
+            return
         with atomic_text(self.journal) as out:
             for row in kept:
                 out.write(_line(row))
-        self._fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND)
+                self._lines += 1
+        try:
+            self._fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND)
+            self._whole = os.fstat(self._fd).st_size
+        except OSError as exc:
+            raise self._journal_error(exc) from exc
 
     def append(self, row: Row) -> None:
+        """Add one finished cell to the journal: one write, then fsync. On failure the journal is cut back to
+        its last whole line (or marked damaged if it cannot be) and an OutputError names the output."""
+        if not self.journaled:
+            return
         assert self._fd is not None, "ResultStore.append before open"
         data = _line(row).encode()
-        written = os.write(self._fd, data)  # one write: a kill leaves the line whole or absent
-        if written != len(data):
-            raise OSError(f"{self.journal}: short write ({written} of {len(data)} bytes)")
-        os.fsync(self._fd)
+        try:
+            written = os.write(self._fd, data)  # one write: a kill leaves the line whole or absent
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+            os.fsync(self._fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(self._fd, self._whole)
+                os.fsync(self._fd)
+            except OSError:
+                self._intact = False
+            if exc.errno == errno.EIO:  # written pages may have been lost: no line can be trusted
+                self._intact = False
+            raise self._journal_error(exc) from exc
+        self._whole += len(data)
+        self._lines += 1
 
     def close(self, rows: Sequence[Row]) -> pl.DataFrame:
         """Write every finished row to the parquet (atomically), then drop the journal. With no row
         finished nothing is written (a results file always has the whole schema)."""
-        self._close_fd()
-        frame = write_results(self.path, rows) if rows else to_frame(rows)
-        with contextlib.suppress(FileNotFoundError):
-            self.journal.unlink()
+        try:
+            self._close_fd()
+            frame = write_results(self.path, rows) if rows else to_frame(rows)
+        except OSError as exc:
+            raise self._not_written(exc) from exc
+        finally:
+            self._unlock()
+        self._drop_journal()
         return frame
+
+    def abort(self, rows: Sequence[Row], cause: BaseException) -> None:
+        """After `cause` stopped the sweep: write what finished and drop the journal, as `close` does (an
+        error then says what was kept). If the journal was what failed, raise its error saying that the
+        parquet holds the finished rows."""
+        self.close(rows)
+        if isinstance(cause, outputs.OutputError) and rows:
+            raise outputs.OutputError(cause.filename, f"{cause.strerror} (the {len(rows)} finished cell(s) are "
+                                                      f"written to {self.path}: rerun with --resume to finish)",
+                                      cause.errno or errno.EIO) from cause
+
+    def _not_written(self, exc: OSError) -> OSError:
+        """The parquet could not be written: keep the journal for --resume if it is intact, else remove it,
+        and say which in the error."""
+        if not self.journaled:
+            return exc
+        kept = self._intact and self._lines > 0 and self.journal.exists()
+        if not kept:
+            self._drop_journal()
+        what = (f"{self._lines} finished cell(s) kept in {self.journal}: rerun with --resume" if kept
+                else "no journal kept")
+        return outputs.OutputError(exc.filename or self.path, f"{exc.strerror or exc} ({what})",
+                                   exc.errno or errno.EIO)
+
+    def _journal_error(self, exc: OSError) -> outputs.OutputError:
+        lead = f"{flag}: " if (flag := outputs.flag_of(self.path)) else ""
+        return outputs.OutputError(self.path, f"{lead}cannot write its journal {self.journal}: "
+                                              f"{exc.strerror or exc}", exc.errno or errno.EIO)
+
+    def _drop_journal(self) -> None:
+        if self.journaled:
+            with contextlib.suppress(FileNotFoundError):
+                self.journal.unlink()
 
     def _close_fd(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError:  # an error the journal's fsyncs did not see: it is not to be trusted for --resume
+                self._intact = False
+
+    def release(self) -> None:
+        """Give the output up without writing (a failure before the journal was started)."""
+        self._close_fd()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.close()
 
 
 def _line(row: Row) -> str:

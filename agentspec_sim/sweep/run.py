@@ -84,9 +84,11 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     if resume and output is None:
         raise SweepError("resume needs an output file")
     if output is not None:
-        from agentspec_sim.atomic import check_writable
+        from agentspec_sim.outputs import PARQUET_SUFFIXES, Output, check_outputs
 
-        check_writable(output)  # before any work: a directory or a file in the way fails now
+        # Before any work: a directory or a file in the way, an unknown suffix, a folder not writable.
+        check_outputs(Output("output", output, PARQUET_SUFFIXES),
+                      inputs={"trace": trace if trace is not None else default_trace_path()})
     trace_text = str(trace) if trace is not None else str(default_trace_path())
     cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine)
     _check_configs(cells)
@@ -99,9 +101,16 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     store = ResultStore(output) if output is not None else None
     done: dict[str, Row] = {}
     if store is not None:
-        if resume:
-            done = {cid: row for cid, row in store.previous().items() if cid in order}
-        store.open(done[c.cell_id] for c in cells if c.cell_id in done)
+        if resume and not store.journaled:
+            raise SweepError(f"{output}: --resume: not a regular file, so there is no earlier run to resume")
+        store.lock()  # a second sweep of this output is refused here, before it reads or runs anything
+        try:
+            if resume:
+                done = {cid: row for cid, row in store.previous().items() if cid in order}
+            store.open(done[c.cell_id] for c in cells if c.cell_id in done)
+        except BaseException:
+            store.release()  # an earlier run's parquet and journal stay as they were
+            raise
     todo = [cell for cell in cells if cell.cell_id not in done]
 
     def ordered() -> list[Row]:
@@ -125,9 +134,9 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
                     store.append(row)
                 if progress is not None:
                     progress(len(done), len(cells), row)
-    except BaseException:
+    except BaseException as exc:
         if store is not None:
-            store.close(ordered())  # what is complete, atomically; the journal goes
+            store.abort(ordered(), exc)  # what is complete, atomically; the journal goes (kept if that fails)
         raise
     if store is not None:
         return store.close(ordered())
