@@ -54,6 +54,12 @@ def check_writable(path: str | Path) -> None:
     target = Path(path)
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(target))
+    if target.is_symlink():
+        try:
+            os.stat(target)
+        except OSError as exc:  # a dangling link is fine (its file is made); a loop has no file to write
+            if exc.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, "a loop of symlinks, not a file to write", str(target)) from None
     for parent in target.parents:
         if parent.exists():
             if not parent.is_dir():

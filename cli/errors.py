@@ -21,6 +21,8 @@ does not fail again.
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import signal
 import sys
@@ -133,11 +135,21 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
+class _ClosedStdout(io.TextIOBase):
+    """Standard output when fd 1 was closed before the start (`>&-`): writing fails as it would on the
+    descriptor (EBADF), so a command that has something to print says it could not, as `ls >&-` does."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+
 @contextlib.contextmanager
 def _guarded_stdout() -> Iterator[None]:
     original = sys.stdout
-    if original is not None:
-        sys.stdout = _GuardedStdout(original)  # type: ignore[assignment]
+    sys.stdout = _GuardedStdout(original if original is not None else _ClosedStdout())  # type: ignore[assignment]
     try:
         yield
     finally:

@@ -234,6 +234,14 @@ def test_a_symlink_is_followed_and_kept(d, monkeypatch, capsys):
     assert sorted(p.name for p in (d / "real").iterdir()) == ["r.json"]
 
 
+def test_a_symlink_loop_is_refused(d, monkeypatch, capsys):
+    (d / "a.json").symlink_to(d / "b.json")
+    (d / "b.json").symlink_to(d / "a.json")
+    code, _, err = run_cli(["replay", str(d / "t.jsonl"), "-o", str(d / "a.json"), *FAST], monkeypatch, capsys)
+    assert "a.json: a loop of symlinks, not a file to write" in one_error_line(code, err)
+    assert os.readlink(d / "a.json") == str(d / "b.json")
+
+
 # -- failed writes ----------------------------------------------------------------------------------
 
 
@@ -400,6 +408,16 @@ def test_a_full_stdout_in_a_real_process(d):
             proc = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", *args], stdout=stdout,
                                   stderr=subprocess.PIPE, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
         assert one_error_line(proc.returncode, proc.stderr) == "error: standard output: No space left on device"
+
+
+def test_a_closed_stdout_is_one_line_when_there_is_something_to_print(d):
+    closed = ["sh", "-c", 'exec "$0" "$@" >&-', sys.executable, "-m", "agentspec_sim.cli"]
+    proc = subprocess.run([*closed, "inspect", str(d / "t.jsonl"), "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert one_error_line(proc.returncode, proc.stderr) == "error: standard output: Bad file descriptor"
+    proc = subprocess.run([*closed, "synth", "--like", str(d / "t.jsonl"), "--queries", "1", "-o", str(d / "s.jsonl")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and (d / "s.jsonl").exists(), proc.stderr  # nothing for stdout: no error
 
 
 # -- one sweep per output ---------------------------------------------------------------------------
