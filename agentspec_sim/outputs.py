@@ -342,6 +342,10 @@ def sole_writer(path: PathLike, lock: PathLike) -> Iterator[None]:
         yield
         return
     lock = os.fspath(lock)
+    refuse_input(lock)  # the lock file is made and removed: it must not be a file the command reads
+    if os.path.islink(lock) or (os.path.lexists(lock) and not stat.S_ISREG(os.lstat(lock).st_mode)):
+        raise OutputError(path, f"{_lead(flag_of(path))}{lock} is in the way of its lock file (a symlink or not a "
+                                "regular file): remove it", errno.EEXIST)
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
@@ -371,7 +375,8 @@ def sole_writer(path: PathLike, lock: PathLike) -> Iterator[None]:
         yield
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(lock)  # while still holding it: a waiting writer then retries on a fresh file
+            if os.fstat(fd).st_size == 0:  # nothing is ever written to a lock: a file with content is not ours
+                os.unlink(lock)  # while still holding it: a waiting writer then retries on a fresh file
         os.close(fd)
 
 

@@ -423,6 +423,19 @@ def test_a_closed_stdout_is_one_line_when_there_is_something_to_print(d):
 # -- one sweep per output ---------------------------------------------------------------------------
 
 
+def test_a_sweeps_journal_and_lock_destroy_no_file(d, monkeypatch, capsys):
+    trace = d / "s.parquet.lock"  # a trace where the sweep's lock file would go
+    trace.write_text(GOOD)
+    code, _, err = run_cli(["sweep", str(trace), "-o", str(d / "s.parquet"), *SWEEP], monkeypatch, capsys)
+    assert "s.parquet.lock: is the input TRACE" in one_error_line(code, err)
+    assert trace.read_text() == GOOD
+    (d / "notes.txt").write_text("keep me\n")
+    (d / "s.parquet.partial").symlink_to(d / "notes.txt")  # a link where the journal would go
+    code, _, err = run_cli(["sweep", str(d / "t.jsonl"), "-o", str(d / "s.parquet"), *SWEEP], monkeypatch, capsys)
+    assert "s.parquet.partial is in the way of its journal" in one_error_line(code, err)
+    assert (d / "notes.txt").read_text() == "keep me\n" and (d / "s.parquet.partial").is_symlink()
+
+
 def test_a_second_sweep_of_the_same_output_is_refused_at_once(d, monkeypatch, capsys):
     trace = d / "long.jsonl"
     trace.write_text(jsonl(META, *[call(i, output_tokens=[4, 5, 6] * 200) for i in range(12)]))

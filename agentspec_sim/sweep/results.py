@@ -134,6 +134,11 @@ class ResultStore:
         """Refuse at once (OutputError) if another process is writing this output; else hold it."""
         if not self.journaled or self._lock is not None:
             return
+        if os.path.islink(self.journal) or (os.path.lexists(self.journal) and not self.journal.is_file()):
+            # The journal is the sweep's own file, replaced and removed as it goes: never written through a link.
+            lead = f"{flag}: " if (flag := outputs.flag_of(self.path)) else ""
+            raise outputs.OutputError(self.path, f"{lead}{self.journal} is in the way of its journal (a symlink or "
+                                                 "not a regular file): remove it", errno.EEXIST)
         stack = contextlib.ExitStack()
         stack.enter_context(outputs.sole_writer(self.path, self._lock_path))
         self._lock = stack
