@@ -1,8 +1,9 @@
 """Turning expected failures into one clear line and an exit code.
 
-Exit codes: 2 bad input (a TraceError, ConvertError, UsageError, a file that cannot be read or
-written…), 130 interrupted by Ctrl-C (SIGINT), 143 terminated (SIGTERM). `--debug` (or
-AGENTSPEC_SIM_DEBUG=1) prints the traceback instead of the one line.
+Exit codes: 2 bad input (a TraceError, ConvertError, UsageError, a resource guard's ResourceError with
+the settings it names written as options, a file that cannot be read or written…), 130 interrupted by
+Ctrl-C (SIGINT), 143 terminated (SIGTERM). `--debug` (or AGENTSPEC_SIM_DEBUG=1) prints the traceback
+instead of the one line.
 
 Signals: `run_guarded` turns SIGINT and SIGTERM into `Interrupted` (a KeyboardInterrupt), raised
 wherever the program is, so every `finally` and every atomic write (agentspec_sim/atomic.py)
@@ -53,11 +54,12 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    from agentspec_sim.resources import ResourceError
     from agentspec_sim.trace.convert.base import ConvertError
     from agentspec_sim.trace.schema import TraceError
 
-    return (TraceError, ConvertError, UsageError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
-            PermissionError)
+    return (TraceError, ConvertError, UsageError, ResourceError, FileNotFoundError, IsADirectoryError,
+            NotADirectoryError, PermissionError)
 
 
 def _is_expected(exc: BaseException) -> bool:
@@ -263,7 +265,21 @@ def _click_exceptions() -> tuple[tuple[type[BaseException], ...], tuple[type[Bas
     return tuple(usage), tuple(abort)
 
 
+# Library keywords whose option is spelled otherwise (run_sweep's lists are singular options).
+_OPTION_OF = {"drafters": "--drafter", "models": "--model", "speculative_configs": "--speculative-config",
+              "num_speculative_tokens": "--speculative-config num_speculative_tokens"}
+
+
+def option_name(knob: str) -> str:
+    """The command-line option of a library keyword / config field: `max_num_seqs` → `--max-num-seqs`."""
+    return _OPTION_OF.get(knob, "--" + knob.replace("_", "-"))
+
+
 def _message(exc: BaseException) -> str:
+    from agentspec_sim.resources import ResourceError
+
+    if isinstance(exc, ResourceError):  # a resource guard (agentspec_sim/resources.py): settings as options
+        return exc.render(option_name)
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     if isinstance(exc, UnicodeDecodeError):

@@ -11,6 +11,7 @@ Loading runs in four passes, each reporting `file:line: field: what is wrong`:
 from __future__ import annotations
 
 import ast
+import contextlib
 import gzip
 import io
 import json
@@ -92,13 +93,19 @@ MEMORY_ENV = "AGENTSPEC_SIM_MEMORY_GIB"
 
 
 def available_memory() -> int | None:
-    """Bytes a load may use: AGENTSPEC_SIM_MEMORY_GIB if set, else the kernel's MemAvailable (None: unknown)."""
+    """Bytes a load (or a run: agentspec_sim/resources.py) may use: AGENTSPEC_SIM_MEMORY_GIB if set, else
+    the kernel's MemAvailable, or less where this process's cgroup limit leaves less (None: unknown)."""
     limit = os.environ.get(MEMORY_ENV)
     if limit:
         try:
             return int(float(limit) * 2**30)
         except ValueError:
             raise TraceError(MEMORY_ENV, 0, "environment", f"expected a number of GiB, got {limit!r}") from None
+    found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo", "rb") as f:
             for line in f:
@@ -110,6 +117,50 @@ def available_memory() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+# cgroup v2 and v1 files: (limit, usage, the memory.stat key of reclaimable page cache).
+_CGROUP_FILES = {"v2": ("memory.max", "memory.current", "inactive_file"),
+                 "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+_CGROUP_ROOT = "/sys/fs/cgroup"
+_PROC_CGROUP = "/proc/self/cgroup"
+
+
+def _cgroup_available() -> int | None:
+    """Bytes left under this process's cgroup memory limit (a container's), None where none is set.
+    Usage counts page cache; its inactive part is reclaimed before the limit bites, so it counts as free."""
+    try:
+        with open(_PROC_CGROUP) as f:
+            entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        return None
+    left: list[int] = []
+    for _, controllers, path in entries:
+        if controllers == "":
+            kind, mount = "v2", _CGROUP_ROOT
+        elif "memory" in controllers.split(","):
+            kind, mount = "v1", f"{_CGROUP_ROOT}/memory"
+        else:
+            continue
+        limit_file, usage_file, cache_key = _CGROUP_FILES[kind]
+        # Inside a container the hierarchy is often mounted at the process's own cgroup.
+        for folder in dict.fromkeys((Path(mount + path.rstrip("/")), Path(mount))):
+            try:
+                limit_text = (folder / limit_file).read_text().strip()
+                usage = int((folder / usage_file).read_text())
+            except (OSError, ValueError):
+                continue
+            if limit_text == "max" or int(limit_text) >= 2**60:  # no limit set (v1 writes a huge number)
+                break
+            cache = 0
+            with contextlib.suppress(OSError, ValueError):
+                for line in (folder / "memory.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == cache_key:
+                        cache = int(value)
+            left.append(max(0, int(limit_text) - usage + cache))
+            break
+    return min(left) if left else None
 
 
 def _text_size(path: Path, available: int) -> int:
@@ -146,16 +197,17 @@ def check_memory(path: str | Path) -> None:
         return
     needed = text * LOAD_BYTES_PER_TEXT_BYTE
     if needed > available:
-        raise TraceError(str(p), 0, "file", f"too large for this machine: loading {_size(text)} of trace text needs "
-                         f"about {_size(needed)} of memory, {_size(available)} available; split it by query, or "
-                         f"set {MEMORY_ENV} to allow more")
+        raise TraceError(str(p), 0, "file", f"too large for this machine: loading {format_size(text)} of trace text "
+                         f"needs about {format_size(needed)} of memory, {format_size(available)} available; split it "
+                         f"by query, or set {MEMORY_ENV} to allow more")
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+def format_size(n: float) -> str:
+    """Bytes for a message: `1.5 GiB`."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
-    return f"{n} bytes"
+    return f"{int(n)} bytes"
 
 
 def read_trace_bytes(path: str | Path) -> bytes:
