@@ -79,12 +79,18 @@ def replay(
         raise UsageError(str(exc)) from None
     path, workload = load_workload(trace, skip_bad_lines)
     try:  # what a drafter needs from the run (its draft network, the tokenizer): known before any run starts
+        from agentspec_sim.engine.config import resolve
         from agentspec_sim.engine.run import bind_engine_context
 
+        resolve(config)  # settings vLLM refuses (e.g. a tensor parallel size the heads do not split over) first
         for spec in specs:
             bind_engine_context(spec, config, workload)
         _check_draft_networks(specs, config)
     except (SpecConfigError, EngineConfigError) as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # a bad hardware/model profile name or file
+        if type(exc).__name__ != "ProfileError":
+            raise
         raise UsageError(str(exc)) from None
     finished: list = []
 

@@ -8,15 +8,22 @@ limits by GPU tier (docs/ENGINE-FACTS.md §1, `EngineArgs.get_batch_defaults` fo
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agentspec_sim.engine.kv import cdiv
+
+if TYPE_CHECKING:
+    from agentspec_sim.cost.profiles import ModelProfile
 
 ArrivalMode = Literal["recorded", "zero", "poisson"]
 
 
 class EngineConfigError(ValueError):
     """An engine setting vLLM would reject (or that cannot be resolved), with the reason."""
+
+
+# The compiled engine counts tokens, blocks and calls in int64: a larger setting would overflow.
+MAX_SETTING = 2**62
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
+            if value is not None and value > MAX_SETTING:
+                raise EngineConfigError(f"{name} must be at most 2**62 (the engine counts in 64-bit integers), "
+                                        f"got {value:,}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise EngineConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.arrival not in ("recorded", "zero", "poisson"):
@@ -115,7 +125,8 @@ def resolve(config: EngineConfig) -> ResolvedLimits:
     """Fill unset limits as vLLM 0.33 does (`_set_default_max_num_seqs_and_batched_tokens_args`).
 
     Needs `agentspec_sim.cost` for the model's context and the KV capacity unless both
-    `max_model_len` and `num_kv_blocks` are given.
+    `max_model_len` and `num_kv_blocks` are given, and for its heads with tensor parallelism
+    (`check_tensor_parallel`).
     """
     max_model_len = config.max_model_len
     model = hw = None
@@ -124,6 +135,10 @@ def resolve(config: EngineConfig) -> ResolvedLimits:
 
         model = load_model(config.model)
         hw = load_hardware(config.hardware)
+    if config.tensor_parallel_size > 1:
+        from agentspec_sim.cost import load_model
+
+        check_tensor_parallel(model or load_model(config.model), config.tensor_parallel_size)
     if max_model_len is None:
         max_model_len = int(getattr(model, "max_model_len", 0) or model.default_max_model_len)
     memory = hw.hbm_bytes / 2**30 if hw is not None else None
@@ -150,6 +165,21 @@ def resolve(config: EngineConfig) -> ResolvedLimits:
                                     f"leaves {capacity} tokens")
     return ResolvedLimits(seqs, tokens, max_model_len, blocks, config.max_num_seqs is None,
                           config.max_num_batched_tokens is None)
+
+
+def check_tensor_parallel(model: ModelProfile, tensor_parallel_size: int) -> None:
+    """vLLM splits the attention heads over the tensor-parallel GPUs and refuses a size that does not divide
+    them (`ModelConfig.verify_with_parallel_config`: "Total number of attention heads (28) must be divisible
+    by tensor parallel size (3)"); so does this, before the cost model is built, naming the sizes that work."""
+    from agentspec_sim.resources import ResourceError, literal
+
+    heads = int(model.num_attention_heads)
+    if heads % tensor_parallel_size == 0:
+        return
+    sizes = [n for n in range(1, heads + 1) if heads % n == 0]
+    raise ResourceError("tensor_parallel_size", f"{literal(model.id)} has {heads} attention heads and vLLM requires "
+                        f"the tensor parallel size to divide them, got {tensor_parallel_size:,} GPUs; use one of "
+                        f"{', '.join(map(str, sizes))}")
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

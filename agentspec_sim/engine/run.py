@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from agentspec_sim.cost.base import StepCostModel
 from agentspec_sim.drafters.base import SpeculativeConfig, parse_drafter, unique_labels
 from agentspec_sim.engine.config import EngineConfig, resolve
+from agentspec_sim.engine.footprint import check_run_memory
 from agentspec_sim.engine.result import RunResult
 from agentspec_sim.engine.simulator import Simulator
 from agentspec_sim.trace.schema import Workload
@@ -25,10 +26,13 @@ def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str,
     text, or a `SpeculativeConfig`. `cost_model`: prices steps (default: `build_cost_model` for
     the config's hardware, model, tensor parallelism and calibration). `progress(done, total)` is
     called as calls complete. Deterministic: the same inputs and seed give identical results.
+    Raises `ResourceError` before the run when its estimated memory (engine/footprint.py) exceeds what is
+    available.
     """
     config = config or EngineConfig()
     spec = bind_engine_context(parse_drafter(drafter), config, workload)
     limits = resolve(config)
+    check_run_memory(workload, spec, config, limits)  # before anything of the run is allocated
     if cost_model is None:
         from agentspec_sim.cost import build_cost_model
 
@@ -60,12 +64,16 @@ def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Map
             on_result: Callable[[RunResult, RunSummary], None] | None = None) -> list[tuple[RunResult, RunSummary]]:
     """Run `normal` first, then each drafter configuration (duplicates of normal dropped), on the same
     workload and engine; each summary's speedup is against that `normal` run. `on_result` sees each run
-    as it completes (so an interrupted caller keeps the finished ones)."""
+    as it completes (so an interrupted caller keeps the finished ones). A setting vLLM refuses and a run
+    that would not fit in memory fail before the first run (and the cost model) starts."""
     from agentspec_sim.metrics import summarize
 
     config = config or EngineConfig()
     specs = [parse_drafter("normal")] + [s for s in map(parse_drafter, drafters) if s.method != "normal"]
     specs = unique_labels(specs)
+    limits = resolve(config)
+    for spec in specs:  # every run's memory, before the first starts
+        check_run_memory(workload, spec, config, limits)
     if cost_model is None:
         from agentspec_sim.cost import build_cost_model
 
