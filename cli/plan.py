@@ -44,6 +44,7 @@ def plan(
     hardware: str = sweep_cli.hardware_option(),
     model: str = sweep_cli.model_option(),
     seeds: int = sweep_cli.seeds_option(),
+    max_cells: int = sweep_cli.max_cells_option(),
     jobs: int | None = sweep_cli.jobs_option(),
     executor: str = sweep_cli.executor_option(),
     address: str | None = sweep_cli.address_option(),
@@ -90,7 +91,8 @@ def plan(
         frame = sweep_cli.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
-                                        address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json)
+                                        address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json,
+                                        max_cells=max_cells)
     try:
         plans = make_plan(frame, slo)
     except SweepError as exc:

@@ -50,6 +50,11 @@ def seeds_option():
     return typer.Option(1, "--seeds", help="Seeds 0 … N-1 for every cell.")
 
 
+def max_cells_option():
+    return typer.Option(10_000, "--max-cells", help="Refuse a sweep of more cells than this (drafter configurations "
+                        "× max batch sizes × hardware × models × seeds) before it starts; raise it for a larger one.")
+
+
 def jobs_option():
     return typer.Option(None, "--jobs", "-j", help="Worker processes (Ray: actors); default: one per CPU.")
 
@@ -142,7 +147,7 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
 def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[str], grid: list[str],
                   max_num_seqs: str, hardware: str, model: str, seeds: int, engine, output: Path | None,
                   resume: bool, jobs: int | None, executor: str, address: str | None, skip_bad_lines: bool,
-                  show_progress: bool = True):
+                  show_progress: bool = True, max_cells: int = 10_000):
     """`run_sweep` with a progress bar; bad options → UsageError. On Ctrl-C or SIGTERM (`Interrupted`, see
     cli/errors.py) `run_sweep` writes the finished cells; the note says how many, and the exit code is
     130 or 143."""
@@ -155,11 +160,13 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
 
     if seeds < 1:
         raise UsageError(f"--seeds must be ≥ 1, got {seeds}")
+    if max_cells < 1:
+        raise UsageError(f"--max-cells must be ≥ 1, got {max_cells}")
     try:
         options = dict(drafters=parse_name_list(drafter, "--drafter"), speculative_configs=speculative_config,
                        grid=dict(parse_grid(grid)), max_num_seqs=parse_int_list(max_num_seqs, "--max-num-seqs"),
                        hardware=parse_name_list(hardware, "--hardware"), models=parse_name_list(model, "--model"),
-                       seeds=list(range(seeds)))
+                       seeds=range(seeds))  # a range: a million seeds are refused, not listed first
     except SweepError as exc:
         raise UsageError(str(exc)) from None
     _check_output(trace, output, engine, hardware, model, speculative_config)
@@ -182,7 +189,8 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
 
     try:
         return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
-                         address=address, skip_bad_lines=skip_bad_lines, progress=progress, **options)
+                         address=address, skip_bad_lines=skip_bad_lines, progress=progress, max_cells=max_cells,
+                         **options)
     except (SweepError, SpecConfigError, EngineConfigError, SimulationError) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # a bad hardware/model profile name or file
@@ -226,6 +234,7 @@ def sweep(
     hardware: str = hardware_option(),
     model: str = model_option(),
     seeds: int = seeds_option(),
+    max_cells: int = max_cells_option(),
     jobs: int | None = jobs_option(),
     executor: str = executor_option(),
     address: str | None = address_option(),
@@ -251,7 +260,7 @@ def sweep(
     frame = run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                           max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds, engine=engine,
                           output=output, resume=resume, jobs=jobs, executor=executor, address=address,
-                          skip_bad_lines=skip_bad_lines, show_progress=not quiet)
+                          skip_bad_lines=skip_bad_lines, show_progress=not quiet, max_cells=max_cells)
     if not quiet:
         _render(frame, output)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -43,6 +44,11 @@ _SMALL_BATCH_FACTOR = {"normal": 0.75, "ngram": 0.8, "ngram-v2": 0.8, "eagle3": 
 
 # EngineConfig fields that vary per cell (key columns of their own) or do not change results.
 _PER_CELL_ENGINE_FIELDS = frozenset({"max_num_seqs", "hardware", "model", "seed", "check_invariants"})
+
+# The most cells a sweep runs unless its caller raises the limit (`max_cells`; `sweep --max-cells`): a
+# cell of the default trace takes ~1–10 CPU s, so 10,000 cells are hours of CPU on a workstation; a
+# sweep past it is refused before anything is expanded or started (`check_sweep_size`).
+MAX_CELLS = 10_000
 
 
 class SweepError(ValueError):
@@ -204,6 +210,45 @@ def drafter_configs(drafters: Sequence[str], speculative_configs: Sequence[str] 
         labels[spec.name] = labels.get(spec.name, 0) + 1
         result.append(spec if labels[spec.name] == 1 else replace(spec, label=f"{spec.name} #{labels[spec.name]}"))
     return result
+
+
+def count_configs(drafters: Sequence[str], speculative_configs: Sequence[str] = (),
+                  grid: Sequence[tuple[str, Sequence[Any]]] = ()) -> tuple[int, int]:
+    """(how many configurations `drafter_configs` makes, at most — `normal` plus each drafter crossed with
+    the grid values it accepts, a configuration listed twice counted twice —, how many drafters and
+    configurations were given), without making them: a grid's product can be astronomically large."""
+    bases = [parse_drafter(name) for name in drafters] + [parse_drafter(text) for text in speculative_configs]
+    total = 1
+    for base in bases:
+        if base.method != "normal":
+            total += math.prod(len(values) for key, values in grid if _accepts(base, key))
+    return total, len(bases)
+
+
+def _count(values: Sequence[Any]) -> int:
+    """len(values), also for a range longer than `len` can report (sys.maxsize)."""
+    if isinstance(values, range):
+        return max(0, -((values.start - values.stop) // values.step))
+    return len(values)
+
+
+def check_sweep_size(configs: int, given: int, grid: bool, max_num_seqs: Sequence[int], hardware: Sequence[str],
+                     models: Sequence[str], seeds: Sequence[int], max_cells: int | None) -> int:
+    """The number of cells (`configs` drafter configurations, of which `given` were listed and the rest come
+    from the `grid`, × max_num_seqs × hardware × models × seeds); `ResourceError` over `max_cells`, blaming the
+    largest factor (None: no limit)."""
+    from agentspec_sim.resources import require_count
+
+    factors = {"grid" if grid and configs > given + 1 else "drafters": configs, "max_num_seqs": _count(max_num_seqs),
+               "hardware": _count(hardware), "models": _count(models), "seeds": _count(seeds)}
+    cells = math.prod(factors.values())
+    blamed = max(factors, key=lambda k: factors[k])
+    counts = list(factors.values())
+    names = ("drafter configuration", "max_num_seqs value", "hardware profile", "model", "seed")
+    detail = " × ".join(f"{n:,} {name}{'' if n == 1 else 's'}" for n, name in zip(counts, names, strict=True))
+    require_count(blamed, cells, "cells", "the sweep", max_cells, "max_cells", value=factors[blamed], detail=detail,
+                  lower="use fewer {grid} values" if blamed == "grid" else None)
+    return cells
 
 
 def _describe_json(spec: SpeculativeConfig) -> str:

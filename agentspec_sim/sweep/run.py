@@ -10,17 +10,21 @@ workers finish in, so `-j 2` writes what `-j 1` writes (only `wall_s` is a wall-
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from agentspec_sim.engine.config import EngineConfig
+from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.sweep.cells import (
     FIGURE1_DRAFTERS,
     FIGURE1_MAX_NUM_SEQS,
+    MAX_CELLS,
     Cell,
     SweepError,
+    check_sweep_size,
+    count_configs,
     drafter_configs,
     expand_cells,
     start_order,
@@ -51,9 +55,13 @@ def sweep_cells(trace: str, drafters: Sequence[str] = FIGURE1_DRAFTERS, speculat
                 grid: Mapping[str, Sequence[Any]] | None = None,
                 max_num_seqs: Sequence[int] = FIGURE1_MAX_NUM_SEQS, hardware: Sequence[str] = ("a100-80g",),
                 models: Sequence[str] = ("qwen3-8b",), seeds: Sequence[int] = (0,),
-                engine: EngineConfig | None = None) -> list[Cell]:
-    """The cells of a sweep in results order (see `drafter_configs` and `expand_cells`)."""
-    specs = drafter_configs(drafters, speculative_configs, list((grid or {}).items()))
+                engine: EngineConfig | None = None, max_cells: int | None = MAX_CELLS) -> list[Cell]:
+    """The cells of a sweep in results order (see `drafter_configs` and `expand_cells`); a sweep of more
+    than `max_cells` cells (None: no limit) is refused (`ResourceError`) before any is made."""
+    grid_items = list((grid or {}).items())
+    configs, given = count_configs(drafters, speculative_configs, grid_items)
+    check_sweep_size(configs, given, bool(grid_items), max_num_seqs, hardware, models, seeds, max_cells)
+    specs = drafter_configs(drafters, speculative_configs, grid_items)
     return expand_cells(trace, specs, max_num_seqs, hardware, models, seeds, engine)
 
 
@@ -63,7 +71,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
               models: Sequence[str] = ("qwen3-8b",), seeds: Sequence[int] = (0,), engine: EngineConfig | None = None,
               output: str | Path | None = None, resume: bool = False, jobs: int | None = 1,
               executor: str = "process", address: str | None = None, workload: Workload | None = None,
-              skip_bad_lines: bool = False, progress: Progress | None = None) -> pl.DataFrame:
+              skip_bad_lines: bool = False, progress: Progress | None = None,
+              max_cells: int | None = MAX_CELLS) -> pl.DataFrame:
     """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
 
     `trace`: a trace path (default: the bundled coding-agent trace); `workload`: the trace already
@@ -78,6 +87,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     `address` (a Ray cluster): where cells run; local workers are spawned processes, so a script that
     calls this with `jobs` > 1 needs Python's `if __name__ == "__main__":` guard around it.
     `progress(done, total, row)` is called once when the workers are up (row None) and after every cell.
+    Refused before any cell starts (`ResourceError`): more than `max_cells` cells (None: no limit), or a
+    cell whose run, times the local workers running at once, needs more memory than is available.
     """
     from agentspec_sim.trace.bundled import default_trace_path
 
@@ -90,8 +101,9 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         check_outputs(Output("output", output, PARQUET_SUFFIXES),
                       inputs={"trace": trace if trace is not None else default_trace_path()})
     trace_text = str(trace) if trace is not None else str(default_trace_path())
-    cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine)
-    _check_configs(cells)
+    cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine,
+                        max_cells)
+    limits = _check_configs(cells)
     source = WorkloadSource(trace_text, skip_bad_lines, workload, given=workload is not None)
     order = {cell.cell_id: i for i, cell in enumerate(cells)}
     if len(order) != len(cells):
@@ -125,6 +137,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         with make_executor(executor, jobs, source, run_cell, address) as pool:
             # Loaded here, not before: local workers start (~1 s each, imports and their own load) meanwhile.
             loaded = source.load()
+            _check_memory(loaded, todo, limits, jobs if executor == "process" else 1)
             todo = start_order(todo, loaded.output_tokens, len(loaded.queries))
             if progress is not None:
                 progress(len(done), len(cells), None)
@@ -143,16 +156,35 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     return to_frame(ordered())
 
 
-def _check_configs(cells: Sequence[Cell]) -> None:
+def _check_configs(cells: Sequence[Cell]) -> dict[EngineConfig, ResolvedLimits]:
     """Resolve every distinct engine config here, so a bad profile name or limit, or a calibration fitted on
-    other hardware or another model, fails before any worker starts (EngineConfigError, ProfileError)."""
+    other hardware or another model, fails before any worker starts (EngineConfigError, ProfileError,
+    ResourceError); their limits, by config."""
     from agentspec_sim.cost import build_cost_model
     from agentspec_sim.engine.config import resolve
 
+    limits = {}
     for config in dict.fromkeys(cell.config for cell in cells):
-        resolve(config)
+        limits[config] = resolve(config)
         if config.calibration is not None:
             build_cost_model(config.hardware, config.model, config.tensor_parallel_size, config.calibration)
+    return limits
+
+
+def _check_memory(workload: Workload, cells: Sequence[Cell], limits: Mapping[EngineConfig, ResolvedLimits],
+                  workers: int) -> None:
+    """Every cell's run must fit in memory, `workers` of the largest at once (`engine.footprint`); cells that
+    differ only by seed need the same, so each (engine config but the seed, drafter config) is estimated once."""
+    from agentspec_sim.engine.footprint import check_run_memory, run_footprint
+
+    largest: tuple[float, Cell] | None = None
+    for cell in {(replace(c.config, seed=0), c.speculative_config): c for c in cells}.values():
+        need = sum(run_footprint(workload, cell.spec, cell.config, limits[cell.config]).values())
+        if largest is None or need > largest[0]:
+            largest = (need, cell)
+    if largest is not None:
+        cell = largest[1]
+        check_run_memory(workload, cell.spec, cell.config, limits[cell.config], workers=workers)
 
 
 def _baselines(cells: Sequence[Cell]) -> dict[str, str]:
