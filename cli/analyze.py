@@ -137,6 +137,7 @@ def roles(
     """Per-role acceptance curves and draft caps for the agspec drafter (AgSpec: offline role profiling)."""
     from agentspec_sim.analysis.roles import analyze_roles
     from agentspec_sim.drafters.base import SpecConfigError
+    from agentspec_sim.resources import ResourceError
 
     if k_max is not None and k_max < 1:
         raise UsageError("--k-max must be ≥ 1")
@@ -148,6 +149,8 @@ def roles(
     try:
         doc = analyze_roles(workload, output, drafter=drafter, k_max=k_max, penalty=penalty, batch_size=batch_size,
                             hardware=hardware, model=model, max_queries=max_queries)
+    except ResourceError:
+        raise  # run_guarded writes its settings as options
     except (SpecConfigError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         raise UsageError(f"analyze roles: {exc}") from None
     doc["trace"] = str(path)

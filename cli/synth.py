@@ -27,7 +27,7 @@ def synth(
     from agentspec_sim.outputs import TRACE_SUFFIXES, Output, check_outputs
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import write_trace
-    from agentspec_sim.trace.synth import synthesize, vocabulary_for
+    from agentspec_sim.trace.synth import check_synth, synthesize, vocabulary_for
 
     if (queries is None) == (output_tokens is None):
         raise UsageError("--queries / --output-tokens: give exactly one of them")
@@ -40,6 +40,7 @@ def synth(
     path, workload = load_workload(like)
     if not workload.queries:
         raise UsageError(f"--like: {path} has no queries to resample")
+    check_synth(workload, queries, output_tokens, output=output)  # memory and disk, before the vocabulary is built
     vocab = vocabulary_for(workload, path.parent)
     synthetic = synthesize(workload, queries=queries, output_tokens=output_tokens, seed=seed, vocab=vocab)
     write_trace(synthetic, output)

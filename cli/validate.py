@@ -51,15 +51,26 @@ def timing(
     holdout: float = typer.Option(0.25, "--holdout", help="Share of steps held out of the calibration fit."),
     seed: int = typer.Option(0, "--seed", help="Seed for weights, token ids, sampling and the hold-out split."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    max_passes: int = typer.Option(1_000_000, "--max-passes", help="Refuse a run of more forward passes than "
+                                   "this (steps × (warmup + repeats)) before the model is built; raise it for more."),
 ) -> None:
     """Execute each step's batch as a real forward pass (torch), compare with the cost model, fit a calibration."""
     from agentspec_sim.cost.calibrate import CalibrationFitError
     from agentspec_sim.cost.profiles import ProfileError
+    from agentspec_sim.resources import ResourceError
     from agentspec_sim.validation.schedule import ScheduleError, load_shapes, stratified_sample
-    from agentspec_sim.validation.timing import TimingConfig, run_timing, summary_dict, write_outputs
+    from agentspec_sim.validation.timing import (
+        TimingConfig,
+        check_timing_work,
+        run_timing,
+        summary_dict,
+        write_outputs,
+    )
 
     if repeats < 1 or warmup < 0:
         raise UsageError("--repeats must be ≥ 1 and --warmup ≥ 0")
+    if max_passes < 1:
+        raise UsageError(f"--max-passes must be ≥ 1, got {max_passes}")
     if not 0 <= holdout < 1:
         raise UsageError("--holdout must be in [0, 1)")
     if sample is not None and sample < 1:
@@ -77,9 +88,13 @@ def timing(
         config = TimingConfig(model=model, tiny=tiny, device=device, hardware=hardware,
                               calibration=str(calibration) if calibration else None, warmup=warmup,
                               repeats=repeats, seed=seed)
-        result = run_timing(shapes, config, holdout=holdout)
+        check_timing_work(len(shapes), config, max_passes)  # before torch is even looked for
+        _need_torch()
+        result = run_timing(shapes, config, holdout=holdout, max_passes=max_passes)
     except (ScheduleError, ProfileError, CalibrationFitError) as exc:
         raise UsageError(str(exc)) from None
+    except ResourceError:
+        raise  # run_guarded writes its settings as options
     except ValueError as exc:  # a device or dtype torch cannot use
         raise UsageError(str(exc)) from None
     paths = write_outputs(result, output)

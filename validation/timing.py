@@ -234,12 +234,36 @@ def open_session(config: TimingConfig = TimingConfig()) -> TimingSession:
                          dtype.itemsize)
 
 
+# The most forward passes (steps × (warmup + repeats)) a timing run makes unless its caller raises the
+# limit (`max_passes`; `validate timing --max-passes`): a full-size step takes ~10–100 ms on a GPU, so a
+# million passes are hours; a whole step log (a replay at max_num_seqs 1 has ~2M steps) is sampled instead.
+MAX_FORWARD_PASSES = 1_000_000
+
+
+def check_timing_work(steps: int, config: TimingConfig, max_passes: int | None = MAX_FORWARD_PASSES) -> int:
+    """The forward passes timing `steps` steps makes; `ResourceError` over `max_passes` (None: no limit),
+    blaming the largest factor: the steps (`sample`), `repeats` or `warmup`."""
+    from agentspec_sim.resources import require_count
+
+    factors = {"sample": steps, "repeats": config.repeats, "warmup": config.warmup}
+    passes = steps * (config.warmup + config.repeats)
+    blamed = max(factors, key=lambda k: factors[k])
+    per_step = f"{config.warmup:,} warmup + {config.repeats:,} timed runs"
+    require_count(blamed, passes, "forward passes", "the timing run", max_passes, "max_passes",
+                  detail=f"{steps:,} steps × ({per_step})",
+                  lower="time a {sample} of fewer steps" if blamed == "sample" else None,
+                  value=factors[blamed] if blamed != "warmup" else None)
+    return passes
+
+
 def run_timing(shapes: StepShapes, config: TimingConfig = TimingConfig(),
                progress: Callable[[int, int], None] | None = None, *, session: TimingSession | None = None,
-               fit: bool = True, holdout: float = 0.25) -> TimingResult:
+               fit: bool = True, holdout: float = 0.25, max_passes: int | None = MAX_FORWARD_PASSES) -> TimingResult:
     """Time every step of `shapes` and predict it (module docstring); optionally fit a calibration
     to the measurements (`fit`, with `holdout` of the steps held out). `session`: reuse a built model
-    (its config wins over `config`)."""
+    (its config wins over `config`). More than `max_passes` forward passes are refused before the model
+    is built (`check_timing_work`)."""
+    check_timing_work(len(shapes), session.config if session is not None else config, max_passes)
     session = session or open_session(config)
     config = session.config
     began = time.perf_counter()

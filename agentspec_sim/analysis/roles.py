@@ -56,7 +56,7 @@ from agentspec_sim.drafters.agspec import (
     load_global_corpus,
 )
 from agentspec_sim.drafters.base import SpeculativeConfig, parse_drafter
-from agentspec_sim.trace.schema import Call, Workload
+from agentspec_sim.trace.schema import Call, Query, Workload
 
 NO_ROLE = None  # calls without a role count towards "default" only
 
@@ -183,6 +183,22 @@ def verification_penalty(workload: Workload, batch_size: int, k_max: int, hardwa
                               f"per call, context {context} (median prompt)")
 
 
+# Memory per cap 0 … k_max of each profile (every role and the default): its by-cap row, curve entries and
+# JSON (measured: 812 bytes per cap, k_max 10⁵ → 10⁶, one profile); per call of the batch λ is priced at
+# (the cost model's per-call arrays; measured: 15.5 bytes, batch size 10⁷ → 10⁸).
+BYTES_PER_CAP = 850
+BYTES_PER_BATCH_CALL = 16
+
+
+def _check_memory(queries: Sequence[Query], k_max: int, batch_size: int) -> None:
+    """Refuse (`ResourceError`) a k_max or batch size whose profile needs more memory than is available."""
+    from agentspec_sim.resources import require_memory
+
+    profiles = len({c.role for q in queries for c in q.calls} - {NO_ROLE}) + 1
+    require_memory({"k_max": (k_max + 1) * BYTES_PER_CAP * profiles, "batch_size": batch_size * BYTES_PER_BATCH_CALL},
+                   "the role profile", values={"k_max": k_max, "batch_size": batch_size})
+
+
 def role_profile(workload: Workload, spec: str | Mapping[str, Any] | SpeculativeConfig | None = None, *,
                  k_max: int | None = None, penalty: float | None = None, batch_size: int = 16,
                  hardware: str = "a100-80g", model: str = "qwen3-8b",
@@ -201,6 +217,7 @@ def role_profile(workload: Workload, spec: str | Mapping[str, Any] | Speculative
     if k_max < 1:
         raise ValueError(f"k_max must be ≥ 1, got {k_max}")
     queries = workload.queries if max_queries is None else workload.queries[:max_queries]
+    _check_memory(queries, k_max, batch_size if penalty is None else 0)
     if penalty is None:
         penalty, penalty_source = verification_penalty(workload, batch_size, k_max, hardware, model)
     else:

@@ -38,8 +38,10 @@ synthetic trace is paced by think times and the engine's arrival mode).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -169,10 +171,77 @@ def _copy_query(query: Query, generation: int, relabel: _Relabel) -> Query:
     return Query(agent_id=query.agent_id, query_id=f"{query.query_id}{suffix}", calls=tuple(calls))
 
 
+# What synthesizing holds per synthetic call (its Call with new ids and provenance, in its Query; measured:
+# 1.49 KB per call for 2·10⁵ and 6·10⁵ calls) and per generation ≥ 1 (a relabelled copy of the token
+# arena and the vocabulary's permutation, int32 each); what writing takes per call record besides its
+# token ids (measured: 170 bytes for ids like "c1~12"), and per token id its digits and a comma.
+SYNTH_CALL_BYTES = 1500
+RECORD_BYTES = 170
+# The best a compressed trace of token ids compresses (trace/io.py: up to ~25×): the least it takes on disk.
+BEST_COMPRESSION = 25
+
+
+@dataclass(frozen=True)
+class SynthSize:
+    """How large `synthesize(workload, queries | output_tokens)` comes out, estimated from whole generations
+    (`draw` repeats the real queries in seeded shuffles): queries, calls and generations it makes, the memory
+    it holds and the bytes of its trace text."""
+
+    queries: int
+    calls: int
+    generations: int
+    memory_bytes: int
+    text_bytes: int
+
+
+def synth_size(workload: Workload, queries: int | None = None, output_tokens: int | None = None,
+               vocab_size: int | None = None) -> SynthSize:
+    """`SynthSize` of the synthetic trace, without drawing it (a billion queries cost nothing to size)."""
+    real = len(workload.queries)
+    calls = [c for q in workload.queries for c in q.calls]
+    total_out = max(1, sum(c.output_len for c in calls))
+    # Whole generations and a share of the next: by queries, or by output tokens (whole queries up to ≥ N).
+    share = queries / real if queries is not None else (output_tokens or 0) / total_out
+    generations = max(1, math.ceil(share))
+    by_id = {c.id: c for c in calls}
+    written = 0  # token ids one generation writes: delta-form prompts write only their appended part
+    for c in calls:
+        parent = by_id.get(c.prompt_extends) if c.prompt_extends else None
+        written += c.prompt_len - (parent.prompt_len + parent.output_len if parent else 0) + c.output_len
+    base = calls[0].prompt_tokens.base if calls else None
+    arena = int(base.shape[0]) if isinstance(base, np.ndarray) else sum(c.prompt_len + c.output_len for c in calls)
+    sample = base[:1 << 20] if isinstance(base, np.ndarray) else (calls[0].prompt_tokens if calls else None)
+    digits = float(np.mean(np.floor(np.log10(np.maximum(sample, 1))) + 1)) if sample is not None and sample.size else 1
+    n_calls = round(share * len(calls))
+    memory = n_calls * SYNTH_CALL_BYTES + (generations - 1) * 4 * (arena + (vocab_size or 0))
+    text = n_calls * RECORD_BYTES + share * written * (digits + 1)
+    return SynthSize(round(share * real), n_calls, generations, int(memory), int(text))
+
+
+def check_synth(workload: Workload, queries: int | None = None, output_tokens: int | None = None,
+                vocab_size: int | None = None, output: str | Path | None = None) -> SynthSize:
+    """Refuse (`ResourceError`, naming `queries` or `output_tokens`) a synthetic trace whose making needs more
+    memory than is available, or, given the `output` it is written to, more disk than that has free."""
+    from agentspec_sim.atomic import compression_of
+    from agentspec_sim.resources import require_disk, require_memory
+
+    knob, value = ("queries", queries) if queries is not None else ("output_tokens", output_tokens)
+    size = synth_size(workload, queries, output_tokens, vocab_size)
+    require_memory({knob: size.memory_bytes}, "the synthetic trace", values={knob: value} if value else None)
+    if output is not None:
+        ratio = BEST_COMPRESSION if compression_of(output) else 1
+        require_disk(output, size.text_bytes / ratio, knob, value,
+                     f"the synthetic trace ({size.calls:,} calls{', compressed' if ratio > 1 else ''})")
+    return size
+
+
 def synthesize(workload: Workload, queries: int | None = None, output_tokens: int | None = None, seed: int = 0,
                vocab: Vocabulary | None = None) -> Workload:
     """A workload of `queries` resampled queries (or whole queries up to ≥ `output_tokens` output tokens);
-    see the module docstring. `vocab` defaults to `vocabulary_for(workload)`."""
+    see the module docstring. `vocab` defaults to `vocabulary_for(workload)`. Refused before it is drawn
+    (`ResourceError`) where it would not fit in memory (`check_synth`)."""
+    if workload.queries and (queries or output_tokens):
+        check_synth(workload, queries, output_tokens, vocab.size if vocab is not None else None)
     picks = draw(workload, queries, output_tokens, seed)
     if vocab is None and any(g for g, _ in picks):
         vocab = vocabulary_for(workload)
@@ -194,4 +263,5 @@ def synthesize(workload: Workload, queries: int | None = None, output_tokens: in
                     queries=tuple(out))
 
 
-__all__ = ["Vocabulary", "delimiters_of", "draw", "relabelling", "synthesize", "vocabulary", "vocabulary_for"]
+__all__ = ["SynthSize", "Vocabulary", "check_synth", "delimiters_of", "draw", "relabelling", "synth_size", "synthesize",
+           "vocabulary", "vocabulary_for"]
