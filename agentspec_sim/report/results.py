@@ -29,6 +29,9 @@ METRIC_COLUMNS = ("goodput_tok_s", "speedup", "rejection_rate", "draft_tokens_pe
                   "draft_time_s", "forward_time_s", "query_latencies_s")
 # One setting = one line of the paper's plots: the same trace, GPU and model.
 SETTING = ("trace", "hardware", "model")
+# Columns the host measures (wall-clock seconds): two runs of one cell differ in them and nothing else.
+HOST_COLUMNS = ("wall_s",)
+_SOURCE = "_results_file"
 
 
 class ResultsError(ValueError):
@@ -36,14 +39,39 @@ class ResultsError(ValueError):
 
 
 def load_results(paths: Sequence[str | Path]) -> pl.DataFrame:
-    """Read and concatenate sweep results (`.parquet`, or `.jsonl` with one row per line); check the columns."""
+    """Read and concatenate sweep results (`.parquet`, or `.jsonl` with one row per line); check the columns.
+
+    A cell is counted once: rows with the same `cell_id` (the same file given twice, two files holding
+    the same cells) are one row, the first; where they hold different results — two different runs
+    under one cell identity — it is refused, naming both files and a column that differs (`_dedupe`)."""
     if not paths:
         raise ResultsError("no results file given")
-    frames = [_read_one(Path(p)) for p in paths]
+    frames = [_read_one(Path(p)).with_columns(pl.lit(str(p)).alias(_SOURCE)) for p in paths]
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     if frame.height == 0:
         raise ResultsError(f"{paths[0]}: no result rows")
-    return frame
+    common = set.intersection(*(set(f.columns) for f in frames))
+    return _dedupe(frame, [c for c in frame.columns if c in common and c not in (_SOURCE, *HOST_COLUMNS)])
+
+
+def _dedupe(frame: pl.DataFrame, compared: Sequence[str]) -> pl.DataFrame:
+    """One row per cell_id (the first); ResultsError where rows of one cell_id differ in a `compared` column."""
+    if frame["cell_id"].n_unique() == frame.height:
+        return frame.drop(_SOURCE)
+    hashed = frame.with_columns(frame.select(compared).hash_rows().alias("_hash"))
+    conflict = (hashed.group_by("cell_id", maintain_order=True).agg(pl.col("_hash").n_unique().alias("n"))
+                .filter(pl.col("n") > 1))
+    if conflict.height:
+        cell = conflict["cell_id"][0]
+        rows = hashed.filter(pl.col("cell_id") == cell)
+        first = rows.row(0, named=True)
+        other = next(r for r in rows.iter_rows(named=True) if r["_hash"] != first["_hash"])
+        column = next(c for c in compared if first[c] != other[c])
+        raise ResultsError(
+            f"{other[_SOURCE]}: cell {cell} ({first['drafter']} at max_num_seqs {first['max_num_seqs']}, seed "
+            f"{first['seed']}) is also in {first[_SOURCE]} with different results ({column} {first[column]!r} vs "
+            f"{other[column]!r}): two different runs of one cell; report one of them")
+    return frame.unique(subset=["cell_id"], keep="first", maintain_order=True).drop(_SOURCE)
 
 
 def _read_one(path: Path) -> pl.DataFrame:
