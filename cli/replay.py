@@ -206,17 +206,19 @@ def _run(workload, specs, config, show_progress: bool, on_result=None):
     from agentspec_sim.engine.run import compare
 
     console = Console(stderr=True)
-    say_if_compiling()  # stderr even with --json: it explains a wait of a minute
-    if show_progress and not console.is_terminal:  # a log or a pipe: lines, not a bar that cannot redraw
-        return compare(workload, specs, config, progress=PlainProgress("calls").update, on_result=on_result)
+    lines = PlainProgress("calls") if show_progress and not console.is_terminal else None  # a log or a pipe
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not show_progress) as bar:
+                  console=console, transient=True, disable=not (show_progress and lines is None)) as bar:
         tasks: dict[str, int] = {}
 
         def report(name: str, done: int, total: int) -> None:
+            if not tasks:  # the first run starts: past every check, and the first call compiles the kernels
+                say_if_compiling()  # stderr even with --json: it explains a wait of a minute
             if name not in tasks:
                 tasks[name] = bar.add_task(f"{name} calls", total=total)
             bar.update(tasks[name], completed=done)
+            if lines is not None:
+                lines.update(name, done, total)
 
         return compare(workload, specs, config, progress=report, on_result=on_result)
 

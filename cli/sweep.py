@@ -171,8 +171,6 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
         raise UsageError(str(exc)) from None
     _check_output(trace, output, engine, hardware, model, speculative_config)
     console = Console(stderr=True)
-    if show_progress:
-        say_if_compiling()
     bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                    transient=True, disable=not (show_progress and console.is_terminal))
     lines = PlainProgress("cells") if show_progress and not console.is_terminal else None  # a log or a pipe
@@ -180,8 +178,10 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
     counts = {"done": 0, "total": 0}
 
     def progress(done: int, total: int, row) -> None:
-        if row is None:
-            bar.start()  # only once the workers are up
+        if row is None:  # the workers are up, every check passed: the first cells compile the kernels
+            if show_progress:
+                say_if_compiling()
+            bar.start()
         counts.update(done=done, total=total)
         bar.update(task, completed=done, total=total)
         if lines is not None:

@@ -83,12 +83,11 @@ def timing(
         shapes = load_shapes(steps, drafter)
         if sample is not None:
             shapes = stratified_sample(shapes, sample, seed=seed)
-        # Only now: a bad argument or step log is named the same way with or without torch installed.
-        _need_torch()
         config = TimingConfig(model=model, tiny=tiny, device=device, hardware=hardware,
                               calibration=str(calibration) if calibration else None, warmup=warmup,
                               repeats=repeats, seed=seed)
-        check_timing_work(len(shapes), config, max_passes)  # before torch is even looked for
+        check_timing_work(len(shapes), config, max_passes)
+        # Only now: a bad argument, step log or size is named the same way with or without torch installed.
         _need_torch()
         result = run_timing(shapes, config, holdout=holdout, max_passes=max_passes)
     except (ScheduleError, ProfileError, CalibrationFitError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -129,3 +130,14 @@ class CountingDrafter(BaseDrafter):
 
     def propose(self, rows, max_lens):
         return [np.zeros(0, dtype=np.int32) for _ in rows]
+
+
+# What a command prints on stderr while it works (cli/common.py: PlainProgress when stderr is no terminal, the
+# compile notice, replay's "finished …" lines), as opposed to what it says when it fails or is interrupted.
+PROGRESS_LINE = re.compile(r"^(finished .*|compiling the simulator's kernels.*"
+                           r"|.*: [\d,]+(/[\d,]+)? (calls|cells) \(\d+ s\))$")
+
+
+def not_progress(err: str) -> list[str]:
+    """The non-blank lines of `err` that are not progress."""
+    return [line for line in err.splitlines() if line.strip() and not PROGRESS_LINE.match(line)]

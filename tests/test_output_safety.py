@@ -17,7 +17,6 @@ import gzip
 import io
 import json
 import os
-import re
 import stat
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from simhelpers import not_progress
 from test_bad_inputs import GOOD, META, call, jsonl, run_cli
 
 from agentspec_sim import atomic
@@ -51,13 +51,8 @@ def d(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-# What a run prints on stderr before it fails is progress, not part of the error (cli/common.py PlainProgress).
-PROGRESS = re.compile(r"^(finished .*|compiling the simulator's kernels.*"
-                      r"|.*: [\d,]+(/[\d,]+)? (calls|cells) \(\d+ s\))$")
-
-
 def one_error_line(code: int, err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.match(line)]
+    lines = not_progress(err)
     assert code == 2, err
     assert "Traceback" not in err and ".tmp" not in err, err
     assert len(lines) == 1 and lines[0].startswith("error: "), err

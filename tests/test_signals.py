@@ -10,6 +10,7 @@ import sys
 
 import polars as pl
 import pytest
+from simhelpers import PROGRESS_LINE, not_progress
 
 from agentspec_sim.cli.errors import Interrupted, exit_code_for_signal, interrupt_signals
 from agentspec_sim.trace.bundled import bundled_trace
@@ -26,8 +27,10 @@ def start(args: list[str]) -> subprocess.Popen:
 
 
 def interrupt_after_first_run(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
-    line = proc.stderr.readline()  # "finished normal: … calls in … s"
-    assert line.startswith("finished normal"), line + proc.stderr.read()
+    seen = []
+    while not (line := proc.stderr.readline()).startswith("finished normal"):  # progress lines come first
+        assert line and PROGRESS_LINE.match(line.rstrip("\n")), "".join(seen) + line + proc.stderr.read()
+        seen.append(line)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     return proc.returncode, err
@@ -40,7 +43,7 @@ def test_signal_writes_finished_runs_and_no_partial_file(tmp_path, sig, code, wo
     proc = start([*LONG_REPLAY, "-o", str(out), "--steps", str(steps)])
     returncode, err = interrupt_after_first_run(proc, sig)
     assert returncode == code, err
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = not_progress(err)
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0] == f"{word}; wrote the 1 finished run(s) (normal) to {steps} and {out}"
     document = json.loads(out.read_text())
