@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from agentspec_sim.cli import sweep as sweep_cli
+from agentspec_sim.cli import sweep_options as sweep_cli
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import seconds, trace_argument
 from agentspec_sim.cli.errors import UsageError

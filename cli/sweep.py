@@ -1,5 +1,6 @@
 """`agentspec-sim sweep [TRACE] -o results.parquet`: every drafter configuration × max_num_seqs × hardware
-× model × seed, in parallel workers, resumable; also the options and the interrupt handling `plan` shares."""
+× model × seed, in parallel workers, resumable (the options and run loop it shares with `plan`:
+cli/sweep_options.py)."""
 
 from __future__ import annotations
 
@@ -10,216 +11,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from agentspec_sim.cli import sweep_options as shared
 from agentspec_sim.cli.app import app
-from agentspec_sim.cli.common import PlainProgress, say_if_compiling, trace_argument
-from agentspec_sim.cli.errors import UsageError
-
-FIGURE1 = "normal,ngram,ngram-v2,suffix,eagle3,agentspec"
-SIZES = "1,2,4,8,16,32,64,128,256"
-
-
-# Options `sweep` and `plan` share (factories: Typer reads each default object once per command).
-def drafter_option():
-    return typer.Option(FIGURE1, "--drafter", help="Comma-separated drafters by name (the paper's settings). "
-                        "`normal` always runs: it is every cell's speedup baseline.")
-
-
-def speculative_config_option():
-    return typer.Option([], "--speculative-config", help="A drafter as vLLM's --speculative-config JSON "
-                        "(repeatable).")
-
-
-def grid_option():
-    return typer.Option([], "--grid", help="KEY=V1,V2,… crossed with every drafter that accepts the key, e.g. "
-                        "num_speculative_tokens=1,3,5,8 (repeatable: the product).")
-
-
-def max_num_seqs_option():
-    return typer.Option(SIZES, "--max-num-seqs", help="Comma-separated max batch sizes.")
-
-
-def hardware_option():
-    return typer.Option("a100-80g", "--hardware", help="Comma-separated hardware profiles.")
-
-
-def model_option():
-    return typer.Option("qwen3-8b", "--model", help="Comma-separated model profiles (or config.json paths).")
-
-
-def seeds_option():
-    return typer.Option(1, "--seeds", help="Seeds 0 … N-1 for every cell.")
-
-
-def max_cells_option():
-    return typer.Option(10_000, "--max-cells", help="Refuse a sweep of more cells than this (drafter configurations "
-                        "× max batch sizes × hardware × models × seeds) before it starts; raise it for a larger one.")
-
-
-def jobs_option():
-    return typer.Option(None, "--jobs", "-j", help="Worker processes (Ray: actors); default: one per CPU.")
-
-
-def executor_option():
-    return typer.Option("process", "--executor", help="Where cells run: process (local workers) or ray.")
-
-
-def address_option():
-    return typer.Option(None, "--address", help="Ray cluster address (ray:// or host:port); default: a local "
-                        "Ray instance.")
-
-
-# The engine knobs `sweep` and `plan` share: every cell of the sweep runs with them (factories, as above).
-def max_num_batched_tokens_option():
-    return typer.Option(None, "--max-num-batched-tokens", help="Token budget per step (default: vLLM's for the "
-                        "GPU: 2048 on A100, 8192 on H100/H200).")
-
-
-def gpu_memory_utilization_option():
-    return typer.Option(0.92, "--gpu-memory-utilization", help="Share of GPU memory vLLM may use (weights + KV "
-                        "cache; vLLM 0.33's default).")
-
-
-def max_model_len_option():
-    return typer.Option(None, "--max-model-len", help="Context limit (default: the model's).")
-
-
-def num_kv_blocks_option():
-    return typer.Option(None, "--num-kv-blocks", help="KV blocks (vLLM's num_gpu_blocks_override); default: from "
-                        "GPU memory.")
-
-
-def tensor_parallel_size_option():
-    return typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica.")
-
-
-def calibration_option():
-    return typer.Option(None, "--calibration", help="Fitted cost-profile file (`calibrate cost`); refused when it "
-                        "was fitted on other hardware or another model.")
-
-
-def rate_option():
-    return typer.Option(None, "--rate", help="Queries arrive as a Poisson process of this many per second "
-                        "(default: the trace's arrival times, else all at 0).")
-
-
-def replicate_option():
-    return typer.Option(1, "--replicate", help="Run N independent copies of every query.")
-
-
-def think_time_option():
-    return typer.Option(None, "--think-time", help="Seconds between a call's finish and the next call of its query "
-                        "(default: the trace's think_s).")
-
-
-def no_prefix_caching_option():
-    return typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache.")
-
-
-def skip_bad_lines_option():
-    return typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines (and count them).")
-
-
-def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.92,
-                  max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: int = 1,
-                  calibration: Path | None = None, rate: float | None = None, replicate: int = 1,
-                  think_time: float | None = None, no_prefix_caching: bool = False):
-    """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell)."""
-    import math
-
-    from agentspec_sim.engine import EngineConfig, EngineConfigError
-
-    # What EngineConfig lets through (NaN compares false with every bound) but no run can use.
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise UsageError(f"--rate: must be a finite number of queries per second > 0, got {rate}")
-    if think_time is not None and not (math.isfinite(think_time) and think_time >= 0):
-        raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
-    try:
-        return EngineConfig(max_num_batched_tokens=max_num_batched_tokens,
-                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            num_kv_blocks=num_kv_blocks, tensor_parallel_size=tensor_parallel_size,
-                            calibration=str(calibration) if calibration else None, rate=rate,
-                            arrival="poisson" if rate is not None else "recorded", replicate=replicate,
-                            think_time=think_time, enable_prefix_caching=not no_prefix_caching)
-    except EngineConfigError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[str], grid: list[str],
-                  max_num_seqs: str, hardware: str, model: str, seeds: int, engine, output: Path | None,
-                  resume: bool, jobs: int | None, executor: str, address: str | None, skip_bad_lines: bool,
-                  show_progress: bool = True, max_cells: int = 10_000):
-    """`run_sweep` with a progress bar; bad options → UsageError. On Ctrl-C or SIGTERM (`Interrupted`, see
-    cli/errors.py) `run_sweep` writes the finished cells; the note says how many, and the exit code is
-    130 or 143."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from agentspec_sim.drafters.base import SpecConfigError
-    from agentspec_sim.engine import EngineConfigError, SimulationError
-    from agentspec_sim.sweep import SweepError, run_sweep
-    from agentspec_sim.sweep.cells import parse_grid, parse_int_list, parse_name_list
-
-    if seeds < 1:
-        raise UsageError(f"--seeds must be ≥ 1, got {seeds}")
-    if max_cells < 1:
-        raise UsageError(f"--max-cells must be ≥ 1, got {max_cells}")
-    try:
-        options = dict(drafters=parse_name_list(drafter, "--drafter"), speculative_configs=speculative_config,
-                       grid=dict(parse_grid(grid)), max_num_seqs=parse_int_list(max_num_seqs, "--max-num-seqs"),
-                       hardware=parse_name_list(hardware, "--hardware"), models=parse_name_list(model, "--model"),
-                       seeds=range(seeds))  # a range: a million seeds are refused, not listed first
-    except SweepError as exc:
-        raise UsageError(str(exc)) from None
-    _check_output(trace, output, engine, hardware, model, speculative_config)
-    console = Console(stderr=True)
-    bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                   transient=True, disable=not (show_progress and console.is_terminal))
-    lines = PlainProgress("cells") if show_progress and not console.is_terminal else None  # a log or a pipe
-    task = bar.add_task("cells", total=None)
-    counts = {"done": 0, "total": 0}
-
-    def progress(done: int, total: int, row) -> None:
-        if row is None:  # the workers are up, every check passed: the first cells compile the kernels
-            if show_progress:
-                say_if_compiling()
-            bar.start()
-        counts.update(done=done, total=total)
-        bar.update(task, completed=done, total=total)
-        if lines is not None:
-            lines.update("sweep", done, total)
-
-    try:
-        return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
-                         address=address, skip_bad_lines=skip_bad_lines, progress=progress, max_cells=max_cells,
-                         **options)
-    except (SweepError, SpecConfigError, EngineConfigError, SimulationError) as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # a bad hardware/model profile name or file
-        if type(exc).__name__ != "ProfileError":
-            raise
-        raise UsageError(str(exc)) from None
-    except KeyboardInterrupt as exc:  # cli.errors.Interrupted: run_guarded prints the note, exits 130/143
-        bar.stop()
-        finished = f"{counts['done']} of {counts['total']} cells finished"
-        if output is not None and counts["done"]:
-            finished += f" and written to {output}; rerun with --resume to finish"
-        elif output is not None:
-            finished += f"; nothing written to {output}"
-        exc.note = finished
-        raise
-    finally:
-        bar.stop()
-
-
-def _check_output(trace: Path | None, output: Path | None, engine, hardware: str, model: str,
-                  speculative_config: list[str]) -> None:
-    """The output policy (agentspec_sim/outputs.py) for the results parquet, against every file cells read."""
-    from agentspec_sim.outputs import PARQUET_SUFFIXES, Output, check_outputs, json_paths
-    from agentspec_sim.trace.bundled import default_trace_path
-
-    check_outputs(Output("--output", output, PARQUET_SUFFIXES),
-                  inputs={"TRACE": trace or default_trace_path(), "--calibration": engine.calibration,
-                          "--hardware": hardware.split(","), "--model": model.split(","),
-                          "--speculative-config": json_paths(speculative_config)})
+from agentspec_sim.cli.common import trace_argument
 
 
 @app.command()
@@ -227,37 +21,37 @@ def sweep(
     trace: Path | None = trace_argument(),
     output: Path = typer.Option(..., "--output", "-o", help="Results parquet (.parquet, one row per cell); one "
                                 "sweep at a time writes it."),
-    drafter: str = drafter_option(),
-    speculative_config: list[str] = speculative_config_option(),
-    grid: list[str] = grid_option(),
-    max_num_seqs: str = max_num_seqs_option(),
-    hardware: str = hardware_option(),
-    model: str = model_option(),
-    seeds: int = seeds_option(),
-    max_cells: int = max_cells_option(),
-    jobs: int | None = jobs_option(),
-    executor: str = executor_option(),
-    address: str | None = address_option(),
+    drafter: str = shared.drafter_option(),
+    speculative_config: list[str] = shared.speculative_config_option(),
+    grid: list[str] = shared.grid_option(),
+    max_num_seqs: str = shared.max_num_seqs_option(),
+    hardware: str = shared.hardware_option(),
+    model: str = shared.model_option(),
+    seeds: int = shared.seeds_option(),
+    max_cells: int = shared.max_cells_option(),
+    jobs: int | None = shared.jobs_option(),
+    executor: str = shared.executor_option(),
+    address: str | None = shared.address_option(),
     resume: bool = typer.Option(False, "--resume", help="Keep the cells an earlier (interrupted) run of this "
                                 "output finished; run only the rest."),
-    max_num_batched_tokens: int | None = max_num_batched_tokens_option(),
-    gpu_memory_utilization: float = gpu_memory_utilization_option(),
-    max_model_len: int | None = max_model_len_option(),
-    num_kv_blocks: int | None = num_kv_blocks_option(),
-    tensor_parallel_size: int = tensor_parallel_size_option(),
-    calibration: Path | None = calibration_option(),
-    rate: float | None = rate_option(),
-    replicate: int = replicate_option(),
-    think_time: float | None = think_time_option(),
-    no_prefix_caching: bool = no_prefix_caching_option(),
-    skip_bad_lines: bool = skip_bad_lines_option(),
+    max_num_batched_tokens: int | None = shared.max_num_batched_tokens_option(),
+    gpu_memory_utilization: float = shared.gpu_memory_utilization_option(),
+    max_model_len: int | None = shared.max_model_len_option(),
+    num_kv_blocks: int | None = shared.num_kv_blocks_option(),
+    tensor_parallel_size: int = shared.tensor_parallel_size_option(),
+    calibration: Path | None = shared.calibration_option(),
+    rate: float | None = shared.rate_option(),
+    replicate: int = shared.replicate_option(),
+    think_time: float | None = shared.think_time_option(),
+    no_prefix_caching: bool = shared.no_prefix_caching_option(),
+    skip_bad_lines: bool = shared.skip_bad_lines_option(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no speedup table."),
 ) -> None:
     """Simulate every drafter configuration at every max batch size (× hardware × model × seed); write a
     results parquet cell by cell (resumable with --resume)."""
-    engine = engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
+    engine = shared.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
                            tensor_parallel_size, calibration, rate, replicate, think_time, no_prefix_caching)
-    frame = run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
+    frame = shared.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                           max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds, engine=engine,
                           output=output, resume=resume, jobs=jobs, executor=executor, address=address,
                           skip_bad_lines=skip_bad_lines, show_progress=not quiet, max_cells=max_cells)
