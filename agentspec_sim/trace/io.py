@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agentspec_sim import strict_json
 from agentspec_sim.atomic import atomic_binary, atomic_text, compression_of
 from agentspec_sim.trace.schema import (
     EMISSIONS,
@@ -239,12 +240,12 @@ def iter_lines(data: bytes, source: str) -> Iterator[tuple[int, dict | TraceErro
         if not raw.strip():
             continue
         try:
-            record = json.loads(raw)
+            record = strict_json.loads(raw)
         except UnicodeDecodeError:
             yield number, TraceError(source, number, "line", "not UTF-8 text")
             continue
-        except json.JSONDecodeError as exc:
-            yield number, TraceError(source, number, "line", f"invalid JSON ({exc.msg} at column {exc.colno})")
+        except strict_json.StrictJSONError as exc:  # duplicate keys, NaN, lone surrogates, deep nesting too
+            yield number, TraceError(source, number, exc.field or "line", exc.message)
             continue
         if not isinstance(record, dict):
             yield number, TraceError(source, number, "line", f"expected a JSON object, got {_kind(record)}")

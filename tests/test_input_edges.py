@@ -1,0 +1,117 @@
+"""Input edges: what JSON (and the numbers in options) can hold that is not what the user meant.
+
+Every user JSON input goes through agentspec_sim/strict_json.py: duplicate keys, NaN/Infinity, numbers
+too large for a float, lone surrogates and deep nesting are refused there, naming `file:line: field`.
+Each case runs the real entry point in-process (as tests/test_bad_inputs.py does) and checks exit code
+2, one `error:` line, no traceback, and the fragments that name file, line and field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentspec_sim import strict_json
+from tests.test_bad_inputs import META, call, jsonl, run_cli
+
+GOOD = jsonl(META, call(0), call(1))
+TEXT_META = {"type": "meta", "version": 1, "tokenizer": "qwen3"}
+
+
+def _one_error_line(code: int, err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path / ".cache"))
+    monkeypatch.setenv("COLUMNS", "300")
+    return tmp_path
+
+
+def _write(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The strict parser itself
+
+
+@pytest.mark.parametrize(("text", "field", "message"), [
+    ('{"a": 1, "a": 2}', "a", "given twice"),
+    ('{"m": [{"content": "x", "content": "y"}]}', "m[0].content", "given twice"),
+    ('{"x": NaN}', "x", "NaN is not a JSON number"),
+    ('{"x": [1, -Infinity]}', "x[1]", "-Infinity is not a JSON number"),
+    ('{"t": 1e999}', "t", "1e999 is too large"),
+    ('{"p": "\\ud800"}', "p", "lone UTF-16 surrogate (\\ud800)"),
+    ('{"p": "ok \\uDFFF"}', "p", "lone UTF-16 surrogate (\\udfff)"),
+    ('{"\\udc00": 1}', "\\udc00", "lone UTF-16 surrogate"),
+    ("[" * 100_000 + "]" * 100_000, "", "nested more than 100 levels deep"),
+    ("[" * 101 + "]" * 101, "", "nested more than 100 levels deep"),
+    ('{"a": ', "", "invalid JSON"),
+])
+def test_strict_json_refuses_and_names_the_member(text, field, message):
+    for data in (text, text.encode()):
+        with pytest.raises(strict_json.StrictJSONError) as info:
+            strict_json.loads(data)
+        assert info.value.field == field and message in info.value.message, info.value
+
+
+def test_strict_json_accepts_what_is_json():
+    assert strict_json.loads('{"p": "\\ud83d\\ude00", "q": "\\\\ud800"}') == {"p": "😀", "q": "\\ud800"}
+    assert strict_json.loads("[" * 100 + "]" * 100) is not None
+    assert strict_json.loads(b'\xef\xbb\xbf{"a": 1.5, "b": [1, 2]}') == {"a": 1.5, "b": [1, 2]}
+    with pytest.raises(UnicodeDecodeError):  # json.loads would decode these bytes to a lone surrogate
+        strict_json.loads(b'"\xed\xa0\x80"')
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace lines
+
+
+def _trace_line(record: str) -> str:
+    return jsonl(META, record)
+
+
+TRACE_CASES = [
+    pytest.param(_trace_line('{"type": "call", "id": "c0", "agent_id": 1, "query_id": 1, "seq": 0, '
+                             '"prompt_tokens": [1, 2], "output_tokens": [4], "output_tokens": [5]}'),
+                 ["t.jsonl:2: output_tokens: the key is given twice"], id="duplicate output_tokens"),
+    pytest.param(_trace_line('{"type": "call", "id": "c0", "id": "c1", "agent_id": 1, "query_id": 1, "seq": 0, '
+                             '"prompt_tokens": [1, 2], "output_tokens": [4]}'),
+                 ["t.jsonl:2: id: the key is given twice"], id="duplicate id"),
+    pytest.param(_trace_line(json.dumps(call(0))[:-1] + ', "arrival_s": NaN}'),
+                 ["t.jsonl:2: arrival_s: NaN is not a JSON number"], id="NaN arrival"),
+    pytest.param(_trace_line(json.dumps(call(0))[:-1] + ', "think_s": Infinity}'),
+                 ["t.jsonl:2: think_s: Infinity is not a JSON number"], id="Infinity think time"),
+    pytest.param(_trace_line(json.dumps(call(0))[:-1] + ', "extra": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                 ["t.jsonl:2: line: nested more than 100 levels deep"], id="nested 100000 deep"),
+    pytest.param(jsonl(TEXT_META, call(0, prompt_tokens=..., prompt="ok \ud800 then")),
+                 ["t.jsonl:2: prompt: contains a lone UTF-16 surrogate (\\ud800)"], id="surrogate in a prompt"),
+    pytest.param(jsonl(TEXT_META, call(0, prompt_tokens=..., messages=[{"role": "user", "content": "\udfff"}])),
+                 ["t.jsonl:2: messages[0].content: contains a lone UTF-16 surrogate"], id="surrogate in a message"),
+]
+
+
+@pytest.mark.parametrize(("text", "fragments"), TRACE_CASES)
+def test_trace_line_edges(workdir, monkeypatch, capsys, text, fragments):
+    trace = _write(workdir / "t.jsonl", text)
+    for argv in (["inspect", str(trace)], ["replay", str(trace), "--drafter", "normal"]):
+        code, _, err = run_cli(argv, monkeypatch, capsys)
+        _one_error_line(code, err, *fragments)
+
+
+def test_skip_bad_lines_skips_a_duplicate_key_line(workdir, monkeypatch, capsys):
+    dup = json.dumps(call(1))[:-1] + ', "seq": 1}'
+    trace = _write(workdir / "t.jsonl", jsonl(META, call(0), dup))
+    code, out, err = run_cli(["inspect", str(trace), "--skip-bad-lines", "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(out)["calls"] == 1 and "t.jsonl:3: seq: the key is given twice" in err
