@@ -10,19 +10,22 @@ from agentspec_sim.trace.schema import Workload
 
 
 def trace_argument():
-    return typer.Argument(None, metavar="[TRACE]", help="Trace file (default: the bundled coding-agent trace).",
-                          show_default=False)
+    return typer.Argument(None, metavar="[TRACE]", help="Trace file, or - to read it from standard input (gzip, "
+                          "xz or zstd too); default: the bundled coding-agent trace.", show_default=False)
 
 
 def load_workload(trace: Path | None, skip_bad_lines: bool = False) -> tuple[Path, Workload]:
-    """Load `trace` (or the bundled default); say how many lines were skipped, if any."""
+    """Load `trace` (or the bundled default; `-`: standard input, then the path returned is `<stdin>`, the name
+    its errors and reports use); say how many lines were skipped, if any."""
     from rich.console import Console
 
     from agentspec_sim.trace.bundled import default_trace_path
-    from agentspec_sim.trace.io import load_trace
+    from agentspec_sim.trace.io import STDIN_NAME, is_stdin, load_trace
 
     path = trace if trace is not None else default_trace_path()
     workload = load_trace(path, skip_bad_lines=skip_bad_lines)
+    if is_stdin(path):
+        path = Path(STDIN_NAME)
     if workload.skipped:
         Console(stderr=True).print(f"skipped {len(workload.skipped)} bad line(s); first: {workload.skipped[0]}")
     return path, workload

@@ -8,10 +8,17 @@ Each case runs the real entry point in-process (as tests/test_bad_inputs.py does
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import lzma
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from agentspec_sim import strict_json
 from tests.test_bad_inputs import META, call, jsonl, run_cli
@@ -115,3 +122,84 @@ def test_skip_bad_lines_skips_a_duplicate_key_line(workdir, monkeypatch, capsys)
     code, out, err = run_cli(["inspect", str(trace), "--skip-bad-lines", "--json"], monkeypatch, capsys)
     assert code == 0, err
     assert json.loads(out)["calls"] == 1 and "t.jsonl:3: seq: the key is given twice" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# `-`: the trace on standard input
+
+
+class _Stdin:
+    """What the loader reads of sys.stdin: `buffer` and `isatty`."""
+
+    def __init__(self, data: bytes, tty: bool = False) -> None:
+        self.buffer, self.closed, self._tty = io.BytesIO(data), False, tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+@pytest.fixture
+def stdin(monkeypatch):
+    """Feed bytes to standard input (the loader keeps what it read once per process: start afresh)."""
+    import agentspec_sim.trace.io as trace_io
+
+    def feed(data: bytes, tty: bool = False) -> None:
+        monkeypatch.setattr(trace_io, "_stdin_data", None)
+        monkeypatch.setattr(sys, "stdin", _Stdin(data, tty))
+
+    return feed
+
+
+COMPRESSORS = {"plain": bytes, "gzip": gzip.compress, "xz": lzma.compress,
+               "zstd": lambda b: zstandard.ZstdCompressor().compress(b)}
+
+
+@pytest.mark.parametrize("kind", COMPRESSORS)
+def test_stdin_trace_plain_or_compressed(workdir, monkeypatch, capsys, stdin, kind):
+    stdin(COMPRESSORS[kind](GOOD.encode()))
+    code, out, err = run_cli(["inspect", "-", "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    stats = json.loads(out)
+    assert stats["calls"] == 2 and stats["trace"] == "<stdin>"
+    assert not (workdir / ".cache").exists() or not any((workdir / ".cache").rglob("*.npy"))  # never cached
+
+
+@pytest.mark.parametrize(("data", "fragments"), [
+    (jsonl(META, call(0), call(2)).encode(), ["<stdin>:3: seq: gap in query 1"]),
+    (jsonl(META, '{"type": "call", "id": "a", "id": "b"}').encode(), ["<stdin>:2: id: the key is given twice"]),
+    (gzip.compress(GOOD.encode() * 40)[:-30], ["<stdin>: file: cannot decompress gz"]),
+    (zstandard.ZstdCompressor().compress(GOOD.encode())[:-5], ["<stdin>: file: cannot decompress zst"]),
+    (b"", ["<stdin>: file: empty trace"]),
+])
+def test_stdin_errors_name_stdin(workdir, monkeypatch, capsys, stdin, data, fragments):
+    for argv in (["replay", "-", "--drafter", "normal"], ["sweep", "-", "-o", str(workdir / "s.parquet"),
+                                                          "--drafter", "normal", "--max-num-seqs", "1", "-j", "1"]):
+        stdin(data)
+        code, _, err = run_cli(argv, monkeypatch, capsys)
+        _one_error_line(code, err, *fragments)
+
+
+def test_stdin_that_is_a_terminal_is_refused(workdir, monkeypatch, capsys, stdin):
+    stdin(b"", tty=True)
+    code, _, err = run_cli(["inspect", "-"], monkeypatch, capsys)
+    _one_error_line(code, err, "<stdin>: file: standard input is a terminal", "pipe one in")
+
+
+def test_stdin_trace_through_a_fresh_process_and_sweep_workers(tmp_path):
+    """The console entry point reads `-` from a real pipe; sweep's spawned workers (whose own stdin is not
+    the parent's) get the bytes and name the trace <stdin>."""
+    import polars as pl
+
+    env = {**os.environ, "AGENTSPEC_SIM_CACHE": str(tmp_path / ".cache")}
+    data = zstandard.ZstdCompressor().compress(GOOD.encode())
+    out = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", "inspect", "-", "--json"], input=data,
+                         capture_output=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    assert json.loads(out.stdout)["calls"] == 2
+    results = tmp_path / "s.parquet"
+    out = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", "sweep", "-", "-o", str(results), "--drafter",
+                          "normal", "--max-num-seqs", "1,2", "-j", "2", "-q"], input=gzip.compress(GOOD.encode()),
+                         capture_output=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr.decode()
+    frame = pl.read_parquet(results)
+    assert frame.height == 2 and set(frame["trace"]) == {"<stdin>"}

@@ -44,14 +44,15 @@ EXECUTORS: dict[str, type[CellExecutor]] = {}
 @dataclass
 class WorkloadSource:
     """How a worker gets the sweep's workload: `loaded` in this process; elsewhere the trace file at
-    `path`, or its bytes in `data` (a worker on another machine), or `given` (a Workload the caller
-    built in memory, the one case it is pickled whole)."""
+    `path`, or its bytes in `data` (a worker on another machine, or standard input's trace: `stdin`), or
+    `given` (a Workload the caller built in memory, the one case it is pickled whole)."""
 
     path: str
     skip_bad_lines: bool = False
     loaded: Workload | None = field(default=None, repr=False)
     given: bool = False
     data: bytes | None = field(default=None, repr=False)
+    stdin: bool = False  # `data` is standard input's trace: parsed as it is, never through the file cache
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -59,13 +60,23 @@ class WorkloadSource:
             state["loaded"] = None  # the worker loads it itself (see the module docstring)
         return state
 
+    @classmethod
+    def from_stdin(cls, skip_bad_lines: bool = False) -> WorkloadSource:
+        """The trace on standard input: its bytes travel to every worker (a spawned worker's stdin is not the
+        parent's), each parses them uncached, and errors name `<stdin>`."""
+        from agentspec_sim.trace.io import STDIN_NAME, read_stdin_bytes
+
+        return cls(STDIN_NAME, skip_bad_lines, data=read_stdin_bytes(), stdin=True)
+
     def with_bytes(self) -> WorkloadSource:
         """A copy that carries the trace file's bytes, for workers that cannot read `path`."""
-        return self if self.given else replace(self, data=Path(self.path).read_bytes())
+        return self if self.given or self.data is not None else replace(self, data=Path(self.path).read_bytes())
 
     def load(self) -> Workload:
-        from agentspec_sim.trace.io import load_trace
+        from agentspec_sim.trace.io import load_trace, parse_trace_bytes
 
+        if self.loaded is None and self.stdin:
+            self.loaded = parse_trace_bytes(self.data or b"", self.path, skip_bad_lines=self.skip_bad_lines)
         if self.loaded is None:
             path = Path(self.path)
             if self.data is not None:

@@ -75,10 +75,11 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
               max_cells: int | None = MAX_CELLS) -> pl.DataFrame:
     """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
 
-    `trace`: a trace path (default: the bundled coding-agent trace); `workload`: the trace already
-    loaded (then workers get it pickled; else each loads the file once, a cache read). `drafters`: shorthand names;
-    `speculative_configs`: vLLM `--speculative-config` JSON texts; `grid`: speculative-config keys →
-    values, crossed with every drafter configuration that accepts the key; `normal` always runs.
+    `trace`: a trace path (`-`: standard input; default: the bundled coding-agent trace); `workload`: the
+    trace already loaded (then workers get it pickled; else each loads the file once, a cache read).
+    `drafters`: shorthand names; `speculative_configs`: vLLM `--speculative-config` JSON texts; `grid`:
+    speculative-config keys → values, crossed with every drafter configuration that accepts the key;
+    `normal` always runs.
     `engine`: every other engine setting (its max_num_seqs, hardware, model and seed are replaced per
     cell). `output`: the parquet to write; finished cells go to its journal as they complete, and
     the parquet is written at the end, or with whatever finished when the sweep is interrupted or a
@@ -91,6 +92,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     cell whose run, times the local workers running at once, needs more memory than is available.
     """
     from agentspec_sim.trace.bundled import default_trace_path
+    from agentspec_sim.trace.io import STDIN_NAME, is_stdin
 
     if resume and output is None:
         raise SweepError("resume needs an output file")
@@ -99,12 +101,14 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
 
         # Before any work: a directory or a file in the way, an unknown suffix, a folder not writable.
         check_outputs(Output("output", output, PARQUET_SUFFIXES),
-                      inputs={"trace": trace if trace is not None else default_trace_path()})
-    trace_text = str(trace) if trace is not None else str(default_trace_path())
+                      inputs={"trace": None if is_stdin(trace) else trace or default_trace_path()})
+    stdin = workload is None and is_stdin(trace)
+    trace_text = STDIN_NAME if stdin else str(trace) if trace is not None else str(default_trace_path())
     cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine,
                         max_cells)
     limits = _check_configs(cells)
-    source = WorkloadSource(trace_text, skip_bad_lines, workload, given=workload is not None)
+    source = (WorkloadSource.from_stdin(skip_bad_lines) if stdin else
+              WorkloadSource(trace_text, skip_bad_lines, workload, given=workload is not None))
     order = {cell.cell_id: i for i, cell in enumerate(cells)}
     if len(order) != len(cells):
         raise SweepError("two cells of the sweep have the same parameters")

@@ -18,6 +18,7 @@ import json
 import lzma
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,7 +214,9 @@ def format_size(n: float) -> str:
 
 def read_trace_bytes(path: str | Path) -> bytes:
     """The decompressed content of a trace file; unreadable, corrupt or truncated files raise TraceError,
-    and so does a file too large to load in the memory available (`check_memory`)."""
+    and so does a file too large to load in the memory available (`check_memory`). `-`: standard input."""
+    if is_stdin(path):
+        return read_stdin_bytes()
     p = Path(path)
     if p.is_dir():
         raise TraceError(str(p), 0, "file", "is a directory, not a trace file")
@@ -232,6 +235,51 @@ def read_trace_bytes(path: str | Path) -> bytes:
         raise TraceError(str(p), 0, "file", f"cannot decompress ({exc or type(exc).__name__})") from None
     except Exception as exc:  # zstandard.ZstdError and friends
         raise TraceError(str(p), 0, "file", f"cannot read ({exc})") from None
+
+
+# `-` for a trace path reads standard input; errors name it `<stdin>`.
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+# How a compressed stream starts (stdin has no file name to take the compression from).
+_MAGIC = ((b"\x1f\x8b", "gz"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zst"))
+_stdin_data: bytes | None = None
+
+
+def is_stdin(path: str | Path | None) -> bool:
+    """Whether `path` is `-`, the trace path that means standard input."""
+    return path is not None and str(path) == STDIN
+
+
+def read_stdin_bytes() -> bytes:
+    """The decompressed trace on standard input (gzip, xz or zstd found by their magic bytes). Read once per
+    process: a second call (a command that loads the trace twice) gets the same bytes, not an empty stream."""
+    global _stdin_data
+    if _stdin_data is not None:
+        return _stdin_data
+    stream = sys.stdin
+    if stream is None or stream.closed or stream.isatty():
+        raise TraceError(STDIN_NAME, 0, "file", "standard input is a terminal, not a trace: pipe one in "
+                         "(e.g. zstdcat trace.jsonl.zst | agentspec-sim replay -) or give a file")
+    raw = stream.buffer.read()
+    kind = next((k for magic, k in _MAGIC if raw.startswith(magic)), None)
+    try:
+        if kind == "gz":
+            raw = gzip.decompress(raw)
+        elif kind == "xz":
+            raw = lzma.decompress(raw)
+        elif kind == "zst":
+            raw = _zstd_decompress(raw)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise TraceError(STDIN_NAME, 0, "file", f"cannot decompress {kind} ({exc or type(exc).__name__})") from None
+    except Exception as exc:  # zstandard.ZstdError and friends
+        raise TraceError(STDIN_NAME, 0, "file", f"cannot decompress {kind} ({exc})") from None
+    available = available_memory()
+    if available is not None and len(raw) * LOAD_BYTES_PER_TEXT_BYTE > available:
+        raise TraceError(STDIN_NAME, 0, "file", f"too large for this machine: loading {format_size(len(raw))} of trace "
+                         f"text needs about {format_size(len(raw) * LOAD_BYTES_PER_TEXT_BYTE)} of memory, "
+                         f"{format_size(available)} available; split it by query, or set {MEMORY_ENV} to allow more")
+    _stdin_data = raw
+    return raw
 
 
 def iter_lines(data: bytes, source: str) -> Iterator[tuple[int, dict | TraceError]]:
@@ -785,8 +833,11 @@ def parse_records(records: Iterable[tuple[int, dict | TraceError]], source: str 
 
 
 def load_trace(path: str | Path, skip_bad_lines: bool = False, cache: bool = True) -> Workload:
-    """Load and validate a trace file. Tokenized results are cached by content hash, so a second
-    load of the same file (same tokenizer) skips tokenization. Raises TraceError on bad input."""
+    """Load and validate a trace file (`-`: standard input, see `read_stdin_bytes`). Tokenized results are
+    cached by content hash, so a second load of the same file (same tokenizer) skips tokenization; standard
+    input is never cached (errors and skipped lines name `<stdin>`). Raises TraceError on bad input."""
+    if is_stdin(path):
+        return parse_trace_bytes(read_stdin_bytes(), skip_bad_lines=skip_bad_lines)
     p = Path(path)
     data = read_trace_bytes(p)
     key = None
@@ -801,6 +852,13 @@ def load_trace(path: str | Path, skip_bad_lines: bool = False, cache: bool = Tru
     if key is not None:
         trace_cache.store(trace_cache.cache_root(), key, workload)
     return workload
+
+
+def parse_trace_bytes(data: bytes, source: str = STDIN_NAME, base_dir: Path | None = None,
+                      skip_bad_lines: bool = False) -> Workload:
+    """A trace from its (decompressed) bytes, uncached; errors name `source`, a tokenizer path is relative
+    to `base_dir` (default: the working directory)."""
+    return parse_records(iter_lines(data, source), source, base_dir or Path.cwd(), skip_bad_lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -864,6 +922,7 @@ def write_trace(workload: Workload, path: str | Path) -> int:
 
 
 __all__ = [
-    "atomic_binary", "iter_lines", "load_trace", "parse_records", "parse_structure", "read_trace_bytes",
+    "STDIN", "STDIN_NAME", "atomic_binary", "is_stdin", "iter_lines", "load_trace", "parse_records",
+    "parse_structure", "parse_trace_bytes", "read_stdin_bytes", "read_trace_bytes",
     "workload_records", "write_records", "write_trace",
 ]
