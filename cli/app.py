@@ -38,6 +38,9 @@ def _register() -> None:
         synth,
         validate,
     )
+    from agentspec_sim.cli.preflight import guard_commands
+
+    guard_commands(app)  # every command: no NaN/inf option, valid AGENTSPEC_SIM_* numbers
 
 
 _register()

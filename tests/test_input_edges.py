@@ -203,3 +203,69 @@ def test_stdin_trace_through_a_fresh_process_and_sweep_workers(tmp_path):
     assert out.returncode == 0, out.stderr.decode()
     frame = pl.read_parquet(results)
     assert frame.height == 2 and set(frame["trace"]) == {"<stdin>"}
+
+
+# ---------------------------------------------------------------------------------------------
+# NaN and infinity in options and environment variables
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    ("plan {d}/good.jsonl --slo-ttft nan", "--slo-ttft: must be a finite number, got nan"),
+    ("plan {d}/good.jsonl --slo-p99-latency inf", "--slo-p99-latency: must be a finite number, got inf"),
+    ("plan {d}/good.jsonl --min-goodput -inf", "--min-goodput: must be a finite number, got -inf"),
+    ("plan {d}/good.jsonl --slo-tpot NaN", "--slo-tpot: must be a finite number, got nan"),
+    ("replay {d}/good.jsonl --gpu-memory-utilization nan", "--gpu-memory-utilization: must be a finite number"),
+    ("replay {d}/good.jsonl --think-time inf", "--think-time: must be a finite number, got inf"),
+    ("sweep {d}/good.jsonl -o {d}/s.parquet --rate nan", "--rate: must be a finite number, got nan"),
+    ("check --tolerance nan", "--tolerance: must be a finite number, got nan"),
+    ("check --goodput-tolerance inf", "--goodput-tolerance: must be a finite number, got inf"),
+    ("calibrate cost {d}/good.jsonl -o {d}/c.json --holdout nan", "--holdout: must be a finite number, got nan"),
+    ("analyze roles {d}/good.jsonl -o {d}/caps.json --penalty nan", "--penalty: must be a finite number"),
+])
+def test_non_finite_option_is_refused(workdir, monkeypatch, capsys, argv, fragment):
+    _write(workdir / "good.jsonl", GOOD)
+    code, _, err = run_cli(argv.format(d=workdir).split(), monkeypatch, capsys)
+    _one_error_line(code, err, fragment)
+
+
+def test_every_command_is_preflighted():
+    """The guard is one mechanism over all commands, so an option added later is covered too."""
+    from agentspec_sim.cli.app import app
+
+    def commands(typer_app):
+        yield from (info.callback for info in typer_app.registered_commands)
+        for group in typer_app.registered_groups:
+            yield from commands(group.typer_instance)
+
+    callbacks = list(commands(app))
+    assert len(callbacks) >= 15 and all(getattr(c, "_preflighted", False) for c in callbacks)
+
+
+@pytest.mark.parametrize(("name", "value", "fragment"), [
+    ("AGENTSPEC_SIM_TABLE_CACHE_MB", "nan", "must be a finite number of MB ≥ 0, got 'nan'"),
+    ("AGENTSPEC_SIM_TABLE_CACHE_MB", "inf", "must be a finite number of MB ≥ 0, got 'inf'"),
+    ("AGENTSPEC_SIM_TABLE_CACHE_MB", "-1", "must be a finite number of MB ≥ 0, got '-1'"),
+    ("AGENTSPEC_SIM_TABLE_CACHE_MB", "lots", "expected a number of MB, got 'lots'"),
+    ("AGENTSPEC_SIM_MEMORY_GIB", "NaN", "must be a finite number of GiB > 0, got 'NaN'"),
+    ("AGENTSPEC_SIM_MEMORY_GIB", "-inf", "must be a finite number of GiB > 0"),
+    ("AGENTSPEC_SIM_MEMORY_GIB", "0", "must be a finite number of GiB > 0, got '0'"),
+])
+def test_bad_numeric_environment_variable(workdir, monkeypatch, capsys, name, value, fragment):
+    _write(workdir / "good.jsonl", GOOD)
+    monkeypatch.setenv(name, value)
+    code, _, err = run_cli(["replay", str(workdir / "good.jsonl"), "--drafter", "normal"], monkeypatch, capsys)
+    _one_error_line(code, err, f"{name}: environment: ", fragment, "unset it for the default")
+
+
+def test_table_cache_limit_is_read_strictly(monkeypatch):
+    """The library reads the variable the same way (a sweep worker or a script gets the same refusal)."""
+    from agentspec_sim.drafters import table_cache
+    from agentspec_sim.env import EnvironmentSettingError
+
+    monkeypatch.setenv(table_cache.LIMIT_ENV, "inf")
+    with pytest.raises(EnvironmentSettingError, match="AGENTSPEC_SIM_TABLE_CACHE_MB: environment"):
+        table_cache._limit_bytes()
+    monkeypatch.setenv(table_cache.LIMIT_ENV, "")
+    assert table_cache._limit_bytes() == table_cache.DEFAULT_LIMIT_MB << 20
+    monkeypatch.setenv(table_cache.LIMIT_ENV, "0.5")
+    assert table_cache._limit_bytes() == 1 << 19

@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from agentspec_sim.env import TABLE_CACHE_MB
 from agentspec_sim.trace.cache import cache_root
 
 Arrays = dict[str, np.ndarray]
-LIMIT_ENV = "AGENTSPEC_SIM_TABLE_CACHE_MB"
-DEFAULT_LIMIT_MB = 2048
+LIMIT_ENV = TABLE_CACHE_MB.name
+DEFAULT_LIMIT_MB = int(TABLE_CACHE_MB.default)  # type: ignore[arg-type]
 
 
 @functools.cache
@@ -79,10 +80,8 @@ def cached_arrays(kind: str, key: str, build: Callable[[], Arrays], valid: Calla
 
 
 def _limit_bytes() -> int:
-    try:
-        return int(float(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB)) * (1 << 20))
-    except ValueError:
-        return DEFAULT_LIMIT_MB << 20
+    # A finite number ≥ 0 (agentspec_sim/env.py refuses "nan", "inf", "-1"… naming the variable).
+    return int(TABLE_CACHE_MB.read() * (1 << 20))  # type: ignore[operator]
 
 
 def _trim(directory: Path, keep: Path) -> None:

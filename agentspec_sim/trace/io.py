@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim import strict_json
+from agentspec_sim import env, strict_json
 from agentspec_sim.atomic import atomic_binary, atomic_text, compression_of
 from agentspec_sim.trace.schema import (
     EMISSIONS,
@@ -91,18 +91,15 @@ def _zstd_decompress(raw: bytes) -> bytes:
 LOAD_BYTES_PER_TEXT_BYTE = 7
 # The most a trace's text is larger than its compressed file (token-id JSON compresses up to ~25×).
 MAX_COMPRESSION_RATIO = 50
-MEMORY_ENV = "AGENTSPEC_SIM_MEMORY_GIB"
+MEMORY_ENV = env.MEMORY_GIB.name
 
 
 def available_memory() -> int | None:
     """Bytes a load (or a run: agentspec_sim/resources.py) may use: AGENTSPEC_SIM_MEMORY_GIB if set, else
     the kernel's MemAvailable, or less where this process's cgroup limit leaves less (None: unknown)."""
-    limit = os.environ.get(MEMORY_ENV)
-    if limit:
-        try:
-            return int(float(limit) * 2**30)
-        except ValueError:
-            raise TraceError(MEMORY_ENV, 0, "environment", f"expected a number of GiB, got {limit!r}") from None
+    limit = env.MEMORY_GIB.read()  # a finite number > 0, or None when unset
+    if limit is not None:
+        return int(limit * 2**30)
     found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
     return min(found) if found else None
 
