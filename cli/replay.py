@@ -66,7 +66,8 @@ def replay(
     _check_outputs(output, steps, trace=trace, calibration=calibration, model=model, hardware=hardware,
                    speculative_config=speculative_config)
     try:
-        specs = parse_drafter_list(drafter) + [parse_drafter(text) for text in speculative_config]
+        specs = (parse_drafter_list(drafter, "--drafter")
+                 + [parse_drafter(text, "--speculative-config") for text in speculative_config])
         config = EngineConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,

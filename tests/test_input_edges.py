@@ -269,3 +269,131 @@ def test_table_cache_limit_is_read_strictly(monkeypatch):
     assert table_cache._limit_bytes() == table_cache.DEFAULT_LIMIT_MB << 20
     monkeypatch.setenv(table_cache.LIMIT_ENV, "0.5")
     assert table_cache._limit_bytes() == 1 << 19
+
+
+# ---------------------------------------------------------------------------------------------
+# Speculative configs
+
+
+def _methods() -> list[str]:
+    from agentspec_sim.drafters.base import DRAFTERS, _load_builtin
+
+    _load_builtin()
+    return sorted(DRAFTERS)
+
+
+def _base_config(method: str) -> dict:
+    from agentspec_sim.drafters.base import SHORTHAND_DEFAULTS
+
+    base = dict(SHORTHAND_DEFAULTS.get(method, {"method": method}))
+    if method != "normal":
+        base.setdefault("num_speculative_tokens", 3)
+    return base
+
+
+@pytest.mark.parametrize("method", [m for m in _methods() if m != "normal"])
+@pytest.mark.parametrize("k", [0, -1, -32])
+def test_num_speculative_tokens_follows_vllm(method, k):
+    """vLLM 0.33, vllm/config/speculative.py: `num_speculative_tokens: int = Field(default=None, gt=0)`
+    (line 413) and `_verify_args`: "Expected num_speculative_tokens to be greater than zero" (line 1967), for
+    every method. None lets the method decide (suffix: suffix_decoding_max_tree_depth, line 1732-1735)."""
+    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig
+
+    with pytest.raises(SpecConfigError, match=f"num_speculative_tokens must be > 0, got {k}"):
+        SpeculativeConfig.from_json({**_base_config(method), "num_speculative_tokens": k})
+
+
+def test_num_speculative_tokens_defaults_and_normal():
+    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig
+
+    suffix = SpeculativeConfig.from_json({"method": "suffix", "suffix_decoding_max_tree_depth": 12})
+    assert suffix.num_speculative_tokens == 12  # vLLM: k defaults to the tree depth
+    assert SpeculativeConfig.from_json({"method": "normal", "num_speculative_tokens": 0}).num_speculative_tokens == 0
+    for k in (-1, 2):
+        with pytest.raises(SpecConfigError, match="'normal' drafts nothing"):
+            SpeculativeConfig.from_json({"method": "normal", "num_speculative_tokens": k})
+    with pytest.raises(SpecConfigError, match="must be ≤ 4096"):
+        SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 2**40})
+
+
+_WRONG = {int: ["5", True, 2.5, [1], {"a": 1}], float: ["0.5", True, [0.5], {"a": 1}],
+          bool: ["yes", 1, [True]], str: [5, True, ["x"], {"a": 1}]}
+
+
+@pytest.mark.parametrize("method", _methods())
+def test_every_config_field_refuses_a_wrong_json_type(method):
+    """For each drafter, every key it resolves (its options with their defaults, k, the n-gram range)
+    refuses a value of another JSON type with SpecConfigError, never a traceback or a silent run."""
+    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig, is_int
+
+    base = _base_config(method)
+    spec = SpeculativeConfig.from_json(base)
+    fields = {**dict(spec.options), "num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.prompt_lookup_min is not None:
+        fields.update(prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
+    checked = 0
+    for key, default in fields.items():
+        kind = (bool if isinstance(default, bool) else int if is_int(default) else
+                float if isinstance(default, float) else str if isinstance(default, str) else None)
+        if kind is None:  # lists and null defaults have their own rules
+            continue
+        for value in _WRONG[kind]:
+            with pytest.raises(SpecConfigError):
+                SpeculativeConfig.from_json({**base, key: value})
+            checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"budget_policy": ["fixed"]}, "budget_policy must be a policy name (a string), got a list"),
+    ({"budget_policy": "nope"}, "unknown budget_policy 'nope'"),
+    ({"num_speculative_tokens_per_batch_size": "1-4:2"}, "must be a non-empty list of [start, end, k]"),
+    ({"num_speculative_tokens_per_batch_size": [[1, 4, True]]}, "[start, end, k] integers"),
+    ({"prompt_lookup_max": float("nan")}, "prompt_lookup_max: must be a finite number, got nan"),
+    ({"prompt_lookup_max": 2**70}, "does not fit in 64 bits"),
+])
+def test_common_keys_are_checked_at_parse_time(config, message):
+    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig
+
+    with pytest.raises(SpecConfigError) as info:
+        SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3, **config})
+    assert message in str(info.value), info.value
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("[1,2,3]", "--speculative-config: must be a JSON object such as {\"method\": \"ngram\""),
+    ("5", "or a drafter name; got an integer"),
+    ("null", "or a drafter name; got null"),
+    ('"ngram"', "or a drafter name; got a string"),
+    ("true", "or a drafter name; got a boolean"),
+    ('{"method": "ngram", "num_speculative_tokens": 5, "num_speculative_tokens": 0}',
+     "--speculative-config: num_speculative_tokens: the key is given twice"),
+    ('{"method": "suffix", "suffix_decoding_max_spec_factor": NaN}',
+     "--speculative-config: suffix_decoding_max_spec_factor: NaN is not a JSON number"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "--speculative-config: num_speculative_tokens must be > 0"),
+    ('{"method": "ngram", "num_speculative_tokens": "5"}', "num_speculative_tokens must be an integer, got a string"),
+    ('{"method": "ngram", "num_speculative_tokens": 1000000000000000000000000000000}', "does not fit in 64 bits"),
+    ('{"method": "suffix", "suffix_decoding_max_tree_depth": 100000000000000000000}', "does not fit in 64 bits"),
+    ('{"method": "suffix", "suffix_decoding_max_tree_depth": 1099511627776}', "must be an integer in [1, 4096]"),
+    ('{"method": "agentspec", "num_speculative_tokens": 8, "max_candidates": 1099511627776}', "[1, 4096]"),
+])
+def test_speculative_config_option(workdir, monkeypatch, capsys, value, fragment):
+    trace = _write(workdir / "good.jsonl", GOOD)
+    code, _, err = run_cli(["replay", str(trace), "--drafter", "normal", "--speculative-config", value],
+                           monkeypatch, capsys)
+    _one_error_line(code, err, fragment)
+
+
+def test_drafter_lists_and_grids(workdir, monkeypatch, capsys):
+    trace = _write(workdir / "good.jsonl", GOOD)
+    # A JSON object inside a --drafter list keeps its commas.
+    code, out, err = run_cli(["replay", str(trace), "--json", "--drafter",
+                              'normal,{"method": "ngram", "num_speculative_tokens": 3}'], monkeypatch, capsys)
+    assert code == 0, err
+    assert [r["drafter"] for r in json.loads(out)["runs"]][-1].startswith("ngram")
+    sweep = ["sweep", str(trace), "-o", str(workdir / "s.parquet"), "--drafter", "ngram", "--max-num-seqs", "1",
+             "-j", "1", "--grid"]
+    code, _, err = run_cli([*sweep, "num_speculative_tokens=3,0"], monkeypatch, capsys)
+    _one_error_line(code, err, "--grid: ngram k=0: num_speculative_tokens must be > 0")
+    code, _, err = run_cli([*sweep, "num_speculative_tokens=NaN"], monkeypatch, capsys)
+    _one_error_line(code, err, "--grid: ngram k=NaN: num_speculative_tokens must be an integer")

@@ -75,7 +75,7 @@ def test_prompt_lookup_defaults_follow_vllm():
     ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "≤"),
     ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 0}, "≥ 1"),
     ({"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}, "unknown key"),
-    ({"method": "ngram", "num_speculative_tokens": -1}, "≥ 0"),
+    ({"method": "ngram", "num_speculative_tokens": -1}, "> 0"),  # vLLM: Field(gt=0)
     ({"method": "nope", "num_speculative_tokens": 3}, "unknown drafter"),
     ({"num_speculative_tokens": 3}, "method"),
     ({"method": "ngram", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[2, 4, 1]]},

@@ -297,8 +297,8 @@ def analyze_roles(trace: str | Path | Workload | None = None, output: str | Path
         path = Path(trace) if trace is not None else default_trace_path()
         workload, where = load_trace(path), str(path)
     spec = drafter if drafter is not None else {"method": "agspec"}
-    if isinstance(spec, str) and spec.strip().startswith("{"):
-        spec = json.loads(spec)
+    if isinstance(spec, str):
+        spec = parse_drafter(spec, "--drafter")  # strict JSON, and a list or number named as such
     profile = role_profile(workload, spec, k_max=k_max, penalty=penalty, batch_size=batch_size, hardware=hardware,
                            model=model, max_queries=max_queries)
     profile["trace"] = where

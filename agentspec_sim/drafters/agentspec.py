@@ -81,7 +81,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numba import njit
 
-from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, grown, register_drafter
+from agentspec_sim.drafters.base import (
+    MAX_SPECULATIVE_TOKENS,
+    BaseDrafter,
+    SpecConfigError,
+    SpeculativeConfig,
+    grown,
+    register_drafter,
+)
 from agentspec_sim.drafters.block_index import (
     META_C,
     META_CT,
@@ -784,8 +791,8 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
         lo, hi, cand = opts["min_match_len"], opts["max_match_len"], opts["max_candidates"]
         if not _is_int(lo) or not _is_int(hi) or not 1 <= lo <= hi:
             raise SpecConfigError(f"need integers 1 ≤ min_match_len ≤ max_match_len, got {lo!r}, {hi!r}")
-        if not _is_int(cand) or cand < 1:
-            raise SpecConfigError(f"max_candidates={cand!r} must be an integer ≥ 1")
+        if not _is_int(cand) or not 1 <= cand <= MAX_SPECULATIVE_TOKENS:  # per-lookup buffers are sized by it
+            raise SpecConfigError(f"max_candidates={cand!r} must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
         if opts.get("tokenizer") is not None and not isinstance(opts["tokenizer"], str):
             raise SpecConfigError(f"tokenizer={opts['tokenizer']!r} must be a tokenizer name, a path, or null")
         k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else cls.default_k

@@ -68,7 +68,14 @@ from agentspec_sim.drafters.agspec import (
     forms_for,
     read_cap_file,
 )
-from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, is_int, register_drafter
+from agentspec_sim.drafters.base import (
+    MAX_SPECULATIVE_TOKENS,
+    BaseDrafter,
+    SpecConfigError,
+    SpeculativeConfig,
+    is_int,
+    register_drafter,
+)
 from agentspec_sim.drafters.block_index import META_C, META_CT, META_FIELDS, META_MATCH, META_N, META_P
 from agentspec_sim.drafters.corpus_index import NGramIndex, continuation_len, lookup
 
@@ -109,8 +116,8 @@ def validate(opts: dict[str, Any]) -> dict[str, Any]:
     ct_min = out["ct_min_match"]
     if ct_min is not None and (not is_int(ct_min) or ct_min < 1):
         raise SpecConfigError(f"ct_min_match={ct_min!r} must be an integer ≥ 1 or null (= min_match_len)")
-    if not is_int(cand) or cand < 1:
-        raise SpecConfigError(f"max_candidates={cand!r} must be an integer ≥ 1")
+    if not is_int(cand) or not 1 <= cand <= MAX_SPECULATIVE_TOKENS:  # per-lookup buffers are sized by it
+        raise SpecConfigError(f"max_candidates={cand!r} must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
     alpha, g_min = out["alpha"], out["g_min"]
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha < 0:
         raise SpecConfigError(f"alpha={alpha!r} must be a number ≥ 0")

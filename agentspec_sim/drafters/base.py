@@ -16,7 +16,7 @@ handful of vLLM keys that only pick weights or kernels are accepted and have no 
 from __future__ import annotations
 
 import importlib
-import json
+import math
 import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -70,25 +70,25 @@ class SpeculativeConfig:
     def from_json(cls, data: Mapping[str, Any] | str, label: str | None = None) -> SpeculativeConfig:
         """Parse a `--speculative-config` JSON object (a dict or its JSON text) as vLLM does."""
         if isinstance(data, str):
-            try:
-                data = json.loads(data)
-            except json.JSONDecodeError as exc:
-                raise SpecConfigError(f"speculative config is not valid JSON: {exc}") from None
+            data = _config_json(data)
         if not isinstance(data, Mapping):
-            raise SpecConfigError(f"speculative config must be a JSON object, got {type(data).__name__}")
+            raise SpecConfigError(f"speculative config must be a JSON object such as {_EXAMPLE}, got "
+                                  f"{_json_kind(data)}")
         method = data.get("method")
         if not isinstance(method, str) or not method:
-            raise SpecConfigError('speculative config needs "method" (e.g. {"method": "ngram", '
-                                  '"num_speculative_tokens": 5})')
+            raise SpecConfigError(f'speculative config needs "method" (e.g. {_EXAMPLE})')
         drafter_cls = drafter_class(method)
         allowed = COMMON_KEYS | NO_EFFECT_KEYS | frozenset(drafter_cls.config_keys)
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise SpecConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in speculative config for "
                                   f"method {method!r} (accepted: {', '.join(sorted(allowed))})")
+        _check_numbers(data)
         k = data.get("num_speculative_tokens")
-        if k is not None and (not is_int(k) or k < 0):
-            raise SpecConfigError(f"num_speculative_tokens must be an integer ≥ 0, got {k!r}")
+        _check_k(method, k)
+        policy = data.get("budget_policy")
+        if policy is not None and not isinstance(policy, str):
+            raise SpecConfigError(f"budget_policy must be a policy name (a string), got {_json_kind(policy)}")
         schedule = data.get("num_speculative_tokens_per_batch_size")
         spec = cls(
             method=method,
@@ -104,6 +104,13 @@ class SpeculativeConfig:
         spec = drafter_cls.configure(spec)
         if spec.num_speculative_tokens < 0:
             raise SpecConfigError(f"method {method!r} needs num_speculative_tokens")
+        if spec.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:  # a default the method derived (suffix: depth)
+            raise SpecConfigError(f"num_speculative_tokens ({spec.num_speculative_tokens}, from the method's "
+                                  f"settings) must be ≤ {MAX_SPECULATIVE_TOKENS}")
+        if policy is not None:
+            from agentspec_sim.budget import budget_policy_name
+
+            budget_policy_name(spec)  # an unknown name fails now, not when the run starts
         if spec.num_speculative_tokens_per_batch_size is not None and not drafter_cls.supports_batch_size_schedule:
             raise SpecConfigError(f"num_speculative_tokens_per_batch_size is not supported for method {method!r} "
                                   "(vLLM 0.33 supports it for ngram, eagle, eagle3, mtp)")
@@ -125,6 +132,67 @@ class SpeculativeConfig:
         for key in sorted(NO_EFFECT_KEYS & set(self.raw)):
             out.setdefault(key, self.raw[key])
         return out
+
+
+# The longest draft the simulator takes: per-call draft buffers are sized by k, and no context is long
+# enough for more to matter (vLLM itself sets no upper bound).
+MAX_SPECULATIVE_TOKENS = 4096
+_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 5}'
+INT64_MAX = 2**63 - 1
+
+
+def _json_kind(value: object) -> str:
+    return {dict: "an object", list: "a list", tuple: "a list", str: "a string", bool: "a boolean",
+            type(None): "null", int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _config_json(text: str) -> Any:
+    """The JSON value of a speculative config's text, parsed strictly (agentspec_sim/strict_json.py)."""
+    from agentspec_sim import strict_json
+
+    try:
+        return strict_json.loads(text)
+    except strict_json.StrictJSONError as exc:
+        if exc.field:  # a duplicate key, NaN, a lone surrogate: name the key
+            raise SpecConfigError(f"speculative config: {exc.field}: {exc.message}") from None
+        raise SpecConfigError(f"speculative config is not valid JSON: {exc.message}") from None
+
+
+def _check_numbers(data: Mapping[str, Any]) -> None:
+    """Every number in a config (nested too) is finite and every integer fits in 64 bits: a config given
+    as a dict can hold NaN, and the engine's compiled code takes integers as int64."""
+    stack: list[tuple[str, Any]] = list(data.items())
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecConfigError(f"speculative config: {where}: must be a finite number, got {value}")
+        if is_int(value) and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise SpecConfigError(f"speculative config: {where}: {value} does not fit in 64 bits")
+        if isinstance(value, Mapping):
+            stack.extend((f"{where}.{k}", v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+def _check_k(method: str, k: object) -> None:
+    """vLLM 0.33's rule for num_speculative_tokens (vllm/config/speculative.py): the field is declared
+    `Field(default=None, gt=0)` (line 413) and `_verify_args` raises "Expected num_speculative_tokens to be
+    greater than zero" (line 1967), for every method; None lets the method decide (suffix: the tree depth,
+    mtp: the draft model's n_predict) or is refused. `normal` (no speculation, the simulator's baseline,
+    not a vLLM method) takes 0 or nothing."""
+    if k is None:
+        return
+    if not is_int(k):
+        raise SpecConfigError(f"num_speculative_tokens must be an integer, got {_json_kind(k)} {k!r}")
+    if method == "normal":
+        if k != 0:
+            raise SpecConfigError("method 'normal' drafts nothing; num_speculative_tokens must be 0 or absent")
+        return
+    if k <= 0:
+        raise SpecConfigError(f"num_speculative_tokens must be > 0, got {k} (vLLM refuses 0 and below for every "
+                              "method; for no speculation use the drafter 'normal')")
+    if k > MAX_SPECULATIVE_TOKENS:
+        raise SpecConfigError(f"num_speculative_tokens must be ≤ {MAX_SPECULATIVE_TOKENS}, got {k}")
 
 
 def is_int(value: object) -> bool:
@@ -314,23 +382,77 @@ SHORTHAND_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def parse_drafter(value: str | Mapping[str, Any] | SpeculativeConfig) -> SpeculativeConfig:
-    """A drafter given by shorthand name, speculative-config JSON (text or dict), or a config."""
+def parse_drafter(value: str | Mapping[str, Any] | SpeculativeConfig, flag: str | None = None) -> SpeculativeConfig:
+    """A drafter given by shorthand name, speculative-config JSON (text or dict), or a config. `flag`: the
+    option the value came from (`--speculative-config`), named at the start of any error."""
+    try:
+        return _parse_drafter(value)
+    except SpecConfigError as exc:
+        if flag is None:
+            raise
+        raise SpecConfigError(f"{flag}: {str(exc).removeprefix('speculative config: ')}") from None
+
+
+def _parse_drafter(value: str | Mapping[str, Any] | SpeculativeConfig) -> SpeculativeConfig:
     if isinstance(value, SpeculativeConfig):
         return value
     if isinstance(value, Mapping):
         return SpeculativeConfig.from_json(value)
     text = value.strip()
-    if text.startswith("{"):
-        return SpeculativeConfig.from_json(text)
+    if _looks_like_json(text):  # an object is a config; a list, number, string or null is a mistake it names
+        data = _config_json(text)
+        if not isinstance(data, dict):
+            raise SpecConfigError(f"must be a JSON object such as {_EXAMPLE}, or a drafter name; got "
+                                  f"{_json_kind(data)}")
+        return SpeculativeConfig.from_json(data)
     if text in SHORTHAND_DEFAULTS:
         return SpeculativeConfig.from_json(SHORTHAND_DEFAULTS[text], label=text)
     return SpeculativeConfig.from_json({"method": text}, label=text)
 
 
-def parse_drafter_list(text: str) -> list[SpeculativeConfig]:
-    """`normal,ngram` → configs (empty items ignored)."""
-    return [parse_drafter(item) for item in text.split(",") if item.strip()]
+def _looks_like_json(text: str) -> bool:
+    """Whether `text` is meant as JSON rather than a drafter name: it opens an object, list or string, or
+    it is a JSON number, true, false or null (no drafter is named so)."""
+    if text[:1] in ('{', '[', '"'):
+        return True
+    from agentspec_sim import strict_json
+
+    try:
+        strict_json.loads(text)
+    except (strict_json.StrictJSONError, ValueError):
+        return False
+    return True
+
+
+def parse_drafter_list(text: str, flag: str | None = None) -> list[SpeculativeConfig]:
+    """`normal,ngram` → configs (empty items ignored); an item may be a JSON object, commas and all
+    (`normal,{"method": "ngram", "num_speculative_tokens": 3}`)."""
+    return [parse_drafter(item, flag) for item in split_drafter_list(text)]
+
+
+def split_drafter_list(text: str) -> list[str]:
+    """The items of a comma-separated drafter list, a JSON object (whose commas do not split) being one."""
+    import json
+
+    items, at, decoder = [], 0, json.JSONDecoder()
+    while at < len(text):
+        while at < len(text) and text[at] in " \t,":
+            at += 1
+        if at >= len(text):
+            break
+        if text[at] == "{":
+            try:
+                _, end = decoder.raw_decode(text, at)
+            except ValueError:  # not JSON: the rest is one item, and parsing it says what is wrong
+                end = len(text)
+            items.append(text[at:end])
+            at = end
+            continue
+        end = text.find(",", at)
+        end = len(text) if end < 0 else end
+        items.append(text[at:end].strip())
+        at = end
+    return [item for item in items if item.strip()]
 
 
 def with_label(spec: SpeculativeConfig, label: str) -> SpeculativeConfig:

@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, grown, register_drafter
+from agentspec_sim.drafters.base import (
+    MAX_SPECULATIVE_TOKENS,
+    BaseDrafter,
+    SpecConfigError,
+    SpeculativeConfig,
+    grown,
+    register_drafter,
+)
 from agentspec_sim.drafters.suffix_tree import (
     OP_APPEND,
     OP_FIELDS,
@@ -152,8 +159,9 @@ class SuffixDrafter(BaseDrafter):
         cached = opts["suffix_decoding_max_cached_requests"]
         factor = opts["suffix_decoding_max_spec_factor"]
         prob = opts["suffix_decoding_min_token_prob"]
-        if not _is_int(depth) or depth < 1:
-            raise SpecConfigError(f"suffix_decoding_max_tree_depth={depth!r} must be an integer ≥ 1")
+        if not _is_int(depth) or not 1 <= depth <= MAX_SPECULATIVE_TOKENS:  # trees are sized by the depth
+            raise SpecConfigError(f"suffix_decoding_max_tree_depth={depth!r} must be an integer in [1, "
+                                  f"{MAX_SPECULATIVE_TOKENS}]")
         if not _is_int(cached) or cached < 0:
             raise SpecConfigError(f"suffix_decoding_max_cached_requests={cached!r} must be an integer ≥ 0")
         if not _is_number(factor) or factor < 0:

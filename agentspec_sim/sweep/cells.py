@@ -148,9 +148,11 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
 
 
 def _grid_value(text: str) -> Any:
+    from agentspec_sim import strict_json
+
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return strict_json.loads(text)  # NaN, Infinity stay text: the config's own check names them
+    except ValueError:  # StrictJSONError
         return text
 
 
@@ -172,9 +174,9 @@ def drafter_configs(drafters: Sequence[str], speculative_configs: Sequence[str] 
     """
     # (configuration, given by name): a named drafter's grid variants are labelled `name k=3`, a JSON
     # configuration's are described in full (its name alone would not tell them apart).
-    bases: list[tuple[SpeculativeConfig, bool]] = [(parse_drafter(name), True) for name in drafters]
+    bases: list[tuple[SpeculativeConfig, bool]] = [(parse_drafter(name, "--drafter"), True) for name in drafters]
     for text in speculative_configs:
-        spec = parse_drafter(text)
+        spec = parse_drafter(text, "--speculative-config")
         bases.append((replace(spec, label=spec.label or _describe_json(spec)), False))
     for key, _ in grid:
         if not any(s.method != "normal" and _accepts(s, key) for s, _ in bases):
