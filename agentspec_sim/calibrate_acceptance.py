@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from agentspec_sim import strict_json
 from agentspec_sim.drafters.model_based import (
     ACCEPTANCE_DIR,
     FEATURES,
@@ -260,15 +261,15 @@ def load_vllm_metrics(path: str | Path) -> list[Observation]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = strict_json.loads(line)
         except json.JSONDecodeError as exc:
-            raise CalibrationError(f"{path}:{line_no}: not JSON ({exc})") from None
+            raise CalibrationError(f"{path}:{line_no}: not JSON ({exc.msg})") from None
         metrics = rec.get("spec_decode_metrics", rec) if isinstance(rec, dict) else None
         if not isinstance(metrics, dict) or "per_step_accepted" not in metrics:
             raise CalibrationError(f"{path}:{line_no}: per_step_accepted: missing (need per_step_drafted and "
                                    "per_step_accepted arrays)")
-        acc = np.asarray(metrics["per_step_accepted"], dtype=np.int64)
-        drafted = np.asarray(metrics.get("per_step_drafted", []), dtype=np.int64)
+        acc = _step_counts(metrics["per_step_accepted"], f"{path}:{line_no}: per_step_accepted")
+        drafted = _step_counts(metrics.get("per_step_drafted", []), f"{path}:{line_no}: per_step_drafted")
         if drafted.shape != acc.shape:
             raise CalibrationError(f"{path}:{line_no}: per_step_drafted and per_step_accepted differ in length")
         if acc.size and (acc.min() < 0 or (acc > drafted).any()):
@@ -282,6 +283,17 @@ def load_vllm_metrics(path: str | Path) -> list[Observation]:
     return out
 
 
+def _step_counts(value: object, where: str) -> np.ndarray:
+    """A list of per-step token counts as int64: integers only (np.asarray would truncate 1.5 to 1 and turn
+    true into 1), each fitting in 64 bits."""
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise CalibrationError(f"{where}: expected a list of integers (token counts per step)")
+    try:
+        return np.asarray(value, dtype=np.int64)
+    except OverflowError:
+        raise CalibrationError(f"{where}: a count does not fit in 64 bits") from None
+
+
 def load_spec_bench(path: str | Path, k: int | None = None) -> list[Observation]:
     """Spec-Bench `model_answer` JSONL: per question, `choices[0].accept_lengths` (every turn's steps,
     concatenated; each length includes the bonus token) split by `decoding_steps`. Tree drafting of
@@ -291,17 +303,21 @@ def load_spec_bench(path: str | Path, k: int | None = None) -> list[Observation]
     for line_no, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append((line_no, strict_json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise CalibrationError(f"{path}:{line_no}: not JSON ({exc})") from None
+                raise CalibrationError(f"{path}:{line_no}: not JSON ({exc.msg})") from None
     per_turn = []
-    for rec in rows:
-        choice = rec["choices"][0]
-        lengths = np.asarray(choice["accept_lengths"], dtype=np.int64)
-        bounds = np.concatenate(([0], np.cumsum(choice["decoding_steps"])))
+    for line_no, rec in rows:
+        choices = rec.get("choices") if isinstance(rec, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise CalibrationError(f"{path}:{line_no}: choices: expected a non-empty list of objects")
+        choice = choices[0]
+        lengths = _step_counts(choice.get("accept_lengths"), f"{path}:{line_no}: choices[0].accept_lengths")
+        steps = _step_counts(choice.get("decoding_steps"), f"{path}:{line_no}: choices[0].decoding_steps")
+        bounds = np.concatenate(([0], np.cumsum(steps)))
         if bounds[-1] != lengths.shape[0]:
-            raise CalibrationError(f"{path}: question {rec['question_id']}: decoding_steps do not add up to "
-                                   "accept_lengths")
+            raise CalibrationError(f"{path}:{line_no}: question {rec.get('question_id')}: decoding_steps do not "
+                                   "add up to accept_lengths")
         for turn in range(len(choice["decoding_steps"])):
             per_turn.append((f"spec-bench/{rec['question_id']}/{turn}", str(rec.get("category", "all")),
                              lengths[bounds[turn]:bounds[turn + 1]] - 1))
@@ -314,7 +330,10 @@ def looks_like_spec_bench(path: str | Path) -> bool:
     with open(path) as f:
         for line in f:
             if line.strip():
-                rec = json.loads(line)
+                try:
+                    rec = strict_json.loads(line)
+                except json.JSONDecodeError:  # not this format; the metrics reader names the line and field
+                    return False
                 return isinstance(rec, dict) and "choices" in rec and "question_id" in rec
     return False
 

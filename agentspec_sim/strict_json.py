@@ -28,13 +28,29 @@ from typing import Any
 MAX_DEPTH = 100  # real inputs nest < 10 deep (chat content parts, tool arguments); 100 keeps every walk safe
 
 
-class StrictJSONError(ValueError):
+class StrictJSONError(json.JSONDecodeError):
     """A JSON document refused: `field` is the path of the member at fault ("" for the whole document),
-    `line` the line of a multi-line document where the parser knows it (else None)."""
+    `message` what is wrong, `line` the line of a multi-line document where the parser knows it (else None).
 
-    def __init__(self, field: str, message: str, line: int | None = None) -> None:
+    It is a `json.JSONDecodeError`, so `loads` replaces `json.loads` where a caller catches that: `msg` is
+    the decoder's own message for text that is not JSON (and `str()` json's "msg: line L column C"), and
+    `field: message` for a refused value, whose position the hooks do not know (`pos` -1)."""
+
+    def __init__(self, field: str, message: str, line: int | None = None,
+                 decode: json.JSONDecodeError | None = None) -> None:
+        ValueError.__init__(self, str(decode) if decode else f"{field}: {message}" if field else message)
         self.field, self.message, self.line = field, message, line
-        super().__init__(f"{field}: {message}" if field else message)
+        self.msg = decode.msg if decode else f"{field}: {message}" if field else message
+        self.doc, self.pos = (decode.doc, decode.pos) if decode else ("", -1)
+        self.lineno, self.colno = (decode.lineno, decode.colno) if decode else (line or 0, 0)
+
+    def __reduce__(self):  # picklable (sweep workers send errors back) despite the extra arguments
+        return _rebuild, (self.field, self.message, self.line, self.msg, self.doc, self.pos)
+
+
+def _rebuild(field: str, message: str, line: int | None, msg: str, doc: str, pos: int) -> StrictJSONError:
+    decode = json.JSONDecodeError(msg, doc, pos) if pos >= 0 else None
+    return StrictJSONError(field, message, line, decode)
 
 
 class _Refused(Exception):
@@ -82,7 +98,7 @@ def loads(data: str | bytes | bytearray) -> Any:
         value = _STRICT.decode(text)
     except json.JSONDecodeError as exc:
         where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
-        raise StrictJSONError("", f"invalid JSON ({exc.msg} at {where})", exc.lineno) from None
+        raise StrictJSONError("", f"invalid JSON ({exc.msg} at {where})", exc.lineno, exc) from None
     except RecursionError:
         raise StrictJSONError("", f"nested more than {MAX_DEPTH} levels deep") from None
     except _Refused:
@@ -181,7 +197,8 @@ def _walk(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _locate(text: str) -> StrictJSONError:
-    """The first refused member of `text` (which the lenient parser reads), as a StrictJSONError."""
+    """The first refused member of `text` (which the lenient parser reads), as a StrictJSONError with the
+    line it is on."""
     try:
         value = _LENIENT.decode(text)
     except RecursionError:
@@ -191,18 +208,70 @@ def _locate(text: str) -> StrictJSONError:
             seen: set[str] = set()
             for key, _ in item:
                 if key in seen:
-                    return StrictJSONError(_member(where, key), "the key is given twice in one object (which "
-                                                                "value is meant is ambiguous); keep one")
+                    member = _member(where, key)
+                    return StrictJSONError(member, "the key is given twice in one object (which value is meant "
+                                                   "is ambiguous); keep one", _line_of(text, member, 2))
                 seen.add(key)
         elif isinstance(item, _Constant):
-            return StrictJSONError(where, f"{item} is not a JSON number; give a finite number (or null)")
+            return StrictJSONError(where, f"{item} is not a JSON number; give a finite number (or null)",
+                                   _line_of(text, where))
         elif isinstance(item, _BigFloat):
-            return StrictJSONError(where, f"{item} is too large for a number; give a finite number")
+            return StrictJSONError(where, f"{item} is too large for a number; give a finite number",
+                                   _line_of(text, where))
         elif isinstance(item, str) and not _is_surrogate_free(item):
             bad = next(c for c in item if 0xD800 <= ord(c) <= 0xDFFF)
             return StrictJSONError(where, f"contains a lone UTF-16 surrogate (\\u{ord(bad):04x}), which is not "
-                                          "text; escape a character outside the BMP as a surrogate pair")
+                                          "text; escape a character outside the BMP as a surrogate pair",
+                                   _line_of(text, where))
     return StrictJSONError("", "refused by the strict JSON parser")  # not reached: the strict parse refused it
+
+
+# A JSON token: a string, a punctuation mark, or a bare word (number, true, false, null, NaN, Infinity).
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
+
+
+def _line_of(text: str, target: str, occurrence: int = 1) -> int | None:
+    """The line of `text` where the member at path `target` (as `_walk` names it) starts, its key's
+    `occurrence`-th time for a duplicated key (the error path only: a small scanner, not a parser)."""
+    stack: list[list] = []  # per open container: [is_object, its path, current key's path or index, expect key]
+    seen = 0
+
+    def value_path() -> str:
+        if not stack:
+            return ""
+        is_object, _, at, _ = stack[-1]
+        return at if is_object else f"{stack[-1][1]}[{at}]"
+
+    for match in _TOKEN.finditer(text):
+        token, top = match.group(), stack[-1] if stack else None
+        if top is not None and top[0] and top[3] and token.startswith('"'):  # a key
+            try:
+                key = json.loads(token)
+            except ValueError:
+                return None
+            top[2], top[3] = _member(top[1], key), False
+            if top[2] == target:
+                seen += 1
+                if seen >= occurrence:
+                    return text.count("\n", 0, match.start()) + 1
+            continue
+        if token in (":", "}", "]"):
+            if token != ":" and stack:
+                stack.pop()
+            continue
+        if token == ",":
+            if top is not None:
+                if top[0]:
+                    top[3] = True
+                else:
+                    top[2] += 1
+            continue
+        here = value_path()
+        if here == target and occurrence == 1:
+            return text.count("\n", 0, match.start()) + 1
+        if token in ("{", "["):
+            stack.append([token == "{", here, "" if token == "{" else 0, token == "{"])
+    return None
 
 
 __all__ = ["MAX_DEPTH", "StrictJSONError", "loads"]

@@ -74,7 +74,8 @@ def acceptance(
         result, rows = calibrate_file(file, method=method, model=model, k=k, train_categories=train,
                                       features=workload, coefficients=coefficients)
     except (CalibrationError, json.JSONDecodeError, KeyError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{file}: {exc}") from None
+        message = str(exc)  # CalibrationError names the file (and line) itself
+        raise UsageError(message if message.startswith(str(file)) else f"{file}: {message}") from None
     document = result.params.to_json()
     document["calibration"]["report"] = [r.to_json() for r in rows]
     write_json_atomic(output, document)

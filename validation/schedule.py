@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agentspec_sim import strict_json
+
 SCHEDULE_FORMAT = "agentspec-sim/step-shapes"
 SCHEDULE_VERSION = 1
 SCHEDULE_DIR = Path(__file__).resolve().parent / "schedules"
@@ -98,7 +100,7 @@ class StepShapes:
         opener = gzip.open if path.name.endswith(".gz") else open
         try:
             with opener(path, "rt", encoding="utf-8") as src:
-                data = json.load(src)
+                data = strict_json.loads(src.read())
         except FileNotFoundError:
             raise ScheduleError(f"{path}: no such schedule file") from None
         except (json.JSONDecodeError, OSError, EOFError) as exc:

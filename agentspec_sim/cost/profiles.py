@@ -22,6 +22,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from agentspec_sim import strict_json
+
 if TYPE_CHECKING:
     from agentspec_sim.cost.roofline import Calibration, RooflineCostModel
 
@@ -128,7 +130,7 @@ def _resolve(kind_dir: Path, ident: str | Path, what: str) -> Path:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
     if not isinstance(data, dict):

@@ -29,6 +29,7 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
+from agentspec_sim import strict_json
 from agentspec_sim.atomic import atomic_text
 from agentspec_sim.cost.base import BatchShape, StepCost
 from agentspec_sim.cost.profiles import (
@@ -155,7 +156,7 @@ class Calibration:
         "factors": {name: value, ...}}`; factors not named keep their defaults."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = strict_json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise ProfileError(f"{path}: no such calibration file") from exc
         except json.JSONDecodeError as exc:

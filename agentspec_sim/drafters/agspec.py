@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from agentspec_sim import strict_json
 from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
 from agentspec_sim.drafters.corpus_index import NGramIndex, continuation_len, lookup
 
@@ -333,7 +334,7 @@ def read_cap_file(path: str | os.PathLike) -> RoleCaps:
     """Read and check a cap file (ValueError names the file and what is wrong)."""
     p = Path(path).expanduser()
     try:
-        data = json.loads(p.read_text("utf-8"))
+        data = strict_json.loads(p.read_text("utf-8"))
     except OSError as exc:
         raise ValueError(f"{p}: cannot read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:

@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numba import njit
 
+from agentspec_sim import strict_json
 from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
 from agentspec_sim.drafters.structure import StructureAutomaton, token_bytes_of
 
@@ -157,7 +158,7 @@ class AcceptanceParams:
 def load_params_file(path: str | Path) -> AcceptanceParams:
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = strict_json.loads(path.read_text())
     except OSError as exc:
         raise ValueError(f"{path}: cannot read acceptance parameters ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:

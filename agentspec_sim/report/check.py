@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+from agentspec_sim import strict_json
 from agentspec_sim.atomic import atomic_text
 
 BASELINE_VERSION = 1
@@ -109,7 +110,7 @@ def load_baseline(path: str | Path) -> Baseline:
     """Parse and validate a baseline file; every problem raises BaselineError naming the file and field."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BaselineError(f"{path}: no such baseline (create it with --update)") from None
     except UnicodeDecodeError as exc:

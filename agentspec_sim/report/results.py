@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from agentspec_sim import strict_json
+
 if TYPE_CHECKING:
     from agentspec_sim.engine.config import EngineConfig
     from agentspec_sim.engine.result import RunResult
@@ -92,7 +94,7 @@ def _read_one(path: Path) -> pl.DataFrame:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = strict_json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ResultsError(f"{path}:{number}: not JSON ({exc.msg})") from None
             if not isinstance(row, dict):

@@ -35,7 +35,7 @@ from typing import Any
 
 import polars as pl
 
-from agentspec_sim import outputs
+from agentspec_sim import outputs, strict_json
 from agentspec_sim.atomic import atomic_binary, atomic_text
 from agentspec_sim.sweep.cells import SweepError
 
@@ -269,7 +269,7 @@ def _read_journal(path: Path) -> list[Row]:
     data = path.read_bytes()
     for line in data.split(b"\n")[:-1]:  # the last piece is empty, or a line the crash cut short
         try:
-            row = json.loads(line)
+            row = strict_json.loads(line)
         except json.JSONDecodeError:
             break
         if not isinstance(row, dict) or "cell_id" not in row:

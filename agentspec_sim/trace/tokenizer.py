@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agentspec_sim import strict_json
+
 BUNDLED = {"qwen3": Path(__file__).parent / "data" / "qwen3"}
 
 
@@ -157,7 +159,7 @@ def _load(json_path: Path, config_path: Path | None, name: str) -> TraceTokenize
         backend = Tokenizer.from_str(raw.decode("utf-8"))
     except Exception as exc:  # the tokenizers library raises plain Exceptions
         raise UnknownTokenizerError(f"{json_path}: not a valid tokenizer.json ({exc})") from None
-    config = json.loads(config_path.read_text("utf-8")) if config_path else {}
+    config = strict_json.loads(config_path.read_text("utf-8")) if config_path else {}
     return TraceTokenizer(
         name=name,
         backend=backend,

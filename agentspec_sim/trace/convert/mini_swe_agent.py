@@ -42,6 +42,7 @@ import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from agentspec_sim import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,
@@ -250,7 +251,7 @@ def _parse_obj(value: object) -> object:
         return value
     if not isinstance(value, str):
         return None
-    for parse in (json.loads, ast.literal_eval):
+    for parse in (strict_json.loads, ast.literal_eval):
         try:
             parsed = parse(value)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -282,7 +283,7 @@ def usage_of(extra: object) -> dict | None:
 
 def _load(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = strict_json.loads(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     except json.JSONDecodeError as exc:

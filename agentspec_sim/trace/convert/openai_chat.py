@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
+from agentspec_sim import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,
@@ -150,7 +151,7 @@ def _parse_line(path: Path, n: int, line: str) -> dict:
     """One line → {key, call fields, model, timestamp}; raises ConvertError naming the line."""
     where = f"line {n}"
     try:
-        obj = json.loads(line)
+        obj = strict_json.loads(line)
     except json.JSONDecodeError as exc:
         raise ConvertError(path, f"{where}: not valid JSON ({exc.msg})") from None
     if not isinstance(obj, dict):

@@ -69,6 +69,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentspec_sim import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,
@@ -306,7 +307,7 @@ def _read_rows(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = strict_json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConvertError(path, f"line {n}: not JSON ({exc.msg}); expected a Reflexion log row") from None
         if not _is_result_row(row) or not isinstance(row.get("prompt"), str):
@@ -330,7 +331,7 @@ def _first_row_is_result(path: Path) -> bool:
         with path.open(encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    return _is_result_row(json.loads(line))
+                    return _is_result_row(strict_json.loads(line))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False

@@ -39,6 +39,7 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from agentspec_sim import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,
@@ -67,7 +68,7 @@ def _read_jsonl(path: Path) -> list[tuple[int, object]]:
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
-                rows.append((n, json.loads(line)))
+                rows.append((n, strict_json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ConvertError(path, f"line {n}: not JSON ({exc.msg})") from None
     if not rows:
@@ -80,7 +81,7 @@ def _kind(path: Path) -> str | None:
     try:
         with path.open(encoding="utf-8") as f:
             first = next((line for line in f if line.strip()), "")
-        row = json.loads(first)
+        row = strict_json.loads(first)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     if not isinstance(row, dict) or "question_id" not in row:

@@ -48,6 +48,7 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from agentspec_sim import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,
@@ -115,7 +116,7 @@ def _read_history(path: Path) -> list[tuple[int, dict, list[dict], str, str | No
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = strict_json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConvertError(path, f"line {n}: not JSON ({exc.msg}); expected a STORM call record") from None
         if not isinstance(row, dict) or "response" not in row or not ("prompt" in row or "messages" in row):

@@ -42,6 +42,7 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from agentspec_sim import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,
@@ -82,7 +83,7 @@ def _action(message: dict) -> str:
             args = fn.get("arguments")
             if isinstance(args, str):
                 try:
-                    args = json.loads(args)
+                    args = strict_json.loads(args)
                 except json.JSONDecodeError:
                     args = {}
             if fn["name"] == "bash" and isinstance(args, dict) and isinstance(args.get("command"), str):
@@ -153,7 +154,7 @@ def observation_files(action: str, observation: str) -> list[dict]:
 
 def _load(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = strict_json.loads(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     except json.JSONDecodeError as exc:
@@ -176,7 +177,7 @@ def _model(data: dict) -> str | None:
     replay = data.get("replay_config")
     if isinstance(replay, str):
         try:
-            replay = json.loads(replay)
+            replay = strict_json.loads(replay)
         except json.JSONDecodeError:
             replay = None
     agent = replay.get("agent") if isinstance(replay, dict) else None

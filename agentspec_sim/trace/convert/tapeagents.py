@@ -43,6 +43,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from agentspec_sim import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,
@@ -120,7 +121,7 @@ def _read_llm_calls(db: Path) -> dict[str, tuple]:
 
 def _read_tape(path: Path) -> dict:
     try:
-        tape = json.loads(path.read_text(encoding="utf-8"))
+        tape = strict_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     except json.JSONDecodeError as exc:
@@ -145,7 +146,7 @@ def _call(db: Path, prompt_id: str, row: tuple, step_meta: dict, think_s: float,
           task_id: object) -> ChatCall:
     timestamp, prompt_json, output_json, prompt_tokens, output_tokens, _ = row
     try:
-        prompt, output = json.loads(prompt_json), json.loads(output_json)
+        prompt, output = strict_json.loads(prompt_json), strict_json.loads(output_json)
     except (TypeError, json.JSONDecodeError):
         raise ConvertError(db, f"LLMCalls {prompt_id}: prompt/output is not JSON") from None
     raw_messages = prompt.get("messages") if isinstance(prompt, dict) else None
@@ -161,7 +162,7 @@ def _call(db: Path, prompt_id: str, row: tuple, step_meta: dict, think_s: float,
     if not text:
         raise ConvertError(db, f"LLMCalls {prompt_id}: output has no text content")
     try:
-        is_json = isinstance(json.loads(text), dict)
+        is_json = isinstance(strict_json.loads(text), dict)
     except json.JSONDecodeError:
         is_json = False
     role = step_meta.get("node") or step_meta.get("agent") or None
@@ -227,7 +228,7 @@ def convert_tapeagents(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[
 
 def _model(llm_info: object) -> str | None:
     try:
-        name = json.loads(llm_info).get("model_name")  # type: ignore[arg-type]
+        name = strict_json.loads(llm_info).get("model_name")  # type: ignore[arg-type]
     except (TypeError, AttributeError, json.JSONDecodeError):
         return None
     return name if isinstance(name, str) else None
