@@ -153,7 +153,8 @@ def atomic_binary(path: str | Path, compress: bool = True, sync: bool = True) ->
         raise outputs.write_error(given, exc) from exc
     sink = _Sink(fd, str(given))
     raw = io.BufferedWriter(sink)
-    stream = _compressing(raw, compression_of(given) if compress else None)
+    named = given if Path(given).suffix else target  # a symlink without a suffix: its target's format
+    stream = _compressing(raw, compression_of(named) if compress else None)
     open_fd: int | None = fd
     try:
         yield stream

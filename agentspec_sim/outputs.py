@@ -221,10 +221,12 @@ def _suffix_shown(name: str) -> str:
 
 def _check_suffix(out: Output) -> None:
     name = Path(out.target).name
-    if not out.suffixes or any(name.endswith(s) for s in out.suffixes) or is_special(out.target):
+    # A symlink named without a suffix writes the file it points to, in that file's format (atomic.py).
+    named = [name] if Path(name).suffix or not os.path.islink(out.target) else [Path(os.path.realpath(out.target)).name]
+    if not out.suffixes or any(n.endswith(s) for n in named for s in out.suffixes) or is_special(out.target):
         return
     choices = ", ".join(out.suffixes[:-1]) + (" or " if len(out.suffixes) > 1 else "") + out.suffixes[-1]
-    raise OutputError(out.target, f"{out.flag}: '{_suffix_shown(name)}' is not a format {out.flag} writes; "
+    raise OutputError(out.target, f"{out.flag}: '{_suffix_shown(named[0])}' is not a format {out.flag} writes; "
                                   f"name it {choices}")
 
 

@@ -235,6 +235,19 @@ def test_a_symlink_is_followed_and_kept(d, monkeypatch, capsys):
     assert sorted(p.name for p in (d / "real").iterdir()) == ["r.json"]
 
 
+def test_a_symlink_without_a_suffix_writes_its_targets_format(d, monkeypatch, capsys):
+    target = d / "summary.json.gz"
+    target.write_bytes(b"")
+    link = d / "latest"  # no suffix of its own: the file it points to says the format
+    link.symlink_to(target)
+    code, _, err = run_cli(["replay", str(d / "t.jsonl"), "-o", str(link), *FAST], monkeypatch, capsys)
+    assert code == 0, err
+    assert link.is_symlink() and json.loads(gzip.decompress(target.read_bytes()))["runs"][0]["drafter"] == "normal"
+    (d / "plain").symlink_to(d / "notes.txt")
+    code, _, err = run_cli(["replay", str(d / "t.jsonl"), "-o", str(d / "plain"), *FAST], monkeypatch, capsys)
+    assert "'.txt' is not a format --output writes" in one_error_line(code, err)
+
+
 def test_a_symlink_loop_is_refused(d, monkeypatch, capsys):
     (d / "a.json").symlink_to(d / "b.json")
     (d / "b.json").symlink_to(d / "a.json")
