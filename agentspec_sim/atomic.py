@@ -133,7 +133,7 @@ def atomic_binary(path: str | Path, compress: bool = True, sync: bool = True) ->
     """
     from agentspec_sim import outputs
 
-    given = Path(path)
+    given = Path(outputs.stdout_alias(path))
     check_writable(given)
     target = Path(os.path.realpath(given))
     outputs.refuse_input(given)

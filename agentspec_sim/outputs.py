@@ -79,9 +79,16 @@ class Output:
 
     @property
     def target(self) -> str:
-        """The path as a string (only for an output that was asked for)."""
+        """The path as a string (only for an output that was asked for); `-` is standard output."""
         assert self.path is not None
-        return os.fspath(self.path)
+        return stdout_alias(self.path)
+
+
+def stdout_alias(path: PathLike) -> str:
+    """`path` as a string, with `-` (the usual name for standard output) as /dev/stdout, which every writer
+    writes through like any device (never replaced)."""
+    text = os.fspath(path)
+    return "/dev/stdout" if text == "-" else text
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ def convert(
     summary = convert_to_trace(fmt, inputs, output, tokens=tokens, tokenizer=tokenizer, max_queries=max_queries)
     Console(stderr=True).print(
         f"wrote {output}: {summary['queries']} queries, {summary['calls']} calls, "
-        f"{summary['prompt_tokens']:,} prompt / {summary['output_tokens']:,} output tokens, "
-        f"{summary['bytes']:,} bytes"
+        f"{summary['prompt_tokens']:,} prompt / {summary['output_tokens']:,} output tokens"
+        + ("" if summary["bytes"] is None else f", {summary['bytes']:,} bytes")
     )
 
 

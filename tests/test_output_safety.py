@@ -484,3 +484,20 @@ def test_gzip_output_is_byte_identical_across_runs(d, monkeypatch, capsys):
         assert code == 0, err
         outputs.append((d / name).read_bytes())
     assert outputs[0] == outputs[1] and json.loads(gzip.decompress(outputs[0]))["runs"]
+
+
+def test_dash_is_standard_output(d):
+    """`-o -` writes to standard output (through it, like any device), for a file or a pipe on the other end."""
+    cli = [sys.executable, "-m", "agentspec_sim.cli"]
+    env = {**os.environ, "AGENTSPEC_SIM_CACHE": str(d / "cache")}
+    piped = subprocess.run([*cli, "synth", "--like", str(d / "t.jsonl"), "--queries", "2", "-o", "-"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout.splitlines()[0])["type"] == "meta" and "wrote -: 2 queries" in piped.stderr
+    (d / "log.jsonl").write_text(jsonl({"messages": [{"role": "user", "content": "hi"}], "response": "yo"}))
+    with open(d / "out.jsonl", "w") as out:  # standard output a regular file: written through, not replaced
+        done = subprocess.run([*cli, "convert", "openai-chat", str(d / "log.jsonl"), "-o", "-"], stdout=out,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((d / "out.jsonl").read_text().splitlines()[0])["type"] == "meta"
+    assert not (d / "-").exists()

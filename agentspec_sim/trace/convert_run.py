@@ -48,5 +48,15 @@ def convert_to_trace(fmt: str, inputs: Sequence[Path], output: Path, tokens: boo
     return {
         "queries": len(workload.queries), "calls": workload.num_calls,
         "prompt_tokens": workload.prompt_tokens, "output_tokens": workload.output_tokens,
-        "bytes": Path(output).stat().st_size,
+        "bytes": _size_written(output),
     }
+
+
+def _size_written(output: Path) -> int | None:
+    """Bytes now at `output`; None where that is no file's size (standard output, a pipe, a device)."""
+    import stat
+
+    from agentspec_sim.outputs import stdout_alias
+
+    st = Path(stdout_alias(output)).stat()
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
