@@ -13,14 +13,15 @@ import math
 import os
 from dataclasses import dataclass
 
-from agentspec_sim.trace.schema import TraceError
 
-
-class EnvironmentSettingError(TraceError):
-    """A bad environment variable: `NAME: environment: what is wrong`."""
+class EnvironmentSettingError(ValueError):
+    """A bad environment variable: `NAME: environment: what is wrong` (one of the command line's expected
+    errors). Not a TraceError: reading a setting must not import the trace package (validation/launch.py
+    runs the timing leg on machines without polars)."""
 
     def __init__(self, name: str, message: str) -> None:
-        super().__init__(name, 0, "environment", message)
+        super().__init__(f"{name}: environment: {message}")
+        self.name, self.message = name, message
 
 
 @dataclass(frozen=True)

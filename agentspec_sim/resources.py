@@ -6,7 +6,7 @@ a sweep's seeds, grid values and other axes, a synthetic trace's size — is che
 function that would do the work (`simulate`, `run_sweep`, `synthesize`…) from an estimate of what it
 will allocate, before it allocates it. A refusal is a `ResourceError`: it names the knob, the
 estimate and the limit, and says what to change. The memory limit is the one the trace loader uses
-(`trace.io.available_memory`: MemAvailable, the cgroup's memory.max, or AGENTSPEC_SIM_MEMORY_GIB).
+(`available_memory`: MemAvailable, the cgroup's memory.max, or AGENTSPEC_SIM_MEMORY_GIB).
 
 Messages name other settings as `{knob}` placeholders, so the Python API reads `max_cells` where
 the command line reads `--max-cells` (`ResourceError.render`).
@@ -14,12 +14,93 @@ the command line reads `--max-cells` (`ResourceError.render`).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from agentspec_sim.trace.io import MEMORY_ENV, available_memory, format_size
+from agentspec_sim import env
+
+MEMORY_ENV = env.MEMORY_GIB.name
+
+
+def available_memory() -> int | None:
+    """Bytes a load (or a run: agentspec_sim/resources.py) may use: AGENTSPEC_SIM_MEMORY_GIB if set, else
+    the kernel's MemAvailable, or less where this process's cgroup limit leaves less (None: unknown)."""
+    limit = env.MEMORY_GIB.read()  # a finite number > 0, or None when unset
+    if limit is not None:
+        return int(limit * 2**30)
+    found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# cgroup v2 and v1 files: (limit, usage, the memory.stat key of reclaimable page cache).
+_CGROUP_FILES = {"v2": ("memory.max", "memory.current", "inactive_file"),
+                 "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+_CGROUP_ROOT = "/sys/fs/cgroup"
+_PROC_CGROUP = "/proc/self/cgroup"
+
+
+def _cgroup_available() -> int | None:
+    """Bytes left under this process's cgroup memory limit (a container's), None where none is set.
+    Usage counts page cache; its inactive part is reclaimed before the limit bites, so it counts as free."""
+    try:
+        with open(_PROC_CGROUP) as f:
+            entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        return None
+    left: list[int] = []
+    for _, controllers, path in entries:
+        if controllers == "":
+            kind, mount = "v2", _CGROUP_ROOT
+        elif "memory" in controllers.split(","):
+            kind, mount = "v1", f"{_CGROUP_ROOT}/memory"
+        else:
+            continue
+        limit_file, usage_file, cache_key = _CGROUP_FILES[kind]
+        # Inside a container the hierarchy is often mounted at the process's own cgroup.
+        for folder in dict.fromkeys((Path(mount + path.rstrip("/")), Path(mount))):
+            try:
+                limit_text = (folder / limit_file).read_text().strip()
+                usage = int((folder / usage_file).read_text())
+            except (OSError, ValueError):
+                continue
+            if limit_text == "max" or int(limit_text) >= 2**60:  # no limit set (v1 writes a huge number)
+                break
+            cache = 0
+            with contextlib.suppress(OSError, ValueError):
+                for line in (folder / "memory.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == cache_key:
+                        cache = int(value)
+            left.append(max(0, int(limit_text) - usage + cache))
+            break
+    return min(left) if left else None
+
+
+def format_size(n: float) -> str:
+    """Bytes for a message: `1.5 GiB`."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n)} bytes"
+
 
 __all__ = ["ResourceError", "literal", "memory_limit", "require_count", "require_disk", "require_memory"]
 

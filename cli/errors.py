@@ -54,12 +54,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    from agentspec_sim.env import EnvironmentSettingError
     from agentspec_sim.resources import ResourceError
     from agentspec_sim.trace.convert.base import ConvertError
     from agentspec_sim.trace.schema import TraceError
 
-    return (TraceError, ConvertError, UsageError, ResourceError, FileNotFoundError, IsADirectoryError,
-            NotADirectoryError, PermissionError)
+    return (TraceError, ConvertError, UsageError, EnvironmentSettingError, ResourceError, FileNotFoundError,
+            IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 def _is_expected(exc: BaseException) -> bool:

@@ -21,6 +21,7 @@ import polars as pl
 import pytest
 from test_bad_inputs import META, call, jsonl, run_cli
 
+from agentspec_sim import resources
 from agentspec_sim.engine.config import EngineConfig, resolve
 from agentspec_sim.engine.footprint import run_footprint
 from agentspec_sim.resources import ResourceError
@@ -176,22 +177,22 @@ def test_the_memory_limit_is_the_cgroups_where_that_is_lower(tmp_path, monkeypat
     group = tmp_path / "cg" / "job"
     group.mkdir(parents=True)
     (tmp_path / "proc").write_text("0::/job\n")
-    monkeypatch.setattr(trace_io, "_CGROUP_ROOT", str(tmp_path / "cg"))
-    monkeypatch.setattr(trace_io, "_PROC_CGROUP", str(tmp_path / "proc"))
+    monkeypatch.setattr(resources, "_CGROUP_ROOT", str(tmp_path / "cg"))
+    monkeypatch.setattr(resources, "_PROC_CGROUP", str(tmp_path / "proc"))
     (group / "memory.max").write_text(f"{3 * 2**30}\n")
     (group / "memory.current").write_text(f"{2**30}\n")
     (group / "memory.stat").write_text(f"anon 1\ninactive_file {2**29}\n")
-    assert trace_io._cgroup_available() == 3 * 2**30 - 2**30 + 2**29  # limit − usage + inactive cache
-    monkeypatch.setattr(trace_io, "_meminfo_available", lambda: 2**40)
-    assert trace_io.available_memory() == trace_io._cgroup_available()
+    assert resources._cgroup_available() == 3 * 2**30 - 2**30 + 2**29  # limit − usage + inactive cache
+    monkeypatch.setattr(resources, "_meminfo_available", lambda: 2**40)
+    assert resources.available_memory() == resources._cgroup_available()
     (group / "memory.max").write_text("max\n")
-    assert trace_io._cgroup_available() is None and trace_io.available_memory() == 2**40
+    assert resources._cgroup_available() is None and resources.available_memory() == 2**40
     v1 = tmp_path / "cg" / "memory" / "job"
     v1.mkdir(parents=True)
     (tmp_path / "proc").write_text("4:memory:/job\n")
     (v1 / "memory.limit_in_bytes").write_text(f"{2**31}\n")
     (v1 / "memory.usage_in_bytes").write_text(f"{2**30}\n")
-    assert trace_io._cgroup_available() == 2**31 - 2**30
+    assert resources._cgroup_available() == 2**31 - 2**30
 
 
 def _rows(goodput: float = 100.0, wall: float = 1.0) -> list[dict]:

@@ -11,13 +11,11 @@ Loading runs in four passes, each reporting `file:line: field: what is wrong`:
 from __future__ import annotations
 
 import ast
-import contextlib
 import gzip
 import io
 import json
 import lzma
 import math
-import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -25,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim import env, strict_json
+from agentspec_sim import strict_json
 from agentspec_sim.atomic import atomic_binary, atomic_text, compression_of
+from agentspec_sim.resources import MEMORY_ENV, available_memory, format_size
 from agentspec_sim.trace.schema import (
     EMISSIONS,
     TRACE_VERSION,
@@ -91,77 +90,6 @@ def _zstd_decompress(raw: bytes) -> bytes:
 LOAD_BYTES_PER_TEXT_BYTE = 7
 # The most a trace's text is larger than its compressed file (token-id JSON compresses up to ~25×).
 MAX_COMPRESSION_RATIO = 50
-MEMORY_ENV = env.MEMORY_GIB.name
-
-
-def available_memory() -> int | None:
-    """Bytes a load (or a run: agentspec_sim/resources.py) may use: AGENTSPEC_SIM_MEMORY_GIB if set, else
-    the kernel's MemAvailable, or less where this process's cgroup limit leaves less (None: unknown)."""
-    limit = env.MEMORY_GIB.read()  # a finite number > 0, or None when unset
-    if limit is not None:
-        return int(limit * 2**30)
-    found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
-    return min(found) if found else None
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-# cgroup v2 and v1 files: (limit, usage, the memory.stat key of reclaimable page cache).
-_CGROUP_FILES = {"v2": ("memory.max", "memory.current", "inactive_file"),
-                 "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
-_CGROUP_ROOT = "/sys/fs/cgroup"
-_PROC_CGROUP = "/proc/self/cgroup"
-
-
-def _cgroup_available() -> int | None:
-    """Bytes left under this process's cgroup memory limit (a container's), None where none is set.
-    Usage counts page cache; its inactive part is reclaimed before the limit bites, so it counts as free."""
-    try:
-        with open(_PROC_CGROUP) as f:
-            entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-    except OSError:
-        return None
-    left: list[int] = []
-    for _, controllers, path in entries:
-        if controllers == "":
-            kind, mount = "v2", _CGROUP_ROOT
-        elif "memory" in controllers.split(","):
-            kind, mount = "v1", f"{_CGROUP_ROOT}/memory"
-        else:
-            continue
-        limit_file, usage_file, cache_key = _CGROUP_FILES[kind]
-        # Inside a container the hierarchy is often mounted at the process's own cgroup.
-        for folder in dict.fromkeys((Path(mount + path.rstrip("/")), Path(mount))):
-            try:
-                limit_text = (folder / limit_file).read_text().strip()
-                usage = int((folder / usage_file).read_text())
-            except (OSError, ValueError):
-                continue
-            if limit_text == "max" or int(limit_text) >= 2**60:  # no limit set (v1 writes a huge number)
-                break
-            cache = 0
-            with contextlib.suppress(OSError, ValueError):
-                for line in (folder / "memory.stat").read_text().splitlines():
-                    key, _, value = line.partition(" ")
-                    if key == cache_key:
-                        cache = int(value)
-            left.append(max(0, int(limit_text) - usage + cache))
-            break
-    return min(left) if left else None
-
-
 def _text_size(path: Path, available: int) -> int:
     """The decompressed size of a trace file, or a lower bound when finding it exactly is not worth a pass."""
     size = path.stat().st_size
@@ -199,14 +127,6 @@ def check_memory(path: str | Path) -> None:
         raise TraceError(str(p), 0, "file", f"too large for this machine: loading {format_size(text)} of trace text "
                          f"needs about {format_size(needed)} of memory, {format_size(available)} available; split it "
                          f"by query, or set {MEMORY_ENV} to allow more")
-
-
-def format_size(n: float) -> str:
-    """Bytes for a message: `1.5 GiB`."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{int(n)} bytes"
 
 
 def read_trace_bytes(path: str | Path) -> bytes:
