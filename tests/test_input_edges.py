@@ -460,3 +460,55 @@ def test_multi_line_json_errors_give_the_line():
     with pytest.raises(strict_json.StrictJSONError) as info:
         strict_json.loads('{\n "b": {"c": [1,\n  2, NaN]}\n}')
     assert (info.value.field, info.value.line, info.value.lineno) == ("b.c[2]", 3, 3)
+
+
+# -- traces with no size to check before reading: devices, FIFOs, pipes ----------------------------------
+
+
+def test_an_endless_device_as_a_trace_is_refused_at_the_memory_limit(tmp_path, monkeypatch, capsys):
+    """A private /dev/zero twin: read until the memory limit's worth of text, then one line (it used to grow
+    until the kernel killed the process: a character device reports size 0 to the up-front check)."""
+    import stat
+
+    zero = tmp_path / "zero.jsonl"
+    try:
+        os.mknod(zero, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    except OSError as exc:
+        pytest.skip(f"cannot make a device node here: {exc}")
+    monkeypatch.setenv("AGENTSPEC_SIM_MEMORY_GIB", "0.05")
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path / "cache"))
+    code, _, err = run_cli(["inspect", str(zero)], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {zero}: file: too large for this machine: more than ") and "MEMORY_GIB" in err
+
+
+def test_a_compressed_bomb_on_standard_input_is_refused_as_it_expands(tmp_path):
+    bomb = gzip.compress(b"{}\n" * 20_000_000, compresslevel=1)  # 60 MB of text in ~100 KB
+    env = {**os.environ, "AGENTSPEC_SIM_MEMORY_GIB": "0.1", "AGENTSPEC_SIM_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", "inspect", "-"], input=bomb,
+                          capture_output=True, env=env, timeout=120)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err, err
+    assert err.startswith("error: <stdin>: file: too large for this machine: more than ")
+
+
+def test_a_fifo_trace_is_read_once_and_whole(tmp_path):
+    """A named pipe (compressed by its name) loads like a file: nothing peeks at its first bytes first."""
+    import threading
+
+    fifo = tmp_path / "pipe.jsonl.zst"
+    os.mkfifo(fifo)
+    data = zstandard.ZstdCompressor().compress(jsonl(META, call(0), call(1)).encode())
+
+    def feed() -> None:
+        with open(fifo, "wb") as out:
+            out.write(data)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    env = {**os.environ, "AGENTSPEC_SIM_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", "inspect", str(fifo), "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    writer.join(timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["calls"] == 2

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -90,6 +91,8 @@ def _zstd_decompress(raw: bytes) -> bytes:
 LOAD_BYTES_PER_TEXT_BYTE = 7
 # The most a trace's text is larger than its compressed file (token-id JSON compresses up to ~25×).
 MAX_COMPRESSION_RATIO = 50
+
+
 def _text_size(path: Path, available: int) -> int:
     """The decompressed size of a trace file, or a lower bound when finding it exactly is not worth a pass."""
     size = path.stat().st_size
@@ -116,7 +119,7 @@ def check_memory(path: str | Path) -> None:
     """Refuse, before reading it, a trace whose load needs more memory than is available."""
     p = Path(path)
     available = available_memory()
-    if available is None:
+    if available is None or not p.is_file():  # a pipe or device: read_trace_bytes bounds it as it reads
         return
     try:
         text = _text_size(p, available)
@@ -141,11 +144,16 @@ def read_trace_bytes(path: str | Path) -> bytes:
         raise TraceError(str(p), 0, "file", "no such file")
     check_memory(p)
     try:
+        if not p.is_file():  # a device or FIFO has no size to check first (/dev/zero would fill memory)
+            with open(p, "rb") as f:
+                return _decompressed(_read_limited(f, str(p)), compression_of(p), str(p))
         if compression_of(p) == "zst":
             with open(p, "rb") as f:
                 return _zstd_decompress(f.read())
         with _open_binary(p) as f:
             return f.read()
+    except TraceError:
+        raise
     except PermissionError:
         raise TraceError(str(p), 0, "file", "permission denied") from None
     except (OSError, EOFError, lzma.LZMAError) as exc:
@@ -177,26 +185,53 @@ def read_stdin_bytes() -> bytes:
     if stream is None or stream.closed or stream.isatty():
         raise TraceError(STDIN_NAME, 0, "file", "standard input is a terminal, not a trace: pipe one in "
                          "(e.g. zstdcat trace.jsonl.zst | agentspec-sim replay -) or give a file")
-    raw = stream.buffer.read()
+    raw = _read_limited(stream.buffer, STDIN_NAME)
     kind = next((k for magic, k in _MAGIC if raw.startswith(magic)), None)
     try:
-        if kind == "gz":
-            raw = gzip.decompress(raw)
-        elif kind == "xz":
-            raw = lzma.decompress(raw)
-        elif kind == "zst":
-            raw = _zstd_decompress(raw)
+        raw = _decompressed(raw, kind, STDIN_NAME)
     except (OSError, EOFError, lzma.LZMAError) as exc:
         raise TraceError(STDIN_NAME, 0, "file", f"cannot decompress {kind} ({exc or type(exc).__name__})") from None
+    except TraceError:
+        raise
     except Exception as exc:  # zstandard.ZstdError and friends
         raise TraceError(STDIN_NAME, 0, "file", f"cannot decompress {kind} ({exc})") from None
-    available = available_memory()
-    if available is not None and len(raw) * LOAD_BYTES_PER_TEXT_BYTE > available:
-        raise TraceError(STDIN_NAME, 0, "file", f"too large for this machine: loading {format_size(len(raw))} of trace "
-                         f"text needs about {format_size(len(raw) * LOAD_BYTES_PER_TEXT_BYTE)} of memory, "
-                         f"{format_size(available)} available; split it by query, or set {MEMORY_ENV} to allow more")
     _stdin_data = raw
     return raw
+
+
+def _read_limited(f: BinaryIO, name: str) -> bytes:
+    """All of `f`, refused (TraceError) as soon as it holds more trace text than the memory available can
+    load: a pipe or a device has no size to check before reading, and an endless one (/dev/zero, `yes |`)
+    would otherwise fill memory until the kernel kills the process."""
+    available = available_memory()
+    limit = None if available is None else available // LOAD_BYTES_PER_TEXT_BYTE
+    chunks, total = [], 0
+    while chunk := f.read(1 << 24):
+        total += len(chunk)
+        if limit is not None and total > limit:
+            raise TraceError(name, 0, "file", f"too large for this machine: more than {format_size(limit)} of trace "
+                             f"text, which needs more than the {format_size(available)} of memory available; split "
+                             f"it by query, or set {MEMORY_ENV} to allow more")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decompressed(raw: bytes, kind: str | None, name: str) -> bytes:
+    """`raw` decompressed (`kind`: gz, xz, zst or None), refused past the memory limit as it expands (a small
+    compressed stream can hold an endless text)."""
+    if kind is None:
+        return raw
+    if kind == "zst":
+        import zstandard
+
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw), read_across_frames=True) as f:
+            _read_limited(f, name)  # the size, within the limit (a stream reader returns a cut file's prefix)
+        return _zstd_decompress(raw)  # every frame, or EOFError for a truncated one
+    if kind == "gz":
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+            return _read_limited(f, name)  # type: ignore[arg-type]
+    with lzma.LZMAFile(io.BytesIO(raw)) as f:
+        return _read_limited(f, name)  # type: ignore[arg-type]
 
 
 def iter_lines(data: bytes, source: str) -> Iterator[tuple[int, dict | TraceError]]:
