@@ -252,12 +252,25 @@ class Observation:
         return reached.sum(axis=1).astype(np.float64), won.sum(axis=1).astype(np.float64)
 
 
+def _read_lines_text(path: str | Path) -> str:
+    """A JSONL file's text, read no further than the memory available can hold (a device or pipe that never
+    ends is refused, not read until the kernel kills the process)."""
+    from agentspec_sim.resources import available_memory
+
+    available = available_memory()
+    limit = strict_json.MAX_DOCUMENT_BYTES if available is None else max(strict_json.MAX_DOCUMENT_BYTES, available // 4)
+    try:
+        return strict_json.read_document(path, limit)
+    except strict_json.StrictJSONError as exc:
+        raise CalibrationError(f"{path}: {exc.message}") from None
+
+
 def load_vllm_metrics(path: str | Path) -> list[Observation]:
     """vLLM 0.33 per-request metrics JSONL: one object per request with `per_step_drafted` and
     `per_step_accepted` (top level or under `spec_decode_metrics`), optional `id` / `request_id` /
     `call_id` (a trace call id) and `category`."""
     out = []
-    for line_no, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for line_no, line in enumerate(_read_lines_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -300,7 +313,7 @@ def load_spec_bench(path: str | Path, k: int | None = None) -> list[Observation]
     depth k (default: the largest accepted count seen) is recorded as k drafts per step. Call ids
     are the bundled trace's `spec-bench/<question_id>/<turn>`."""
     rows = []
-    for line_no, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for line_no, line in enumerate(_read_lines_text(path).splitlines(), 1):
         if line.strip():
             try:
                 rows.append((line_no, strict_json.loads(line)))
@@ -327,12 +340,13 @@ def load_spec_bench(path: str | Path, k: int | None = None) -> list[Observation]
 
 
 def looks_like_spec_bench(path: str | Path) -> bool:
-    with open(path) as f:
-        for line in f:
+    with open(path, "rb") as f:
+        # Lines read with a bound: a file with no line breaks (a device, a binary file) must not fill memory.
+        while line := f.readline(strict_json.MAX_DOCUMENT_BYTES):
             if line.strip():
                 try:
                     rec = strict_json.loads(line)
-                except json.JSONDecodeError:  # not this format; the metrics reader names the line and field
+                except (json.JSONDecodeError, UnicodeDecodeError):  # not this format; the reader says why
                     return False
                 return isinstance(rec, dict) and "choices" in rec and "question_id" in rec
     return False

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -80,6 +81,27 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD]")
 _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD]")
 _STRICT = json.JSONDecoder(object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant,
                            parse_float=_finite_float)
+
+
+# The largest JSON document (a configuration, a profile, a baseline, a tokenizer) read whole: real ones are
+# KB to tens of MB; a larger one is not such a file, and an endless device or pipe must not fill memory.
+MAX_DOCUMENT_BYTES = 256 << 20
+
+
+def read_document(path: str | os.PathLike[str], limit: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of the JSON document at `path`, read at most `limit` bytes far: past it (a device,
+    a FIFO, a file of the wrong kind) `StrictJSONError` ("more than … bytes"). OSError and
+    UnicodeDecodeError as `Path.read_text` raises them."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise StrictJSONError("", f"more than {limit:,} bytes: too large for this kind of JSON file")
+    return data.decode("utf-8")
+
+
+def load_path(path: str | os.PathLike[str], limit: int = MAX_DOCUMENT_BYTES) -> Any:
+    """`loads(read_document(path))`."""
+    return loads(read_document(path, limit))
 
 
 def loads(data: str | bytes | bytearray) -> Any:

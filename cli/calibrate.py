@@ -56,8 +56,10 @@ def acceptance(
         raise UsageError("--k must be ≥ 1")
     check_outputs(Output("--output", output, JSON_SUFFIXES),
                   inputs={"FILE": file, "--features": features, "--coefficients-from": coefficients_from})
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(2, "no such file", str(file))
+    if file.is_dir():
+        raise IsADirectoryError(21, "is a directory, not a metrics file", str(file))
     workload = None
     if features is not None:
         from agentspec_sim.trace.io import load_trace

@@ -512,3 +512,29 @@ def test_a_fifo_trace_is_read_once_and_whole(tmp_path):
     writer.join(timeout=10)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["calls"] == 2
+
+
+@pytest.mark.parametrize("argv", [
+    "check --baseline {zero}",
+    "replay {d}/good.jsonl --calibration {zero}",
+    "replay {d}/good.jsonl --model {zero}",
+    "calibrate acceptance {zero} -o {d}/p.json",
+    "calibrate acceptance {d}/m.jsonl -o {d}/p.json --coefficients-from {zero}",
+], ids=["baseline", "calibration", "model config", "acceptance metrics", "acceptance parameters"])
+def test_an_endless_device_as_a_json_input_is_refused(tmp_path, monkeypatch, capsys, argv):
+    """Every JSON file read whole (configurations, profiles, baselines, metrics) is read no further than
+    its bound: a /dev/zero twin grew each of these to the machine's memory before."""
+    import stat
+
+    zero = tmp_path / "zero.json"
+    try:
+        os.mknod(zero, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    except OSError as exc:
+        pytest.skip(f"cannot make a device node here: {exc}")
+    (tmp_path / "good.jsonl").write_text(jsonl(META, call(0)))
+    (tmp_path / "m.jsonl").write_text('{"per_step_drafted": [2], "per_step_accepted": [1]}\n')
+    monkeypatch.setenv("AGENTSPEC_SIM_MEMORY_GIB", "0.5")
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path / "cache"))
+    code, _, err = run_cli(argv.format(d=tmp_path, zero=zero).split(), monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert str(zero) in err and "too large" in err, err

@@ -130,7 +130,7 @@ def _resolve(kind_dir: Path, ident: str | Path, what: str) -> Path:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = strict_json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json.load_path(path)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
     if not isinstance(data, dict):

@@ -156,7 +156,7 @@ class Calibration:
         "factors": {name: value, ...}}`; factors not named keep their defaults."""
         path = Path(path)
         try:
-            data = strict_json.loads(path.read_text(encoding="utf-8"))
+            data = strict_json.load_path(path)
         except FileNotFoundError as exc:
             raise ProfileError(f"{path}: no such calibration file") from exc
         except json.JSONDecodeError as exc:

@@ -334,7 +334,7 @@ def read_cap_file(path: str | os.PathLike) -> RoleCaps:
     """Read and check a cap file (ValueError names the file and what is wrong)."""
     p = Path(path).expanduser()
     try:
-        data = strict_json.loads(p.read_text("utf-8"))
+        data = strict_json.load_path(p)
     except OSError as exc:
         raise ValueError(f"{p}: cannot read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:

@@ -158,7 +158,7 @@ class AcceptanceParams:
 def load_params_file(path: str | Path) -> AcceptanceParams:
     path = Path(path)
     try:
-        data = strict_json.loads(path.read_text())
+        data = strict_json.load_path(path)
     except OSError as exc:
         raise ValueError(f"{path}: cannot read acceptance parameters ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:

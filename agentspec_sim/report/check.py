@@ -110,7 +110,7 @@ def load_baseline(path: str | Path) -> Baseline:
     """Parse and validate a baseline file; every problem raises BaselineError naming the file and field."""
     path = Path(path)
     try:
-        data = strict_json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json.load_path(path)
     except FileNotFoundError:
         raise BaselineError(f"{path}: no such baseline (create it with --update)") from None
     except UnicodeDecodeError as exc:
