@@ -40,6 +40,8 @@ project's 2-core VM. Measured vs estimated, MiB (tests/test_resource_guards.py k
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from agentspec_sim.drafters.base import SpeculativeConfig
@@ -112,8 +114,16 @@ def run_footprint(workload: Workload, spec: SpeculativeConfig, config: EngineCon
                   limits: ResolvedLimits) -> dict[str | None, float]:
     """Bytes a `simulate` run of `workload` with drafter `spec` allocates, by the knob that scales each
     part (None: the trace itself, with replicate 1). See the module docstring."""
+    return _footprint(_stats_for(workload, config, limits), spec, config, limits)
+
+
+def _stats_for(workload: Workload, config: EngineConfig, limits: ResolvedLimits) -> dict[str, int]:
+    return _trace_stats(workload, limits.max_model_len, limits.max_num_batched_tokens, config.block_size)
+
+
+def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: EngineConfig,
+               limits: ResolvedLimits) -> dict[str | None, float]:
     bs, seqs, max_len = config.block_size, limits.max_num_seqs, limits.max_model_len
-    stats = _trace_stats(workload, max_len, limits.max_num_batched_tokens, bs)
     tenants = config.replicate
     # Steps: the log's rows over the calls that run at once (at most max_num_seqs, at most every query).
     batch = max(1, min(seqs, stats["queries"] * tenants))
@@ -152,17 +162,17 @@ LOADED_CALL_BYTES = 5700
 
 
 def check_run_memory(workload: Workload, spec: SpeculativeConfig, config: EngineConfig, limits: ResolvedLimits,
-                     workers: int = 1) -> None:
+                     workers: int = 1, terms: Mapping[str | None, float] | None = None) -> None:
     """Refuse (`ResourceError`, naming the knob, the estimate and what is available) a run whose
-    `run_footprint` exceeds the memory available; with `workers` > 1 (a sweep's parallel cells) that many
-    such runs at once must fit too."""
-    terms = run_footprint(workload, spec, config, limits)
+    `run_footprint` (or `terms`, that footprint already made) exceeds the memory available; with `workers`
+    > 1 (a sweep's parallel cells) that many such runs at once must fit too."""
+    stats = _stats_for(workload, config, limits)
+    terms = dict(terms) if terms is not None else _footprint(stats, spec, config, limits)
     values = {"replicate": config.replicate, "num_kv_blocks": limits.num_kv_blocks,
               "max_num_seqs": limits.max_num_seqs, "max_model_len": limits.max_model_len,
               "num_speculative_tokens": _longest_draft(spec)}
     require_memory(terms, "the run", values=values)
     if workers > 1:
-        stats = _trace_stats(workload, limits.max_model_len, limits.max_num_batched_tokens, config.block_size)
         worker = WORKER_PROCESS_BYTES + 4 * stats["arena"] + LOADED_CALL_BYTES * stats["calls"]
         require_memory({"jobs": (sum(terms.values()) + worker) * workers}, f"running {workers:,} cells at once",
                        values={"jobs": workers})

@@ -181,14 +181,14 @@ def _check_memory(workload: Workload, cells: Sequence[Cell], limits: Mapping[Eng
     differ only by seed need the same, so each (engine config but the seed, drafter config) is estimated once."""
     from agentspec_sim.engine.footprint import check_run_memory, run_footprint
 
-    largest: tuple[float, Cell] | None = None
+    largest: tuple[float, Cell, dict] | None = None
     for cell in {(replace(c.config, seed=0), c.speculative_config): c for c in cells}.values():
-        need = sum(run_footprint(workload, cell.spec, cell.config, limits[cell.config]).values())
-        if largest is None or need > largest[0]:
-            largest = (need, cell)
+        terms = run_footprint(workload, cell.spec, cell.config, limits[cell.config])
+        if largest is None or sum(terms.values()) > largest[0]:
+            largest = (sum(terms.values()), cell, terms)
     if largest is not None:
-        cell = largest[1]
-        check_run_memory(workload, cell.spec, cell.config, limits[cell.config], workers=workers)
+        _, cell, terms = largest
+        check_run_memory(workload, cell.spec, cell.config, limits[cell.config], workers=workers, terms=terms)
 
 
 def _baselines(cells: Sequence[Cell]) -> dict[str, str]:
