@@ -60,12 +60,16 @@ def check_writable(path: str | Path) -> None:
         except OSError as exc:  # a dangling link is fine (its file is made); a loop has no file to write
             if exc.errno == errno.ELOOP:
                 raise OSError(errno.ELOOP, "a loop of symlinks, not a file to write", str(target)) from None
-    for parent in target.parents:
+    if parent_is_a_file(target):
+        raise NotADirectoryError(errno.ENOTDIR, "a parent of this path is a file, not a directory", str(target))
+
+
+def parent_is_a_file(path: str | Path) -> bool:
+    """Whether the nearest existing folder above `path` is in fact a file (so nothing can be made there)."""
+    for parent in Path(path).parents:
         if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, "a parent of this path is a file, not a directory",
-                                         str(target))
-            break
+            return not parent.is_dir()
+    return False
 
 
 class _Sink(io.RawIOBase):

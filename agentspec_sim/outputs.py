@@ -257,7 +257,7 @@ def _check_folder(out: Output) -> None:
 
 
 def _check_kind(out: Output) -> None:
-    from agentspec_sim.atomic import check_writable
+    from agentspec_sim.atomic import check_writable, parent_is_a_file
 
     path = Path(out.target)
     if not out.folder:
@@ -266,11 +266,8 @@ def _check_kind(out: Output) -> None:
     if path.exists() and not path.is_dir():
         raise OutputError(path, f"{out.flag}: exists and is not a folder ({out.flag} names the output folder)",
                           errno.ENOTDIR)
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise OutputError(path, f"{out.flag}: a parent of this path is a file, not a folder", errno.ENOTDIR)
-            break
+    if parent_is_a_file(path):
+        raise OutputError(path, f"{out.flag}: a parent of this path is a file, not a folder", errno.ENOTDIR)
 
 
 def _folder_files(out: Output) -> list[Path]:
