@@ -58,6 +58,8 @@ class RunResult:
     queries: pl.DataFrame
     num_preemptions: int = 0
     wall_s: float = 0.0
+    # One row per preemption, in order: the step whose scheduling preempted the call (recompute), call_id.
+    preemptions: pl.DataFrame | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     steps_source: pl.DataFrame | Callable[[], pl.DataFrame] | None = field(default=None, repr=False, compare=False)
 

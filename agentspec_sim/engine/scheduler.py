@@ -73,7 +73,7 @@ BOUNDS = (None, "seqs", "kv", "tokens")
 # What `run_steps` stopped on.
 RUN_MAX, RUN_IDLE, RUN_EMPTY, RUN_FULL, RUN_STOPPED, RUN_LOSSLESS = range(6)
 # Event kinds in the log's event buffer (a run's effects the event loop still has to time).
-EV_FIRST, EV_FINISH, EV_ARRIVE = 0, 1, 2
+EV_FIRST, EV_FINISH, EV_ARRIVE, EV_PREEMPT = 0, 1, 2, 3
 
 
 class SimulationError(RuntimeError):
@@ -985,7 +985,7 @@ def drafts_padded(c, rows, match, lengths):
 @kernel
 def _log_full(lg, c, max_num_seqs):
     return (lg.rows.shape[0] - lg.ctr[0] < max_num_seqs or lg.steps.shape[0] == lg.ctr[1]
-            or lg.events.shape[0] - lg.ctr[2] < 3 * max_num_seqs
+            or lg.events.shape[0] - lg.ctr[2] < 4 * max_num_seqs
             or lg.draft_tokens.shape[0] - lg.ctr[3] < max_num_seqs * c.slot_drafts.shape[1])
 
 
@@ -1015,6 +1015,8 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
             return s, RUN_FULL
         schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
         rows = sb.sc[0]
+        for j in range(sb.sc[1]):  # victims in preemption order, with the step that runs next
+            _event(lg, EV_PREEMPT, sb.lists.preempted[j], step0 + s)
         if rows == 0:
             if sb.sc[1] > 0:
                 # The only running calls preempted themselves (vLLM: an empty scheduler output, the

@@ -87,6 +87,7 @@ from agentspec_sim.engine.scheduler import (
     EV_ARRIVE,
     EV_FINISH,
     EV_FIRST,
+    EV_PREEMPT,
     IN_K_MAX,
     IN_NGRAM_TABLE,
     IN_ON,
@@ -170,6 +171,7 @@ class Simulator:
         self.now = 0.0
         self.step_pending = False
         self.pending_draft_s = 0.0
+        self.preempted: list[tuple[int, int]] = []  # (step, call index) in preemption order
         self.step_count = 0
         self.done_calls = 0
         self.num_refused = 0
@@ -691,6 +693,8 @@ class Simulator:
                     col["first_token_s"][r] = ends[j]
                 elif kind == EV_FINISH:
                     self._finish(self.states[r], ends[j], chained)
+                elif kind == EV_PREEMPT:
+                    self.preempted.append((k0 + j, r))
                 else:  # EV_ARRIVE
                     col["arrival_s"][r] = ends[j]
         if not self.inert:
@@ -1004,8 +1008,11 @@ class Simulator:
             pl.col("arrival_s", "finish_s", "latency_s").fill_nan(None))
         # A live AgentSpec history over the simulator's memory bound dropped idle queries' histories: say so.
         evicted = sum(getattr(getattr(d, "history", None), "evicted", 0) for d in self.drafters)
+        preemptions = pl.DataFrame({"step": [k for k, _ in self.preempted],
+                                    "call_id": [ids[r] for _, r in self.preempted]},
+                                   schema={"step": pl.Int64, "call_id": pl.Utf8})
         return RunResult(self.config, self.limits, self.spec, self.spec.name, engine_steps, calls, queries,
-                         num_preemptions=self.scheduler.num_preemptions, wall_s=wall_s,
+                         num_preemptions=self.scheduler.num_preemptions, wall_s=wall_s, preemptions=preemptions,
                          extra={"history_evictions": evicted} if evicted else {},
                          steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids))
 
