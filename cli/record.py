@@ -21,6 +21,10 @@ def record(
                                 show_default=False),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="vLLM's max_num_seqs while recording."),
     queries: int | None = typer.Option(None, "--queries", help="Record only the first N queries."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", help="vLLM's context limit (default: the "
+                                             "model's)."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs / torch.compile (faster to "
+                                       "build, e.g. on a CPU)."),
 ) -> None:
     """Serve every call (recorded prompt, greedy, output length pinned to the recording) without speculation
     and write the trace with vLLM's outputs; prompts, arrivals and think times are kept."""
@@ -28,8 +32,8 @@ def record(
     from dataclasses import replace
 
     from agentspec_sim.trace.io import load_trace, write_trace
-    from agentspec_sim.validation.torch_model import free_gpu_memory
-    from agentspec_sim.validation.vllm_runner import build_llm, methods, run_vllm, workload_with_outputs
+    from agentspec_sim.validation.vllm_runner import methods, workload_with_outputs
+    from agentspec_sim.validation.vllm_worker import VllmRunError, WorkerRequest, run_in_subprocess
 
     if max_num_seqs < 1 or (queries is not None and queries < 1):
         raise UsageError("--max-num-seqs and --queries must be ≥ 1")
@@ -41,10 +45,17 @@ def record(
         raise UsageError("record needs vLLM and model weights: pip install 'agentspec-sim[vllm]' (vllm==0.33.0)")
     if queries is not None:
         workload = replace(workload, queries=workload.queries[:queries])
-    llm = build_llm(model, methods()["normal"], max_num_seqs=max_num_seqs)
-    run = run_vllm(workload, llm, "normal")
-    del llm
-    free_gpu_memory()
+    llm_kwargs = {"enforce_eager": True} if enforce_eager else {}
+    if max_model_len is not None:
+        if max_model_len < 1:
+            raise UsageError(f"--max-model-len must be ≥ 1, got {max_model_len}")
+        llm_kwargs["max_model_len"] = max_model_len
+    # The step clock: a query's next call follows its think time in engine steps, so recording never sleeps.
+    request = WorkerRequest(model, methods()["normal"], workload, max_num_seqs, "steps", llm_kwargs)
+    try:
+        run = run_in_subprocess(request)
+    except VllmRunError as exc:
+        raise UsageError(str(exc)) from None
     written = write_trace(workload_with_outputs(workload, run, model=model), output)
     Console().print(f"recorded {len(run.calls)} calls ({run.output_tokens:,} output tokens in {run.wall_s:.1f} s, "
                     f"{run.goodput_tok_s:,.0f} tok/s) → {output} ({written} lines)")
