@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,30 +59,31 @@ def agent_workload(seed: int = 0, queries: int = 3, calls: int = 3):
 
 
 class FakeClock:
-    """Steps take no time; sleeping advances the clock (so arrivals are honoured without waiting)."""
+    """Steps take no time; waiting advances the clock (so arrivals are honoured without waiting)."""
 
     def __init__(self) -> None:
         self.t = 0.0
 
-    def __call__(self) -> float:
+    def now(self) -> float:
         return self.t
 
-    def sleep(self, dt: float) -> None:
-        self.t += max(dt, 1e-3)
+    def wait_until(self, t: float) -> None:
+        self.t = max(self.t, t)
 
 
 def served(fake_vllm, name: str, wl, clock=None):
     m = methods()[name]
     llm = build_llm("fake/model", m, max_num_seqs=4)
     clock = clock or FakeClock()
-    return m, llm, run_vllm(wl, llm, name, clock=clock, sleep=clock.sleep)
+    return m, llm, run_vllm(wl, llm, name, clock=clock)
 
 
 def test_every_call_is_served_with_its_output_length_pinned(fake_vllm):
     wl = agent_workload()
     clock = FakeClock()
     _, llm, run = served(fake_vllm, "normal", wl, clock)
-    assert llm.kwargs["per_request_spec_decode_metrics"] == "detailed" and not llm.kwargs["disable_log_stats"]
+    # vLLM's config check refuses per-request spec-decode metrics without a speculative config.
+    assert "per_request_spec_decode_metrics" not in llm.kwargs and not llm.kwargs["disable_log_stats"]
     assert "speculative_config" not in llm.kwargs
     assert set(run.calls) == {c.id for q in wl.queries for c in q.calls}
     for q in wl.queries:
@@ -122,7 +124,7 @@ def test_simulation_on_vllm_outputs_matches_step_by_step(fake_vllm, name):
     wl = agent_workload(seed=1)
     m, _, run = served(fake_vllm, name, wl)
     result = compare(wl, run, m, config(max_num_seqs=4, max_num_batched_tokens=2048, num_kv_blocks=2048))
-    assert result.calls == 9 and result.calls_with_identical_steps == 9, result.step_mismatches
+    assert result.calls == 9 and result.calls_identical == 9, result.call_mismatches
     for key in ("drafts", "draft_tokens", "accepted_tokens"):
         assert result.simulated[key] == result.measured[key]
     assert result.simulated["rejection_rate_tokens"] == pytest.approx(result.measured["rejection_rate_tokens"])
@@ -144,28 +146,50 @@ def test_workload_with_outputs_replaces_outputs_only(fake_vllm):
 
 
 def test_record_and_validate_vllm_commands(fake_vllm, tmp_path, monkeypatch, capsys):
+    # The commands run each engine in a child process: it finds the fake through PYTHONPATH.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]))
     trace = tmp_path / "t.jsonl"
     write_trace(agent_workload(queries=2, calls=2), trace)
     monkeypatch.setattr(sys, "argv", ["agentspec-sim", "record", str(trace), "--model", "fake/model", "-o",
                                       str(tmp_path / "rec.jsonl"), "--max-num-seqs", "2"])
-    assert run_guarded(app) == 0
+    assert run_guarded(app) == 0, capsys.readouterr().err
     recorded = load_trace(tmp_path / "rec.jsonl")
     assert recorded.meta.model == "fake/model" and len(recorded.calls) == 4
     out = tmp_path / "cmp.json"
     monkeypatch.setattr(sys, "argv", ["agentspec-sim", "validate", "vllm", str(trace), "--model", "fake/model",
-                                      "--method", "normal,ngram", "--max-num-seqs", "4", "--max-num-batched-tokens",
-                                      "2048", "--hardware", "h100-80g", "-o", str(out)])
-    assert run_guarded(app) == 0
+                                      "--method", "normal,ngram", "--max-num-seqs", "4", "--clock", "wall",
+                                      "--hardware", "h100-80g", "-o", str(out)])
+    assert run_guarded(app) == 0, capsys.readouterr().err
     doc = json.loads(out.read_text())
     assert [r["method"] for r in doc["methods"]] == ["normal", "ngram"]
     ngram = doc["methods"][1]
-    assert ngram["calls_with_identical_steps"] == ngram["calls"] == 4
-    # The simulation used the KV blocks and context the (fake) engine reported, as LLMServingSim pins them.
+    assert ngram["calls_identical"] == ngram["calls"] == 4
+    # The fake has no in-process scheduler: no step-level figures, and no claim that there are.
+    assert ngram["engine_steps_vllm"] is None and ngram["verify_steps"] is None
+    # Goodput: vLLM ran on a CPU, the simulation priced an H100: not compared, and the reason given.
+    assert ngram["goodput"]["comparable"] is False and "cpu" in ngram["goodput"]["why_not"]
+    # The simulation used the KV blocks and context the (fake) engine reported.
     from vllm.v1.engine.llm_engine import FAKE_MAX_MODEL_LEN, FAKE_NUM_GPU_BLOCKS
 
     assert ngram["engine_limits"] == {"num_kv_blocks": FAKE_NUM_GPU_BLOCKS, "max_model_len": FAKE_MAX_MODEL_LEN}
-    assert "identical" in capsys.readouterr().out
+    assert "goodput not compared" in capsys.readouterr().out
     monkeypatch.setattr(sys, "argv", ["agentspec-sim", "validate", "vllm", str(trace), "--model", "m", "--method",
                                       "eagle3"])
     assert run_guarded(app) == 2
     assert "--eagle3-model" in capsys.readouterr().err
+
+
+def test_a_method_the_built_runner_cannot_run_is_refused(fake_vllm, monkeypatch):
+    from types import SimpleNamespace
+
+    from agentspec_sim.validation.vllm_runner import MethodUnavailable, check_runner
+
+    m = methods()
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(use_v2_model_runner=False)))
+    assert check_runner(m["ngram"], llm) == "v1"
+    with pytest.raises(MethodUnavailable, match="Triton"):
+        check_runner(m["ngram-v2"], llm)
+    llm.llm_engine.vllm_config.use_v2_model_runner = True
+    with pytest.raises(MethodUnavailable, match="V1 model runner"):
+        check_runner(m["ngram"], llm)
+    assert check_runner(m["normal"], llm) == "v2"

@@ -14,6 +14,8 @@ class LLM:
         self.model = model
         self.kwargs = kwargs
         detailed = kwargs.get("per_request_spec_decode_metrics", "none") == "detailed"
+        if detailed and not kwargs.get("speculative_config"):  # VllmConfig's check (config/vllm.py, 0.32 and 0.33)
+            raise ValueError("--per-request-spec-decode-metrics requires speculative decoding to be enabled")
         self.llm_engine = LLMEngine(int(kwargs.get("max_num_seqs", 256)), kwargs.get("speculative_config"), detailed,
                                     log_stats=not kwargs["disable_log_stats"])
 
