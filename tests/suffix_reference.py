@@ -8,8 +8,9 @@ rows at max_model_len; start a request that is not active (evicting its cached r
 min(k, max_model_len − len − 1); finally stop every active request absent from the batch.
 
 `engine_replay` runs the engine itself (`Simulator` with `suffix`), records every `propose` it makes
-(step, rows, budgets, drafts), and replays the engine's own step log — each step's batch rows in
-order, their sampled tokens (the recording from `position`, `emitted` long) — into the real cache
+(step, rows, budgets, drafts), and replays the engine's own step log — each step's calls in the rows
+of vLLM's persistent batch (`InputBatchRows`, from the log's scheduling order), their sampled tokens
+(the recording from `position`, `emitted` long) — into the real cache
 through `VllmSuffixProposer`, skipping the steps where vLLM's runner skips the proposer
 (`_input_fits_in_drafter`: max over the batch of num_computed + num_scheduled + k > max_model_len).
 It checks the engine's driving (one `propose` per step that vLLM runs the proposer in and none
@@ -84,6 +85,82 @@ class VllmSuffixProposer:
         for req_id in [r for r in cache.active_requests if r not in present]:
             cache.stop_request(req_id)
         return drafts
+
+
+class InputBatchRows:
+    """The row bookkeeping of vLLM 0.32's persistent batch, ported line for line from
+    `GPUModelRunner._update_states` (v1/worker/gpu_model_runner.py) and `InputBatch.add_request /
+    remove_request / condense` with `BatchUpdateBuilder`'s removed list (v1/worker/gpu_input_batch.py,
+    v1/sample/logits_processor/state.py) — what the engine's compiled `PersistentBatch` must agree with.
+
+    `step(scheduled)`: the step's request ids in scheduling order (running ones, then admissions);
+    returns the batch's request ids by row, which is the order the suffix proposer walks."""
+
+    def __init__(self) -> None:
+        self.req_ids: list[str | None] = []  # InputBatch._req_ids
+        self.req_id_to_index: dict[str, int] = {}
+        self.removed: list[int] = []  # BatchUpdateBuilder._removed
+        self.requests: set[str] = set()  # GPUModelRunner.requests: every request seen (finished ones popped)
+
+    def step(self, scheduled: Sequence[str]) -> list[str]:
+        scheduled_set = set(scheduled)
+        # Finished and unscheduled requests leave the batch (the finished ones are not scheduled either).
+        for req_id in [r for r in self.req_id_to_index if r not in scheduled_set]:
+            self._remove_request(req_id)
+        # reqs_to_add: scheduled_new_reqs, then the scheduled_cached_reqs the batch does not hold.
+        new = [r for r in scheduled if r not in self.requests]
+        cached = [r for r in scheduled if r in self.requests and r not in self.req_id_to_index]
+        self.requests.update(new)
+        for req_id in new + cached:
+            self._add_request(req_id)
+        self._condense()
+        self.removed = []  # refresh_metadata → get_and_reset
+        return list(self.req_ids)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_id_to_index)
+
+    def _remove_request(self, req_id: str) -> None:
+        index = self.req_id_to_index.pop(req_id)
+        self.removed.append(index)
+        self.req_ids[index] = None
+
+    def _add_request(self, req_id: str) -> None:
+        if self.removed:  # pop_removed: the lowest removed index
+            self.removed.sort(reverse=True)
+            index = self.removed.pop()
+        else:
+            index = self.num_reqs
+        if index == len(self.req_ids):
+            self.req_ids.append(req_id)
+        else:
+            self.req_ids[index] = req_id
+        self.req_id_to_index[req_id] = index
+
+    def _condense(self) -> None:
+        num_reqs = self.num_reqs
+        empty = self.removed
+        if not empty:
+            return
+        if num_reqs == 0:
+            self.req_ids.clear()
+            return
+        empty.sort(reverse=True)
+        last = num_reqs + len(empty) - 1
+        while empty:
+            while last in empty:
+                last -= 1
+            index = empty[-1]  # peek_removed
+            if index >= last:
+                break
+            empty.pop()
+            req_id = self.req_ids[last]
+            self.req_ids[index] = req_id
+            self.req_ids[last] = None
+            self.req_id_to_index[req_id] = index
+            last -= 1
+        del self.req_ids[num_reqs:]
 
 
 def reference_from_spec(spec: SpeculativeConfig, max_model_len: int = 1 << 30) -> VllmSuffixProposer:
@@ -344,10 +421,13 @@ def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineCon
     finished: set[str] = set()
     expect_next: dict[str, tuple[str, list[int]]] = {}  # call → ("zeros" | "prefix", the proposal)
     res.steps = len(starts)
+    batch = InputBatchRows()
     t0 = time.perf_counter()
     for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
         step = int(step_col[a])
-        rows = range(a, b)
+        # The step log lists a step's calls in scheduling order; the proposer walks the persistent batch.
+        at = {ids[i]: i for i in range(a, b)}
+        rows = [at[cid] for cid in batch.step([ids[i] for i in range(a, b)])]
         present = {ids[i] for i in rows}
         res.absent_active += len(started - finished - present)
         # What the engine scheduled for each call: the draft it was handed after its previous step.
@@ -385,6 +465,9 @@ def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineCon
             continue
         our_ids, our_lens, our_drafts = ours[0]
         mine = dict(zip(our_ids, zip(our_lens, our_drafts, strict=True), strict=True))
+        in_rows = [ids[i] for i in rows if ids[i] in mine]
+        if our_ids != in_rows:
+            res.problem(f"step {step}: the engine drafted {our_ids}, not in batch-row order {in_rows}")
         theirs: list[list[int]] = []
         if ref is not None:
             row_ids, row_prompts, row_tokens, row_sampled = [], [], [], []

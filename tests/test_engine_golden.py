@@ -69,8 +69,9 @@ CASES: dict[str, tuple] = {
     "budget48-ngram": (8, 8, "ngram", {"max_num_seqs": 32, "max_num_batched_tokens": 48}, A100),
     "maxlen-ngram": (6, 10, "ngram", {"max_num_seqs": 32, "max_model_len": 5000, "arrival": "zero"}, A100),
     "schedule-ngram": (6, 8, NGRAM_SCHEDULE, {"max_num_seqs": 32, "arrival": "zero"}, A100),
-    # suffix (added with the per-step driving of docs/suffix-decoding.md; digests from that engine):
-    # truncated calls and steps where vLLM skips the proposer; preemptions (stops and restarts).
+    # suffix (added with the per-step driving of docs/suffix-decoding.md; digests from that engine, re-pinned
+    # when it took up vLLM's persistent-batch row order): truncated calls and steps where vLLM skips the
+    # proposer; preemptions (stops and restarts).
     "maxlen-suffix": (6, 10, "suffix", {"max_num_seqs": 32, "max_model_len": 5000, "arrival": "zero"}, A100),
     "tinykv-suffix": (LONG_OUTPUTS, 4, "suffix", {"max_num_seqs": 16, "num_kv_blocks": 1100, "arrival": "zero",
                                                   "check_invariants": True}, A100),
@@ -83,18 +84,18 @@ CASES: dict[str, tuple] = {
 # Computed with the reference engine (see the module docstring).
 EXPECTED: dict[str, dict[str, str]] = {
     "maxlen-suffix": {
-        "steps": "08268d0aabc96d3d6272afb14c4f0a84",
-        "engine_steps": "9b43c0076c3bab615026c9164bef1f29",
-        "calls": "c2f3a7c5cbbf75c2b9c900648da996e5",
-        "queries": "62dcfa63d45a7a653a1c3a315cc49cf2",
-        "summary": "7f962af3ee3cf2ba27dd298e9d11ae55"
+        "steps": "99f16f555755e03d8c619e9f3e285988",
+        "engine_steps": "66ac9ae2024373b5100202dd5b029b89",
+        "calls": "a8d8a75c01447e0b7ef3c74cd92d7302",
+        "queries": "cd9d8c6fb4731714565f5afa1399183e",
+        "summary": "fc16fc0cf408819d2ea1b3b4f97e9d03"
     },
     "tinykv-suffix": {
-        "steps": "af8686cac95500367989f2233f402d38",
-        "engine_steps": "569ff10f11be4fcf5a73124a707868ad",
-        "calls": "f6d9cb70ec3e3d4898fa63b57aa5e06d",
-        "queries": "82c2dd5fdde14f259039f44ca3bdf91a",
-        "summary": "6a7abe8e983fd70cc5ef66def2dbf3bc"
+        "steps": "1323946567bf7945c29f6fb9fd17433c",
+        "engine_steps": "029d99095a9554a51c62335f2bf34899",
+        "calls": "cf3a593b29185ef27b468752e6a55403",
+        "queries": "f921a34977ec04130e707f6cfa8789be",
+        "summary": "c0f331b775eb7e36bdb4b99ccab5ee1e"
     },
     "q12-normal-256": {
         "steps": "460954c7be9a1918e7fb626dc5decbc9",

@@ -305,6 +305,117 @@ class InlineSuffix(NamedTuple):
                    np.zeros((1, 2), dtype=np.int64), one, one, np.zeros((1, 2), dtype=np.int64))
 
 
+class PersistentBatch(NamedTuple):
+    """The rows of vLLM's persistent batch (`InputBatch`, v1/worker/gpu_input_batch.py): which row each
+    scheduled call occupies, kept from step to step. The suffix proposer walks the batch row by row and
+    each row sees the tokens the rows before it added to the shared global tree, so the suffix drafter
+    needs this order (`Scheduler.track_batch_rows`); no other drafter depends on it.
+
+    Before every forward pass — also one whose schedule came out empty — vLLM 0.32's
+    `GPUModelRunner._update_states` (v1/worker/gpu_model_runner.py; the CPU runner inherits it):
+    1. removes from the batch the requests that finished and those not scheduled in this step (preempted,
+       or left out by the token budget): `InputBatch.remove_request` makes their rows holes;
+    2. adds the scheduled requests the batch does not hold, in `reqs_to_add` order: the step's new requests
+       (`scheduled_new_reqs`, first scheduling), then its cached requests not in the batch (running ones
+       that sat out the previous step, then resumed ones: `scheduled_cached_reqs` order), each group in
+       scheduling order. `add_request` puts each into the smallest hole (`BatchUpdateBuilder.pop_removed`),
+       else appends it;
+    3. `condense()`: while a hole lies below the last occupied row, the request in that row moves into the
+       smallest hole.
+    Then `_may_reorder_batch` reorders only for attention backends with a `reorder_batch_threshold` (MLA,
+    FlashInfer, mamba-style and some ROCm ones); CPU attention and FlashAttention set none.
+
+    The step buffer lists the scheduled calls running part first (running order), then admissions
+    (waiting order), so group 2's order is the step buffer's; a call is new iff no earlier step scheduled
+    it. `persistent_batch_update` does the three parts in O(batch) per step.
+    """
+
+    par: np.ndarray  # int64: [on, rows held, steps seen]
+    call: np.ndarray  # int64 [max_num_seqs]: the call (table row) in each batch row
+    seen: np.ndarray  # int64 [table rows]: the last step (par[2]) that scheduled the call, 0: never
+    index: np.ndarray  # int64 [table rows]: the call's index in that step's buffer
+    order: np.ndarray  # int64 [max_num_seqs]: the step's batch rows — order[k]: step-buffer index of row k
+    work: np.ndarray  # int64 [2, max_num_seqs]: holes; calls to add
+
+    @classmethod
+    def make(cls, max_num_seqs: int, calls: int) -> PersistentBatch:
+        seqs, calls = max(max_num_seqs, 1), max(calls, 1)
+        return cls(np.array([1, 0, 0], dtype=np.int64), zeros(seqs, dtype=np.int64), zeros(calls, dtype=np.int64),
+                   zeros(calls, dtype=np.int64), zeros(seqs, dtype=np.int64), zeros((2, seqs), dtype=np.int64))
+
+    @classmethod
+    def off(cls) -> PersistentBatch:
+        off = cls.make(1, 1)
+        off.par[0] = 0
+        return off
+
+    def grown(self, calls: int) -> PersistentBatch:
+        """The same batch with room for `calls` table rows."""
+        if calls <= self.seen.shape[0]:
+            return self
+        seen, index = zeros(2 * calls, dtype=np.int64), zeros(2 * calls, dtype=np.int64)
+        seen[:self.seen.shape[0]] = self.seen
+        index[:self.index.shape[0]] = self.index
+        return self._replace(seen=seen, index=index)
+
+
+@kernel
+def persistent_batch_update(pb, calls):
+    """`PersistentBatch`'s three parts for a step that scheduled `calls` (table rows, step-buffer order):
+    afterwards the batch holds exactly these calls in rows 0 … len(calls) − 1 and pb.order[k] is the
+    step-buffer index of the call in row k."""
+    n_old = pb.par[1]
+    tick = pb.par[2] + 1
+    pb.par[2] = tick
+    holes = pb.work[0]
+    adds = pb.work[1]
+    n = calls.shape[0]
+    # The calls to add: the new ones, then the others the batch does not hold (it holds those of the last step).
+    n_add = 0
+    for i in range(n):
+        if pb.seen[calls[i]] == 0:
+            adds[n_add] = calls[i]
+            n_add += 1
+    for i in range(n):
+        r = calls[i]
+        if pb.seen[r] != 0 and pb.seen[r] != tick - 1:
+            adds[n_add] = r
+            n_add += 1
+        pb.seen[r] = tick
+        pb.index[r] = i
+    # 1. Rows whose call is not scheduled now become holes (ascending).
+    n_holes = 0
+    for j in range(n_old):
+        if pb.seen[pb.call[j]] != tick:
+            holes[n_holes] = j
+            n_holes += 1
+    # 2. Each added call takes the smallest hole, else a new row at the end.
+    h = 0
+    top = n_old
+    for a in range(n_add):
+        if h < n_holes:
+            pb.call[holes[h]] = adds[a]
+            h += 1
+        else:
+            pb.call[top] = adds[a]
+            top += 1
+    # 3. condense(): the last occupied row moves into the smallest hole while that hole lies below it.
+    last = top - 1
+    hi = n_holes - 1
+    while h < n_holes:
+        while hi >= h and holes[hi] == last:  # skip holes at the end
+            hi -= 1
+            last -= 1
+        if holes[h] >= last:
+            break
+        pb.call[holes[h]] = pb.call[last]
+        h += 1
+        last -= 1
+    pb.par[1] = n
+    for k in range(n):
+        pb.order[k] = pb.index[pb.call[k]]
+
+
 @kernel
 def _preempt(p, c, qu, victim):
     free_call(p, c, victim)
@@ -849,8 +960,9 @@ def _drafts_from_out(c, rows, out, lengths, m):
 
 
 @kernel
-def propose_suffix_inline(c, sb, dr, sx, max_model_len):
-    """`Simulator._suffix_step` for the step in `sb` from `InlineSuffix`; returns the drafting seconds, or
+def propose_suffix_inline(c, sb, dr, sx, pb, max_model_len):
+    """`Simulator._suffix_step` for the step in `sb` from `InlineSuffix`, its rows in vLLM's persistent-batch
+    order (`pb.order`, when on); returns the drafting seconds, or
     −1.0 with nothing changed when the event loop must do it: the V1 runner's proposer skip, a call that
     starts, stops (active, not in the batch), finishes or reached max_model_len, or no room in the forest.
     Called by the event loop (par[SX_EVENT_LOOP]), the drafter has started the calls that start, and a
@@ -866,15 +978,16 @@ def propose_suffix_inline(c, sb, dr, sx, max_model_len):
         return -1.0
     depth = sx.par[SX_DEPTH]
     k = _batch_k(sb, dr)
-    # The step's OP_STEP batch, in row order, built in work space only (ops, dr.rows): a row the kernel
-    # cannot do returns before anything changes.
+    # The step's OP_STEP batch, in batch-row order, built in work space only (ops, dr.rows): a row the
+    # kernel cannot do returns before anything changes.
     ops = sx.ops
     need = 0
     m = 0
     nops = 0
     starts = 0
     max_cached = sx.par[SX_MAX_CACHED]
-    for i in range(n):
+    for row in range(n):
+        i = pb.order[row] if pb.par[0] else row
         e = sb.rows.emitted[i]
         if e == 0:
             continue
@@ -991,7 +1104,7 @@ def _log_full(lg, c, max_num_seqs):
 
 @kernel
 def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_len, max_steps, step0, chain,
-              stop_on_emit, dr, ah, sx):
+              stop_on_emit, dr, ah, sx, pb):
     """Up to `max_steps` steps, logged to `lg`; returns (steps, why it stopped).
 
     Stops before a step when nothing can run or the log has no room, and after a step in which a
@@ -1005,6 +1118,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
     A finished call's next call that arrives at once (think time 0, no recorded arrival, a prompt
     that fits) joins the waiting queue here, as the event loop would add it before the next step.
     RUN_LOSSLESS: the update's lossless check failed (the step is not logged; see `update_step`).
+    `pb` (when on: suffix runs) follows vLLM's persistent batch through every schedule, empty ones included.
     """
     s = 0
     draft_s = 0.0
@@ -1015,6 +1129,8 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
             return s, RUN_FULL
         schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
         rows = sb.sc[0]
+        if pb.par[0]:
+            persistent_batch_update(pb, sb.rows.call[:rows])
         for j in range(sb.sc[1]):  # victims in preemption order, with the step that runs next
             _event(lg, EV_PREEMPT, sb.lists.preempted[j], step0 + s)
         if rows == 0:
@@ -1063,7 +1179,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
                     or (qu.q[0] == 0 and qu.q[2] == 0)):
                 stop = True
             elif dr.par[IN_RULE] == RULE_SUFFIX:
-                draft_s = propose_suffix_inline(c, sb, dr, sx, max_model_len)
+                draft_s = propose_suffix_inline(c, sb, dr, sx, pb, max_model_len)
                 if draft_s < 0.0:
                     draft_s = 0.0
                     stop = True
@@ -1161,7 +1277,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12, 13, 14))
+        self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12, 13, 14, 15))
         # set_drafts' work space (rows, starts, lengths; the proposals end to end), kept so that its
         # kernel call is a FastCall too.
         self._draft_rows = np.zeros((3, max(max_num_seqs, 1)), dtype=np.int64)
@@ -1170,12 +1286,24 @@ class Scheduler:
         self._model_drafts = FastCall(propose_model_buffered, containers=(0, 1))
         self._table_drafts = FastCall(propose_table_buffered, containers=(0, 1))
         self._history_drafts = FastCall(propose_history_inline, containers=(0, 1, 2, 3))
-        self._suffix_drafts = FastCall(propose_suffix_inline, containers=(0, 1, 2, 3))
+        self._suffix_drafts = FastCall(propose_suffix_inline, containers=(0, 1, 2, 3, 4))
         self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
         self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
                          zeros(4, dtype=np.int64))
         self.sb = StepBuf(zeros(max_num_seqs, dtype=ROW), zeros(max_num_seqs, dtype=LISTS),
                           zeros(kv.blocks_per_call, dtype=np.int64), zeros(7, dtype=np.int64))
+        self.pb = PersistentBatch.off()  # vLLM's persistent-batch rows, followed once `track_batch_rows` asks
+
+    def track_batch_rows(self) -> None:
+        """Follow vLLM's persistent batch from now on (`PersistentBatch`): every schedule updates it and
+        `batch_order` gives the step's rows in its order. For drafters that depend on that order (suffix)."""
+        if not self.pb.par[0]:
+            self.pb = PersistentBatch.make(self.max_num_seqs, self.table.capacity)
+
+    def batch_order(self, n: int) -> np.ndarray:
+        """The last schedule's n rows in vLLM's persistent-batch order: step-buffer indices, row 0 first
+        (the step buffer's own order when the batch is not tracked)."""
+        return self.pb.order[:n] if self.pb.par[0] else np.arange(n)
 
     # -- queues ------------------------------------------------------------------------------------
     def add_request(self, state: CallState) -> None:
@@ -1194,6 +1322,8 @@ class Scheduler:
             q[1], cap = 0, 2 * cap
         self.qu.waiting[(q[1] + q[2]) % cap] = row
         q[2] += 1
+        if self.pb.par[0]:
+            self.pb = self.pb.grown(self.table.capacity)
 
     def _waiting_rows(self) -> np.ndarray:
         head, count, cap = int(self.qu.q[1]), int(self.qu.q[2]), self.qu.waiting.shape[0]
@@ -1230,6 +1360,8 @@ class Scheduler:
         schedule_step(self.kv.pool.p, self.table.nt, self.qu, sb, self.max_num_batched_tokens, self.max_num_seqs,
                       self.max_model_len)
         n, npre = int(sb.sc[0]), int(sb.sc[1])
+        if self.pb.par[0]:
+            persistent_batch_update(self.pb, sb.rows["call"][:n])
         rows = sb.rows[:n]
         arrays = tuple(rows[f].copy() for f in ("call", "n", "context", "decode", "position", "spec"))
         drafts, slots = self.table.slot_drafts, rows["slot"]
@@ -1325,7 +1457,7 @@ class Scheduler:
         self.table.reserve_draft_width(int(dr.par[IN_K_MAX]))
         sx.par[SX_EVENT_LOOP] = 1
         try:
-            return float(self._suffix_drafts(self.table.nt, self.sb, dr, sx, self.max_model_len))
+            return float(self._suffix_drafts(self.table.nt, self.sb, dr, sx, self.pb, self.max_model_len))
         finally:
             sx.par[SX_EVENT_LOOP] = 0
 
@@ -1352,11 +1484,13 @@ class Scheduler:
             inline: InlineDrafts | None = None, history: InlineHistory | None = None,
             suffix: InlineSuffix | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers)."""
+        if self.pb.par[0] and self.pb.seen.shape[0] < self.table.capacity:
+            self.pb = self.pb.grown(self.table.capacity)
         steps, why = self._run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log,
                                      self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len, max_steps,
                                      step0, chain, stop_on_emit, inline if inline is not None else _INLINE_OFF,
                                      history if history is not None else _HISTORY_OFF,
-                                     suffix if suffix is not None else _SUFFIX_OFF)
+                                     suffix if suffix is not None else _SUFFIX_OFF, self.pb)
         if why == RUN_LOSSLESS:
             self._lossless_error()
         return int(steps), int(why)

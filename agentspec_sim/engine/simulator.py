@@ -493,6 +493,9 @@ class Simulator:
         self.log = StepLogBuilder(rows, rows // min(self.limits.max_num_seqs, 8) + 1024, 4 * len(layout.calls) + 1024)
         self.kv = KVCacheManager(self.limits.num_kv_blocks, bs, max_len, cfg.enable_prefix_caching, table)
         self.scheduler = Scheduler(self.kv, self.limits.max_num_seqs, self.limits.max_num_batched_tokens, max_len)
+        if self.per_step:
+            # The suffix proposer walks vLLM's persistent batch row by row (`_suffix_step`).
+            self.scheduler.track_batch_rows()
         self._place_arrivals()
 
     def _place_arrivals(self) -> None:
@@ -851,14 +854,18 @@ class Simulator:
         - else it runs once, also when no row sampled: rows whose tokens reached max_model_len add
           nothing; each drafting row gets min(k, max_model_len − num_tokens − 1); active requests
           absent from the batch are stopped (the drafter does that when a round passes unseen).
+
+        The proposer walks the rows of vLLM's persistent batch (`Scheduler.batch_order`: its rows are not
+        the scheduling order), so the rows go to the drafter in that order.
         """
         sb, col, max_len = self.scheduler.sb, self.table.cols, self.limits.max_model_len
         for drafter in self.drafters:
             if isinstance(drafter, SuffixDrafter):
                 drafter.sync()  # the starts and finishes the compiled steps made
-        batch = sb.rows[:n_rows]
+        batch = sb.rows[:n_rows][self.scheduler.batch_order(n_rows)]
         rows = [self.states[r] for r in batch["call"].tolist()]
-        sampled = sb.lists["sampled"][:sb.sc[4]].copy()
+        # The calls that sampled and go on (sb.lists' "sampled"), in batch-row order.
+        sampled = batch["call"][(batch["emitted"] > 0) & (col["status"][batch["call"]] != S_FINISHED)]
         k = self.spec.num_speculative_tokens
         fits = not n_rows or int(sb.sc[6]) + k <= max_len
         if not fits:
