@@ -66,18 +66,27 @@ def assert_step_for_step(result, run):
 def test_one_call_at_a_time_matches_step_for_step(models, name):
     from agentspec_sim.validation.vllm_cases import run_case
 
-    c = case("seqs1")  # the untied model, n-grams from 1 token: short drafts, mostly rejected, misses
+    c = case("seqs1")
     run, result = run_case(c, name, models[c.model])
     assert_step_for_step(result, run)
     assert run.runner == "v1" and run.limits["max_num_seqs"] == 1 and run.limits["block_size"] == 32
     if name != "normal":
-        assert result.verify_steps > 0
-    if name == "ngram":  # the untied model rarely continues an n-gram: rejected drafts line up as well
-        assert result.rejection_rate_tokens["vllm"] > 0.5
+        assert result.verify_steps > 5
     # Outputs are pinned to the recorded lengths.
     wl = c.shape.workload()
     assert {c.id: c.output_tokens.shape[0] for q in wl.queries for c in q.calls} == \
         {cid: r.output_tokens.shape[0] for cid, r in run.calls.items()}
+
+
+def test_suffix_walks_the_persistent_batch_rows_as_vllm(models):
+    from agentspec_sim.validation.vllm_cases import run_case
+
+    c = case("seqs4-row-order")  # simulated in scheduling order, the shared tree parted at step 78 of 128
+    run, result = run_case(c, "suffix", models[c.model])
+    assert_step_for_step(result, run)
+    assert result.verify_steps > 5
+    # The untied model's drafts are partly rejected: rejected drafts line up as well.
+    assert result.rejection_rate_tokens["sim"] > 0
 
 
 @pytest.mark.parametrize("name", ["ngram", "suffix"])

@@ -69,11 +69,16 @@ class Case:
 
 
 CASES = (
-    # One call at a time; the untied model's near-random text, n-grams from 1 token: short drafts, mostly rejected.
-    Case("seqs1", "untied", ("normal", "ngram", "suffix"), Workshape("gaia", 2, 2, 600, 40), 1, prompt_lookup_min=1),
+    # One call at a time, n-grams from 1 token; the tied model repeats itself (long drafts, mostly accepted).
+    Case("seqs1", "tied", ("normal", "ngram", "suffix"), Workshape("gaia", 2, 2, 600, 40), 1, prompt_lookup_min=1),
     # Four at a time under a 256-token budget (chunked prefill), agent chaining with 2.5 steps of think time,
     # prefix-cache hits; the tied model repeats itself (long accepted drafts).
     Case("seqs4-chunked", "tied", ("normal", "ngram", "suffix"), Workshape("gaia", 3, 3, 1000, 32, think=2.5), 4,
+         {"max_num_batched_tokens": 256}),
+    # The untied model (near-random text: few drafts, partly rejected), calls arriving and finishing mid-run,
+    # four at a time: a new call takes a finished call's row of vLLM's persistent batch, and suffix's shared
+    # tree sees the rows' tokens in that order (docs/suffix-decoding.md).
+    Case("seqs4-row-order", "untied", ("suffix",), Workshape("gaia", 4, 3, 1500, 40, think=2.5), 4,
          {"max_num_batched_tokens": 256}),
     # KV pressure: 40 blocks of 32 for five ~514-token sequences, four at a time: preemption (recompute).
     Case("kv-pressure", "tied", ("ngram", "suffix"), Workshape("spec-bench", 5, 1, 600, 400, force_output=True), 4,
