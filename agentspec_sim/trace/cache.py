@@ -104,6 +104,7 @@ def load(directory: Path, key: str) -> Workload | None:
         workload_meta = TraceMeta(
             version=m["version"], tokenizer=m.get("tokenizer"), model=m.get("model"),
             workload=m.get("workload"), source=m.get("source"), vocab_size=m.get("vocab_size"),
+            extra=m.get("extra"),
         )
         files: dict[tuple[str, str], WorkspaceFile] = {}  # share objects like the loader does
         queries = []

@@ -50,7 +50,7 @@ CALL_FIELDS = frozenset({
     "prompt_extends", "prompt_append_tokens", "prompt_append", "messages_append",
     "output_tokens", "output",
 })
-META_FIELDS = frozenset({"type", "version", "tokenizer", "model", "workload", "source", "vocab_size"})
+META_FIELDS = frozenset({"type", "version", "tokenizer", "model", "workload", "source", "vocab_size", "extra"})
 FULL_PROMPT_FORMS = ("prompt_tokens", "prompt", "messages")
 APPEND_FORMS = ("prompt_append_tokens", "prompt_append", "messages_append")
 
@@ -502,7 +502,7 @@ def _parse_meta(source: str, line: int, record: dict) -> TraceMeta:
     return TraceMeta(
         version=version, tokenizer=tokenizer, vocab_size=vocab,
         model=chk.get("model", (str,), "a string"), workload=chk.get("workload", (str,), "a string"),
-        source=chk.get("source", (str,), "a string"),
+        source=chk.get("source", (str,), "a string"), extra=chk.get("extra", (dict,), "an object"),
     )
 
 

@@ -51,10 +51,11 @@ class TraceMeta:
     workload: str | None = None
     source: str | None = None
     vocab_size: int | None = None
+    extra: dict | None = None  # free-form data about the whole trace (e.g. a converter's counts)
 
     def to_record(self) -> dict:
         record: dict = {"type": "meta", "version": self.version, "tokenizer": self.tokenizer}
-        for name in ("model", "workload", "source", "vocab_size"):
+        for name in ("model", "workload", "source", "vocab_size", "extra"):
             value = getattr(self, name)
             if value is not None:
                 record[name] = value
