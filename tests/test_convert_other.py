@@ -154,7 +154,7 @@ def test_reflexion_simple_and_body_only(tmp_path: Path) -> None:
 
 def test_reflexion_rejects_wrong_format(tmp_path: Path) -> None:
     bench = write_jsonl(tmp_path / "benchmarks" / "mbpp-py.jsonl", [{"name": "x", "prompt": PY_PROMPT}])
-    with pytest.raises(ConvertError, match="not a Reflexion log row") as err:
+    with pytest.raises(ConvertError, match=r"not a Reflexion log: no result row \(1 rows without") as err:
         convert("reflexion", [bench])
     assert err.value.path == str(bench)
     junk = tmp_path / "junk.jsonl"

@@ -232,18 +232,14 @@ class _Templates:
 
 
 def _calls(p: _Problem) -> list[ChatCall]:
-    """The calls of one problem whose outputs are recorded, in loop order (rules 1-5)."""
+    """The calls of one problem whose outputs are recorded, in loop order (rules 1-6)."""
     row, t = p.row, _Templates(p)
     fence = t.lang.fence
     structure = [[[f"```{fence}", "```"]]]
     reflections: list[str] = row.get("reflections") or []
-    k = len(reflections)
-    impls = row.get("implementations")
-    if not (isinstance(impls, list) and len(impls) == k + 1 and all(isinstance(s, str) for s in impls)):
-        impls = None
-    feedback = row.get("test_feedback")
-    if not (isinstance(feedback, list) and len(feedback) >= k and all(isinstance(s, str) for s in feedback)):
-        feedback = None
+    impls: list[str] = row.get("implementations") or []
+    feedback: list[str] = row.get("test_feedback") or []
+    k, n = len(reflections), len(impls)
 
     def extra(attempt: int, unrecorded: list[str]) -> dict:
         out: dict = {"task": p.task, "run": p.run, "language": p.language, "strategy": p.strategy,
@@ -252,14 +248,15 @@ def _calls(p: _Problem) -> list[ChatCall]:
             out["unrecorded"] = unrecorded
         return out
 
-    def code_and_feedback(i: int) -> tuple[str, str, list[str]]:
-        """gen_i and feedback_i as the prompts show them, plus which are stand-ins."""
+    def code_and_feedback(i: int, output: str | None = None) -> tuple[str, str, list[str]]:
+        """gen_i and feedback_i as the prompts show them, plus which are stand-ins. A gen_i equal to
+        `output` (the asking call's own output) is shown as the stand-in."""
         missing = []
-        code = impls[i] if impls is not None else None
+        code = impls[i] if i < n and impls[i] != output else None
         if code is None:
             code = t.stand_in_code(i)
             missing.append("implementation")
-        fb = feedback[i] if feedback is not None else None
+        fb = feedback[i] if i < len(feedback) else None
         if fb is None:
             fb = NOT_RECORDED_FEEDBACK.format(n=i + 1)
             missing.append("test_feedback")
@@ -268,19 +265,20 @@ def _calls(p: _Problem) -> list[ChatCall]:
     def generation(i: int, output: str) -> ChatCall | None:
         if not output.strip():
             return None
-        if i == 0:
+        if i == 0 or k == 0:
             messages, missing = t.generate(), []
         else:
-            code, fb, missing = code_and_feedback(i - 1)
-            messages = t.rewrite(code, fb, reflections[i - 1])
+            # past the loop (i > k) the previous generation is not known to be this one's parent
+            code, fb, missing = code_and_feedback(i - 1, output if i > k else None)
+            messages = t.rewrite(code, fb, reflections[min(i, k) - 1])
         return ChatCall(messages=messages, response=_fenced(fence, output), role="generator",
                         structure=structure, extra=extra(i, missing))
 
     calls: list[ChatCall | None] = []
-    for i in range(k + 1):
-        if impls is not None:
+    for i in range(max(n - 1, k) + 1):
+        if i < n:
             calls.append(generation(i, impls[i]))
-        elif i == k:
+        elif i == k and row["solution"] not in impls:
             calls.append(generation(i, row["solution"]))
         if i < k:
             code, fb, missing = code_and_feedback(i)
@@ -297,12 +295,24 @@ def _is_result_row(row: object) -> bool:
     return isinstance(row, dict) and "solution" in row and "is_solved" in row
 
 
-def _read_rows(path: Path) -> list[dict]:
+def _is_no_run_row(row: dict) -> bool:
+    """A problem listed but not run (a benchmark row): neither 'solution' nor 'is_solved'."""
+    return "solution" not in row and "is_solved" not in row
+
+
+def _check_str_list(path: Path, n: int, row: dict, key: str) -> None:
+    value = row.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConvertError(path, f"line {n}: '{key}' must be a list of strings")
+
+
+def _read_rows(path: Path) -> tuple[list[dict], int]:
+    """The file's result rows, and how many rows without a run were skipped."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
-    rows = []
+    rows, skipped = [], 0
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -310,28 +320,37 @@ def _read_rows(path: Path) -> list[dict]:
             row = strict_json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConvertError(path, f"line {n}: not JSON ({exc.msg}); expected a Reflexion log row") from None
+        if not isinstance(row, dict):
+            raise ConvertError(path, f"line {n}: not a JSON object; expected a Reflexion log row")
+        if _is_no_run_row(row):
+            skipped += 1
+            continue
         if not _is_result_row(row) or not isinstance(row.get("prompt"), str):
             raise ConvertError(path, f"line {n}: not a Reflexion log row (needs 'prompt', 'solution' and "
                                      "'is_solved')")
         if not isinstance(row["solution"], str):
             raise ConvertError(path, f"line {n}: 'solution' must be a string")
-        refl = row.get("reflections", [])
-        if not isinstance(refl, list) or not all(isinstance(r, str) for r in refl):
-            raise ConvertError(path, f"line {n}: 'reflections' must be a list of strings")
+        if not isinstance(row["is_solved"], bool):
+            raise ConvertError(path, f"line {n}: 'is_solved' must be true or false")
+        for key in ("reflections", "implementations", "test_feedback"):
+            _check_str_list(path, n, row, key)
         if not (isinstance(row.get("name"), str) or isinstance(row.get("task_id"), str)):
             raise ConvertError(path, f"line {n}: no task id ('name' or 'task_id')")
         rows.append(row)
     if not rows:
+        if skipped:
+            raise ConvertError(path, f"not a Reflexion log: no result row ({skipped} rows without 'solution' "
+                                     "and 'is_solved', e.g. a benchmark file)")
         raise ConvertError(path, "empty file; expected Reflexion log rows")
-    return rows
+    return rows, skipped
 
 
-def _first_row_is_result(path: Path) -> bool:
+def _has_result_row(path: Path) -> bool:
     try:
         with path.open(encoding="utf-8") as f:
             for line in f:
-                if line.strip():
-                    return _is_result_row(strict_json.loads(line))
+                if line.strip() and _is_result_row(strict_json.loads(line)):
+                    return True
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False
@@ -341,7 +360,7 @@ def _inputs(paths: Sequence[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
         if p.is_dir():
-            found = [f for f in sorted(p.rglob("*.jsonl")) if f.is_file() and _first_row_is_result(f)]
+            found = [f for f in sorted(p.rglob("*.jsonl")) if f.is_file() and _has_result_row(f)]
             if not found:
                 raise ConvertError(p, "no Reflexion log files (*.jsonl with 'solution' and 'is_solved' rows) here")
             files.extend(found)
@@ -381,7 +400,7 @@ def _run_labels(files: list[Path]) -> dict[Path, str]:
 def convert_reflexion(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[dict]:
     """Meta record, then the calls of every problem (one query each); rules in the module docstring."""
     files = _inputs(paths)
-    parsed = [(f, _read_rows(f)) for f in files]  # validate every file before yielding anything
+    parsed = [(f, *_read_rows(f)) for f in files]  # validate every file before yielding anything
     labels = _run_labels(files)
     models = sorted({m.group(1) for f in files if (m := _MODEL_IN_NAME.search(f.name))})
     meta: dict = {"type": "meta", "version": 1, "tokenizer": opts.tokenizer}
@@ -389,8 +408,11 @@ def convert_reflexion(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[d
         meta["model"] = ",".join(models)
     meta["workload"] = "coding"
     meta["source"] = "noahshinn/reflexion programming_runs: " + ", ".join(labels[f] for f in files)
+    skipped = sum(s for _, _, s in parsed)
+    if skipped:
+        meta["extra"] = {"skipped_rows": skipped}
     yield meta
-    for f, rows in parsed:
+    for f, rows, _ in parsed:
         strategy = _strategy(f, rows)
         solutions = [r["solution"] for r in rows if r["solution"].strip()]
         body_only = sum(s[:1] in (" ", "\t") for s in solutions) * 2 > len(solutions)
