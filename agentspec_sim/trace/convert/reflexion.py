@@ -21,11 +21,12 @@ never logged, so it is never emitted.)
 Reconstruction rules — a recorded output is never invented:
 
 1. A call is emitted only if its output is in the row: `reflections[i]` is refl_i's output,
-   `solution` is gen_k's output (omitted when empty: no program was recorded),
-   and `implementations[i]` is gen_i's output when the row has them and their count is k+1 (any
-   other count — a multi-pass log — is not a linear loop, and the row is treated as having none).
-   Without `implementations`, gen_0 … gen_k-1 happened but their text is lost, so they are left
-   out: such a query holds the k reflection calls and the final generation, in loop order.
+   `implementations[j]` (n of them) is gen_j's output, and `solution` is gen_k's output when no
+   implementation fills that slot (n <= k) and it is not one of the implementations (then it is
+   that call already). Empty outputs are dropped (no program was recorded). Without
+   `implementations`, gen_0 … gen_k-1 happened but their text is lost, so they are left out: such
+   a query holds the k reflection calls and the final generation, in loop order. The lists may
+   have any length (rule 6).
 2. A prompt part that was not recorded (gen_i as shown to refl_i and gen_i+1, and feedback_i
    unless `test_feedback` has it) is replaced by a visible stand-in, never by other recorded
    text: the implementation becomes the problem's own signature and docstring around a marker
@@ -50,6 +51,17 @@ Reconstruction rules — a recorded output is never invented:
    per rewrite; their tree links are not logged, so they are reconstructed like the linear loop
    (the reflections in logged order, then the final generation) with `extra.strategy`
    "reflexion-ucs".
+6. Lists of any length (tree-search logs in this format, e.g. LATS, log a few implementations and
+   many reflections, or more implementations than reflections + 1) are laid on the loop's slots in
+   logged order: gen_0, refl_0, gen_1, refl_1, …, refl_k-1, gen_k, then gen_k+1 … gen_n-1. A slot
+   whose output is not recorded is left out (gen_j for n <= j < k); what a call's prompt shows of
+   attempt i is implementations[i] and test_feedback[i] where the lists reach that far, else the
+   stand-ins of rule 2 (test_feedback longer than needed is ignored past the last use). The extra
+   generations past gen_k (n > k + 1) are rewrites of the previous implementation in log order
+   with the latest reflection, refl_k-1 (the plain generate prompt when k = 0); their tree links
+   are not logged, so where that previous implementation equals the call's own output it is shown
+   as the stand-in instead, and a prompt never contains its own call's output. With n = k + 1 this
+   is the linear loop; with n = 0 it is rule 1's "reflections, then the final generation".
 
 One query per problem: `agent_id` "reflexion", `query_id` "<run>/<task>" (run = the log's folder
 name), roles "generator" / "reflector"; `extra` holds task, run, language, strategy, attempt
@@ -57,8 +69,15 @@ name), roles "generator" / "reflector"; `extra` holds task, run, language, strat
 1,676 generations and 1,397 reflections (14 empty final solutions dropped); no row there has
 `implementations`, so every reflection and every rewrite prompt carries stand-ins.
 
-Input: Reflexion log files, or folders searched for `*.jsonl` (there, files whose first row is not
-a Reflexion result row, such as `benchmarks/*.jsonl`, are skipped).
+Input: Reflexion log files, or folders searched for `*.jsonl` (there, files without a Reflexion
+result row, such as `benchmarks/*.jsonl`, are skipped). A row with neither `solution` nor
+`is_solved` is a problem that was listed but not run (logs that copy every benchmark problem but
+ran only some): it is skipped and counted, and the total is the meta line's `extra.skipped_rows`
+(present only when some were skipped). Any other defect fails with one line naming the file and
+line: a row that is not JSON or not an object, one with only one of `solution` / `is_solved` or no
+`prompt`, a field present with the wrong type (`solution`, `prompt` strings; `is_solved` a
+boolean; `reflections`, `implementations`, `test_feedback` lists of strings), no task id; and a
+file with no result row at all is an error too.
 """
 
 from __future__ import annotations
