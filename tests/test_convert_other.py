@@ -175,6 +175,114 @@ def test_reflexion_folder_skips_benchmark_files(tmp_path: Path) -> None:
     assert {r["query_id"].split("/")[0] for r in calls} == {"run_a"}
 
 
+def impl(body: str) -> str:
+    return PY_PROMPT + f"    {body}"
+
+
+def one_query(tmp_path: Path, row: dict, name: str = "run_py") -> list[dict]:
+    return check_records(convert("reflexion", [write_jsonl(tmp_path / name / "log.jsonl", [row])]))
+
+
+def test_reflexion_skips_and_counts_rows_without_a_run(tmp_path: Path) -> None:
+    no_run = [{"name": f"mbpp_{i}_x", "prompt": PY_PROMPT, "entry_point": "x"} for i in (7, 8, 9)]
+    mixed = [no_run[0], *reflexion_rows()[:2], no_run[1], reflexion_rows()[2], no_run[2]]
+    records = convert("reflexion", [write_jsonl(tmp_path / "mixed" / "log.jsonl", mixed)])
+    plain = convert("reflexion", [write_jsonl(tmp_path / "plain" / "mixed" / "log.jsonl", reflexion_rows())])
+    assert records[0]["extra"] == {"skipped_rows": 3} and "extra" not in plain[0]
+    assert records[1:] == plain[1:]  # the result rows' calls are unchanged
+    assert loads(records).meta.extra == {"skipped_rows": 3}
+    # the count adds up over files; a folder finds a log whose first row has no run
+    write_jsonl(tmp_path / "root" / "b" / "log.jsonl", [no_run[0], reflexion_rows()[0]])
+    write_jsonl(tmp_path / "root" / "a" / "log.jsonl", mixed)
+    write_jsonl(tmp_path / "root" / "benchmarks" / "mbpp-py.jsonl", no_run)
+    both = convert("reflexion", [tmp_path / "root"])
+    assert both[0]["extra"] == {"skipped_rows": 4}
+    assert len(check_records(both)) == len(check_records(plain)) + 1  # run a's calls, then b's one
+    # a file of rows without a run is still an error, naming it
+    bench = write_jsonl(tmp_path / "bench.jsonl", no_run)
+    with pytest.raises(ConvertError, match=r"bench\.jsonl: not a Reflexion log: no result row \(3 rows"):
+        convert("reflexion", [bench])
+
+
+def test_reflexion_implementations_longer_than_the_loop(tmp_path: Path) -> None:
+    impls = [impl("return a - b"), impl("return a + b + 0"), impl("return b + a"), impl("return b + a")]
+    row = {"name": "t", "prompt": PY_PROMPT, "solution": impls[2], "is_solved": True,
+           "reflections": ["It subtracts."], "implementations": impls,
+           "test_feedback": ["fb one", "fb two", "fb three", "fb four"]}
+    calls = one_query(tmp_path, row)
+    assert [r["role"] for r in calls] == ["generator", "reflector", "generator", "generator", "generator"]
+    assert [r["extra"]["attempt"] for r in calls] == [0, 0, 1, 2, 3]
+    gens = [r for r in calls if r["role"] == "generator"]
+    assert [r["output"] for r in gens] == [f"```python\n{c}\n```{EOT}" for c in impls]
+    # past the loop: the previous implementation and its feedback, with the latest reflection
+    assert "return a + b + 0" in all_text(gens[2]) and "fb two" in all_text(gens[2])
+    assert "It subtracts." in all_text(gens[2]) and "unrecorded" not in gens[2]["extra"]
+    # never the call's own output in its prompt: an identical previous implementation is a stand-in
+    assert "return b + a" not in all_text(gens[3]) and NOT_RECORDED_CODE.format(n=3) in all_text(gens[3])
+    assert gens[3]["extra"]["unrecorded"] == ["implementation"] and "fb three" in all_text(gens[3])
+    # no reflection at all: every generation gets the plain prompt
+    calls = one_query(tmp_path, {**row, "reflections": [], "implementations": impls[:2]}, "no_refl")
+    assert [r["role"] for r in calls] == ["generator", "generator"]
+    assert calls[0]["messages"] == calls[1]["messages"]
+
+
+def test_reflexion_implementations_shorter_than_the_loop(tmp_path: Path) -> None:
+    refl = ["R one.", "R two.", "R three."]
+    row = {"name": "t", "prompt": PY_PROMPT, "solution": impl("return a + b"), "is_solved": True,
+           "reflections": refl, "implementations": [impl("return a - b")], "test_feedback": ["fb one"]}
+    calls = one_query(tmp_path, row)
+    assert [r["role"] for r in calls] == ["generator", "reflector", "reflector", "reflector", "generator"]
+    assert [r["extra"]["attempt"] for r in calls] == [0, 0, 1, 2, 3]
+    assert "return a - b" in all_text(calls[1]) and "fb one" in all_text(calls[1])
+    assert "unrecorded" not in calls[1]["extra"]
+    assert calls[2]["extra"]["unrecorded"] == ["implementation", "test_feedback"]
+    assert calls[-1]["output"] == f"```python\n{impl('return a + b')}\n```{EOT}"
+    assert "return a + b" not in all_text(calls[-1]) and "R three." in all_text(calls[-1])
+    # the solution is one of the implementations (a tree search's best): no second call for it
+    two = [impl("return a - b"), impl("return a + b")]
+    calls = one_query(tmp_path, {**row, "implementations": two, "solution": two[0]}, "best_first")
+    assert [r["role"] for r in calls] == ["generator", "reflector", "generator", "reflector", "reflector"]
+    assert "return a - b" in all_text(calls[2]) and "R one." in all_text(calls[2])
+
+
+def test_reflexion_test_feedback_shorter_or_longer(tmp_path: Path) -> None:
+    impls = [impl("return a - b"), impl("return a * b"), impl("return a + b")]
+    row = {"name": "t", "prompt": PY_PROMPT, "solution": impls[-1], "is_solved": True,
+           "reflections": ["R one.", "R two."], "implementations": impls, "test_feedback": ["fb one"]}
+    calls = one_query(tmp_path, row, "short")
+    assert [r["role"] for r in calls] == ["generator", "reflector", "generator", "reflector", "generator"]
+    assert "fb one" in all_text(calls[1]) and "unrecorded" not in calls[1]["extra"]
+    assert calls[3]["extra"]["unrecorded"] == ["test_feedback"]
+    assert NOT_RECORDED_FEEDBACK.format(n=2) in all_text(calls[3]) and "return a * b" in all_text(calls[3])
+    full = one_query(tmp_path, {**row, "test_feedback": ["fb one", "fb two", "fb three"]}, "exact")
+    longer = one_query(tmp_path, {**row, "test_feedback": ["fb one", "fb two", "fb three", "x", "y"]}, "exact")
+    assert longer == full and all("unrecorded" not in r["extra"] for r in full)
+    assert "fb two" in all_text(full[3]) and "fb two" in all_text(full[4])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"implementations": "def add(): pass"}, "'implementations' must be a list of strings"),
+    ({"test_feedback": ["ok", 3]}, "'test_feedback' must be a list of strings"),
+    ({"reflections": None}, "'reflections' must be a list of strings"),
+    ({"is_solved": "yes"}, "'is_solved' must be true or false"),
+    ({"solution": None}, "'solution' must be a string"),
+    ({"prompt": 3}, "not a Reflexion log row"),
+    ({"is_solved": None}, "not a Reflexion log row"),  # None: the field is removed (only 'solution' left)
+])
+def test_reflexion_bad_types_are_one_line_errors(tmp_path: Path, change: dict, message: str) -> None:
+    bad = {key: value for key, value in {**reflexion_rows()[1], **change}.items()
+           if not (key == "is_solved" and value is None)}
+    rows = [{"name": "x", "prompt": PY_PROMPT}, reflexion_rows()[0], bad]
+    f = write_jsonl(tmp_path / "run" / "log.jsonl", rows)
+    with pytest.raises(ConvertError) as err:
+        convert("reflexion", [f])
+    assert str(err.value).startswith(f"{f}: line 3: {message}")
+    assert "\n" not in str(err.value)
+    f.write_text(json.dumps(reflexion_rows()[0]) + "\n[1, 2]\n")
+    with pytest.raises(ConvertError, match=r"log\.jsonl: line 2: not a JSON object"):
+        convert("reflexion", [f])
+
+
 # ---------------------------------------------------------------------------------------------
 # TapeAgents
 

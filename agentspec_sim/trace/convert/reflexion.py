@@ -23,7 +23,7 @@ Reconstruction rules — a recorded output is never invented:
 1. A call is emitted only if its output is in the row: `reflections[i]` is refl_i's output,
    `implementations[j]` (n of them) is gen_j's output, and `solution` is gen_k's output when no
    implementation fills that slot (n <= k) and it is not one of the implementations (then it is
-   that call already). Empty outputs are dropped (no program was recorded). Without
+   that call already). Empty generations are dropped (no program was recorded). Without
    `implementations`, gen_0 … gen_k-1 happened but their text is lost, so they are left out: such
    a query holds the k reflection calls and the final generation, in loop order. The lists may
    have any length (rule 6).
