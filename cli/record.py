@@ -31,6 +31,7 @@ def record(
     import importlib.util
     from dataclasses import replace
 
+    from agentspec_sim.cli.validate import vllm_engine_args
     from agentspec_sim.trace.io import load_trace, write_trace
     from agentspec_sim.validation.vllm_runner import methods, workload_with_outputs
     from agentspec_sim.validation.vllm_worker import VllmRunError, WorkerRequest, run_in_subprocess
@@ -45,11 +46,7 @@ def record(
         raise UsageError("record needs vLLM and model weights: pip install 'agentspec-sim[vllm]' (vllm==0.33.0)")
     if queries is not None:
         workload = replace(workload, queries=workload.queries[:queries])
-    llm_kwargs = {"enforce_eager": True} if enforce_eager else {}
-    if max_model_len is not None:
-        if max_model_len < 1:
-            raise UsageError(f"--max-model-len must be ≥ 1, got {max_model_len}")
-        llm_kwargs["max_model_len"] = max_model_len
+    llm_kwargs = vllm_engine_args(None, None, max_model_len, None, enforce_eager, enable_prefix_caching=True)
     # The step clock: a query's next call follows its think time in engine steps, so recording never sleeps.
     request = WorkerRequest(model, methods()["normal"], workload, max_num_seqs, "steps", llm_kwargs)
     try:

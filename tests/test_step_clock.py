@@ -16,6 +16,7 @@ from agentspec_sim.validation.vllm_schedule import (
     EngineStep,
     ScheduledCall,
     ScheduleRecorder,
+    call_steps,
     compare_schedules,
     sim_engine_steps,
 )
@@ -85,7 +86,7 @@ def test_call_steps_are_the_calibrate_cost_columns():
     rec = ScheduleRecorder([_vllm_step(0, [("a", 0, 8, [])]), _vllm_step(1, [("a", 8, 3, [4, 5])])])
     rec.steps[0].calls[0] = replace(rec.steps[0].calls[0], phase="prefill")
     rec.steps[0].seconds, rec.steps[1].seconds = 0.5, 0.25
-    rows = rec.call_steps()
+    rows = call_steps(rec.steps)
     assert [(r["step"], r["phase"], r["context_len"], r["scheduled_tokens"], r["drafted"], r["step_time_s"])
             for r in rows] == [(0, "prefill", 0, 8, 0, 0.5), (1, "decode", 8, 3, 2, 0.25)]
     rec.rename(lambda rid: rid.upper())

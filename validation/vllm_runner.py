@@ -43,6 +43,7 @@ from agentspec_sim.validation.vllm_schedule import (
     EngineNotReachable,
     EngineStep,
     ScheduleRecorder,
+    call_steps,
     compare_schedules,
     sim_engine_steps,
 )
@@ -150,16 +151,18 @@ def engine_limits(llm: Any) -> dict[str, Any]:
     included, as ours), max_model_len (model_config). Values the engine does not report are left out."""
     cfg = _vllm_config(llm)
     sched, cache, model = (getattr(cfg, name, None) for name in ("scheduler_config", "cache_config", "model_config"))
-    found = {
+    counts = {
         "max_num_seqs": getattr(sched, "max_num_seqs", None),
         "max_num_batched_tokens": getattr(sched, "max_num_batched_tokens", None),
         "block_size": getattr(cache, "block_size", None),
         "num_kv_blocks": getattr(cache, "num_gpu_blocks", None),
         "max_model_len": getattr(model, "max_model_len", None),
-        "enable_prefix_caching": getattr(cache, "enable_prefix_caching", None),
     }
-    return {k: (bool(v) if k == "enable_prefix_caching" else int(v)) for k, v in found.items()
-            if v is not None and not (k != "enable_prefix_caching" and not v)}
+    limits: dict[str, Any] = {k: int(v) for k, v in counts.items() if v}  # 0 or None: not reported
+    caching = getattr(cache, "enable_prefix_caching", None)
+    if caching is not None:
+        limits["enable_prefix_caching"] = bool(caching)
+    return limits
 
 
 def async_scheduling(llm: Any) -> bool | None:
@@ -247,7 +250,6 @@ class VllmRun:
     counters: dict[str, int]
     accepted_per_pos: list[int]
     clock: ClockName = "wall"
-    elapsed: float = float("nan")  # on the run's clock: seconds (wall) or steps
     steps: list[EngineStep] | None = None  # vLLM's schedule (None: the engine core was not reachable)
     runner: Runner | None = None
     limits: dict[str, Any] = field(default_factory=dict)
@@ -258,7 +260,7 @@ class VllmRun:
 
     def call_steps(self) -> list[dict[str, Any]]:
         """vLLM's per-call-step log (`ScheduleRecorder.call_steps`); empty without a recorded schedule."""
-        return [] if self.steps is None else ScheduleRecorder(self.steps).call_steps()
+        return [] if self.steps is None else call_steps(self.steps)
 
     @property
     def output_tokens(self) -> int:
@@ -325,7 +327,8 @@ def run_vllm(workload: Workload, llm: Any, method: str, *, clock: ClockName | Cl
              think_time: float | None = None, progress: Callable[[int, int], None] | None = None) -> VllmRun:
     """Serve every call of `workload` through `llm.llm_engine` (see the module docstring).
 
-    `clock`: "wall", "steps" (needs the schedule recorder: an in-process engine core) or a `Clock`.
+    `clock`: "wall", "steps" (engine steps as the recorder counts them; where vLLM's scheduler is out of
+    reach, the calls to `LLMEngine.step`) or a `Clock`.
     """
     from vllm import SamplingParams
 
@@ -390,7 +393,7 @@ def run_vllm(workload: Workload, llm: Any, method: str, *, clock: ClockName | Cl
     counters, per_pos = _diff(read_counters(llm.get_metrics()), before)
     if recorder is not None:
         recorder.rename(functools.partial(_external_id, by_id))
-    return VllmRun(method, wall, records, counters, per_pos, clock=name, elapsed=ticker.now(),
+    return VllmRun(method, wall, records, counters, per_pos, clock=name,
                    steps=None if recorder is None else recorder.steps, runner=built_runner(llm),
                    limits=engine_limits(llm), async_scheduling=async_scheduling(llm),
                    vocab_size=model_vocab_size(llm), device=_device())
@@ -487,8 +490,7 @@ def sim_config_for(run: VllmRun, config: Any) -> Any:
     return dataclasses.replace(config, **run.limits)
 
 
-def compare(workload: Workload, run: VllmRun, method: Method, config: Any, *, hardware_label: str | None = None
-            ) -> Comparison:
+def compare(workload: Workload, run: VllmRun, method: Method, config: Any) -> Comparison:
     """Simulate `workload` (with vLLM's outputs) under `method`'s drafter on `config` with the engine's own
     limits (and on the step clock when vLLM ran on it); line the two up."""
     from agentspec_sim.engine.run import simulate
@@ -541,15 +543,13 @@ def compare(workload: Workload, run: VllmRun, method: Method, config: Any, *, ha
         preemptions_sim=int(result.num_preemptions),
         acceptance_length={"vllm": measured["mean_acceptance_length"], "sim": simulated["mean_acceptance_length"]},
         rejection_rate_tokens={"vllm": measured["rejection_rate_tokens"], "sim": simulated["rejection_rate_tokens"]},
-        goodput=goodput_comparison(run, summary.goodput_tok_s, result.engine_steps.height, config.hardware,
-                                   hardware_label),
+        goodput=goodput_comparison(run, summary.goodput_tok_s, result.engine_steps.height, config.hardware),
         engine_limits=dict(run.limits), async_scheduling=run.async_scheduling, measured=measured,
         simulated=simulated, first_schedule_difference=None if schedule is None else schedule.first_difference,
         call_mismatches=mismatches)
 
 
-def goodput_comparison(run: VllmRun, sim_goodput: float, sim_steps: int, hardware: str,
-                       hardware_label: str | None = None) -> dict[str, Any]:
+def goodput_comparison(run: VllmRun, sim_goodput: float, sim_steps: int, hardware: str) -> dict[str, Any]:
     """Goodput measured vs simulated, only where the two clocks measure the same thing: on the step clock
     (output tokens per engine step on both sides) or on the wall clock when the simulation priced the GPU
     vLLM ran on. Otherwise the measured figure alone, and why."""
@@ -564,7 +564,7 @@ def goodput_comparison(run: VllmRun, sim_goodput: float, sim_steps: int, hardwar
         from agentspec_sim.validation.hardware_probe import bundled_profile_for
 
         profile = bundled_profile_for(ran_on)
-    same = profile is not None and profile == (hardware_label or hardware)
+    same = profile is not None and profile == hardware
     out: dict[str, Any] = {"unit": "tokens per second", "vllm": run.goodput_tok_s, "vllm_device": ran_on,
                            "sim_hardware": hardware, "comparable": same}
     if same:

@@ -134,12 +134,14 @@ class ScheduleRecorder:
             step.calls = [dataclasses.replace(c, call_id=external(c.call_id)) for c in step.calls]
             step.preempted = [external(r) for r in step.preempted]
 
-    def call_steps(self) -> list[dict[str, Any]]:
-        """One row per call per step in the step-log columns `calibrate cost` reads (`step`, `phase`,
-        `context_len`, `scheduled_tokens`, `step_time_s`: the whole engine step's wall time)."""
-        return [{"step": s.index, "call_id": c.call_id, "phase": c.phase, "context_len": c.computed,
-                 "scheduled_tokens": c.scheduled, "drafted": len(c.draft), "step_time_s": s.seconds}
-                for s in self.steps for c in s.calls]
+
+
+def call_steps(steps: Sequence[EngineStep]) -> list[dict[str, Any]]:
+    """One row per call per step in the step-log columns `calibrate cost` reads (`step`, `phase`,
+    `context_len`, `scheduled_tokens`, `step_time_s`: the whole engine step's wall time)."""
+    return [{"step": s.index, "call_id": c.call_id, "phase": c.phase, "context_len": c.computed,
+             "scheduled_tokens": c.scheduled, "drafted": len(c.draft), "step_time_s": s.seconds}
+            for s in steps for c in s.calls]
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,6 @@ class ScheduleComparison:
     preemptions_vllm: int
     preemptions_sim: int
     first_difference: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def sim_engine_steps(steps_frame: Any, preemption_events: Any) -> list[tuple]:

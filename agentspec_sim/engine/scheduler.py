@@ -1484,7 +1484,7 @@ class Scheduler:
             inline: InlineDrafts | None = None, history: InlineHistory | None = None,
             suffix: InlineSuffix | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers)."""
-        if self.pb.par[0] and self.pb.seen.shape[0] < self.table.capacity:
+        if self.pb.par[0]:
             self.pb = self.pb.grown(self.table.capacity)
         steps, why = self._run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log,
                                      self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len, max_steps,
