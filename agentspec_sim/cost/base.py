@@ -87,7 +87,11 @@ class BatchShape:
 class StepCost:
     """What one forward pass costs, in seconds, and where the time goes.
 
-    total_s = linear_s + attention_s + overhead_s + communication_s, and total_s > 0.
+    total_s = linear_s + attention_s + overhead_s + communication_s + moe_s, and total_s > 0.
+    linear_s holds the dense layers' GEMMs (the weights streamed for every token: attention projections,
+    dense MLP, router, LM head); moe_s the routed experts where the model prices them on their own
+    (`Calibration.moe_memory_efficiency`), else 0 and the experts are part of linear_s; overhead_s the
+    GPU's small kernels (norms, activations) and the host's per-step and per-call work.
     """
 
     total_s: float
@@ -95,6 +99,7 @@ class StepCost:
     attention_s: float
     overhead_s: float
     communication_s: float
+    moe_s: float = 0.0
 
 
 @runtime_checkable

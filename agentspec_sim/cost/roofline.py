@@ -11,7 +11,11 @@ Per step with T tokens over n calls (docs/cost-model.md has the derivation and t
              t_att = Σ_i max(bytes_i / (BW·η_att), flops_i / (F·η_att_cmp))
   tp > 1     weights and FLOPs split over ranks, plus 2 all-reduces per layer of T·hidden BF16
              values: 2·(tp − 1)/tp · T·hidden·2 bytes / (link BW·η_link) + latency each
-  overhead   fixed per step + per layer (small-kernel latency floor) + per call
+  overhead   fixed per step + per layer (small-kernel latency floor) + per call, and per token per layer
+             (the norms' and activations' traffic)
+  floors     optional, from a kernel-table calibration (docs/cost-model.md, "Grounded in measured
+             kernels"): an attention kernel floor per layer and per call per layer; routed experts priced
+             on their own with their own efficiencies and a per-layer floor (the MoE kernel's)
 
 The p-norm is why the transition is smooth: max(a, b) (p = ∞) under-predicts a step whose memory
 and compute times are close, where neither fully hides the other; p = 1 (a plain sum) is the
@@ -68,6 +72,15 @@ class Calibration:
     draft_pass_overhead_s: float = 150e-6
     interconnect_efficiency: float = 0.70
     allreduce_latency_s: float = 10e-6
+    attention_layer_floor_s: float = 0.0
+    attention_call_layer_s: float = 0.0
+    prefill_attention_layer_floor_s: float = 0.0
+    layer_token_overhead_s: float = 0.0
+    moe_memory_efficiency: float | None = None
+    moe_compute_efficiency: float | None = None
+    moe_layer_floor_s: float = 0.0
+    moe_combine_p: float | None = None
+    moe_routing_spread: float = 1.0
     ridge_tokens: float | None = None
     source: str = "defaults"
 
@@ -116,6 +129,37 @@ class Calibration:
         "allreduce_latency_s": (
             "latency of one small all-reduce on NVLink (vLLM custom all-reduce: a few µs; NCCL: "
             "10-20 µs); estimate"),
+        "attention_layer_floor_s": (
+            "attention kernel time per layer per step that does not shrink with the KV read (launch and "
+            "split-KV reduction of the decode kernel; ~13 µs a layer at batch 1 in AIConfigurator's measured "
+            "vLLM tables); 0 in the defaults, where layer_overhead_s covers it"),
+        "attention_call_layer_s": (
+            "attention kernel time per call per layer beyond its KV read (per-sequence work of the "
+            "paged kernel); 0 in the defaults, fitted from measured kernel tables"),
+        "prefill_attention_layer_floor_s": (
+            "attention time per layer of a step that holds prefill chunks, beyond the decode floor: the "
+            "prefill path's own kernels (QK-norm, RoPE, KV-cache write, the varlen kernel's launch); "
+            "~40 µs a layer in AIConfigurator's vLLM prices; 0 in the defaults"),
+        "layer_token_overhead_s": (
+            "per token per layer: the norms', activation's and residual adds' memory traffic, which "
+            "grows with the step's tokens; 0 in the defaults, fitted from measured kernel tables"),
+        "moe_memory_efficiency": (
+            "None: routed experts share the dense layers' p-norm and efficiencies; a number prices them "
+            "on their own, streaming the experts touched at this fraction of HBM bandwidth (grouped "
+            "W4A16/BF16 MoE kernels reach far less than a dense GEMM at few tokens per expert)"),
+        "moe_compute_efficiency": (
+            "fraction of BF16 peak the routed experts' FLOPs reach when priced on their own (None: "
+            "compute_efficiency)"),
+        "moe_layer_floor_s": (
+            "fixed MoE kernel time per MoE layer per step (routing, permutation, grouped-GEMM launch); "
+            "used only when experts are priced on their own"),
+        "moe_combine_p": (
+            "p of the p-norm joining the routed experts' streaming and FLOP times when priced on their own "
+            "(None: combine_p)"),
+        "moe_routing_spread": (
+            "how fast a step's tokens spread over the experts: E·(1 − (1 − k/E)^(spread·T)) experts touched; "
+            "1 is uniform independent routing, below 1 a skewed router (fewer experts touched at small T); "
+            "used only when experts are priced on their own"),
         "ridge_tokens": (
             "None: AI is computed from the hardware's spec sheet (peak FLOP/s ÷ bandwidth) and the "
             "model; a number overrides it (e.g. 256, the value the AgentSpec paper quotes for A100)"),
@@ -128,16 +172,17 @@ class Calibration:
                 if not isinstance(value, str):
                     raise ValueError("Calibration.source: expected a string")
                 continue
-            if f.name == "ridge_tokens" and value is None:
+            if value is None and f.name in ("ridge_tokens", "moe_memory_efficiency", "moe_compute_efficiency",
+                                             "moe_combine_p"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ValueError(f"Calibration.{f.name}: expected a finite number, got {value!r}")
             if f.name.endswith("_s"):
                 if value < 0:
                     raise ValueError(f"Calibration.{f.name}: a time cannot be negative ({value})")
-            elif f.name == "combine_p":
+            elif f.name in ("combine_p", "moe_combine_p"):
                 if value < 1:
-                    raise ValueError(f"Calibration.combine_p: must be ≥ 1 (1 = sum), got {value}")
+                    raise ValueError(f"Calibration.{f.name}: must be ≥ 1 (1 = sum), got {value}")
             elif value <= 0:
                 raise ValueError(f"Calibration.{f.name}: must be > 0, got {value}")
 
@@ -338,10 +383,13 @@ class RooflineCostModel:
     """
 
     __slots__ = (
-        "_attn_cmp_full", "_attn_cmp_slide", "_attn_mem_full", "_attn_mem_slide", "_calc_ridge",
-        "_check", "_comm_fixed", "_comm_token", "_decode_linear", "_default_draft", "_dense_bytes", "_drafts",
-        "_flops_logit", "_flops_token", "_inv_attn_bw", "_inv_bw", "_inv_flops", "_linear_memo", "_moe_bytes",
-        "_moe_miss", "_overhead_fixed", "_p", "_per_call", "_q_mem_bound", "_window",
+        "_attn_cmp_full", "_attn_cmp_slide", "_attn_fixed", "_attn_mem_full", "_attn_mem_slide", "_attn_per_call",
+        "_attn_prefill",
+        "_calc_ridge", "_check", "_comm_fixed", "_comm_token", "_decode_linear", "_default_draft", "_dense_bytes",
+        "_drafts", "_flops_logit", "_flops_token", "_inv_attn_bw", "_inv_bw", "_inv_flops", "_inv_moe_bw",
+        "_inv_moe_flops", "_linear_memo", "_moe_bytes", "_moe_fixed", "_moe_flops_token", "_moe_miss",
+        "_moe_miss_spread", "_moe_p",
+        "_overhead_fixed", "_p", "_per_call", "_q_mem_bound", "_token_overhead", "_window",
         "calibration", "hardware", "kv_dtype_bytes", "model", "tensor_parallel_size",
     )
 
@@ -369,6 +417,20 @@ class RooflineCostModel:
         self._inv_bw = 1.0 / (hw.hbm_bandwidth * cal.memory_efficiency)
         self._inv_flops = 1.0 / (hw.peak_flops_bf16 * cal.compute_efficiency)
         self._p = float(cal.combine_p)
+        # Routed experts on their own (a kernel-table calibration sets their efficiencies): the dense
+        # p-norm then covers dense bytes and FLOPs only, and the experts add theirs with their own floor.
+        separate_moe = m.is_moe and (cal.moe_memory_efficiency is not None or cal.moe_compute_efficiency
+                                     is not None or cal.moe_layer_floor_s > 0)
+        if separate_moe:
+            self._moe_flops_token = 2.0 * m.num_moe_layers * m.experts_per_token * m.expert_params() / tp
+            self._inv_moe_bw = 1.0 / (hw.hbm_bandwidth * (cal.moe_memory_efficiency or cal.memory_efficiency))
+            self._inv_moe_flops = 1.0 / (hw.peak_flops_bf16 * (cal.moe_compute_efficiency or cal.compute_efficiency))
+            self._moe_fixed = m.num_moe_layers * cal.moe_layer_floor_s
+            self._moe_miss_spread = self._moe_miss ** cal.moe_routing_spread
+            self._moe_p = float(cal.moe_combine_p or cal.combine_p)
+        else:
+            self._moe_flops_token = self._inv_moe_bw = self._inv_moe_flops = self._moe_fixed = 0.0
+            self._moe_miss_spread, self._moe_p = self._moe_miss, self._p
 
         # Attention, per GPU: seconds per KV token read and per (query, key) pair, summed over layers.
         per_layer_kv = m.kv_bytes_per_token_per_layer(kv_dtype_bytes, tp)
@@ -398,6 +460,10 @@ class RooflineCostModel:
 
         self._overhead_fixed = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s
         self._per_call = cal.per_call_overhead_s
+        self._token_overhead = m.num_layers * cal.layer_token_overhead_s
+        self._attn_fixed = m.num_layers * cal.attention_layer_floor_s
+        self._attn_per_call = m.num_layers * cal.attention_call_layer_s
+        self._attn_prefill = m.num_layers * cal.prefill_attention_layer_floor_s
 
         drafts: dict[str, _DraftConsts] = {}
         for kind, spec in (("eagle3", m.eagle3 or default_eagle3(m)), ("mtp", m.mtp)):
@@ -446,19 +512,39 @@ class RooflineCostModel:
             attention += (sum_cw + tokens) * self._attn_mem_slide
         if n_heavy:
             attention += float(_sum(terms[:n_heavy])) if n_heavy > _SCALAR_EXCESS_MAX else excess
+        if self._attn_fixed or self._attn_per_call:
+            attention += self._attn_fixed + self._attn_per_call * n
+        if n_prefill and self._attn_prefill:
+            attention += self._attn_prefill
 
         communication = self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
         overhead = self._overhead_fixed + self._per_call * n
+        if self._token_overhead:
+            overhead += self._token_overhead * tokens
         total = linear + attention + overhead + communication
+        if self._moe_fixed or self._inv_moe_bw:
+            moe = self._moe_s(tokens)
+            return StepCost(total, linear - moe, attention, overhead, communication, moe)
         return StepCost(total, linear, attention, overhead, communication)
 
     def _linear_s(self, tokens: int, logit_rows: int) -> float:
-        """The linear layers' time for `tokens` tokens of which `logit_rows` need logits (Python ints)."""
+        """The linear layers' time for `tokens` tokens of which `logit_rows` need logits (Python ints), routed
+        experts included."""
         weight_bytes = self._dense_bytes
+        flops = self._flops_token * tokens + self._flops_logit * logit_rows
+        if self._inv_moe_bw:  # experts on their own
+            flops -= self._moe_flops_token * tokens
+            return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p) + self._moe_s(tokens)
         if self._moe_bytes:
             weight_bytes += self._moe_bytes * (1.0 - self._moe_miss**tokens)
-        flops = self._flops_token * tokens + self._flops_logit * logit_rows
         return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p)
+
+    def _moe_s(self, tokens: int) -> float:
+        """The routed experts' time when priced on their own: the experts `tokens` tokens touch under uniform
+        routing, streamed, p-normed with their FLOPs, plus the MoE kernels' floor."""
+        touched = self._moe_bytes * (1.0 - self._moe_miss_spread**tokens)
+        return self._moe_fixed + _pnorm(touched * self._inv_moe_bw, self._moe_flops_token * tokens
+                                        * self._inv_moe_flops, self._moe_p)
 
     def step_times(self, query_lens: np.ndarray, context_lens: np.ndarray, is_prefill: np.ndarray,
                    offsets: np.ndarray) -> np.ndarray:
@@ -489,9 +575,15 @@ class RooflineCostModel:
             for k in many.nonzero()[0].tolist():
                 lo, hi = int(offsets[k]), int(offsets[k + 1])
                 attention[k] += self._compute_excess(q[lo:hi].astype(np.int64), c[lo:hi].astype(np.int64))
+        if self._attn_fixed or self._attn_per_call:
+            attention += self._attn_fixed + self._attn_per_call * n
+        if self._attn_prefill:
+            attention += np.where(np.logical_or.reduceat(pf, offsets[:-1]), self._attn_prefill, 0.0)
         linear = self._linear_of(tokens, logit_rows)
         communication = self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
         overhead = self._overhead_fixed + self._per_call * n
+        if self._token_overhead:
+            overhead += self._token_overhead * tokens
         return linear + attention + overhead + communication
 
     def _linear_of(self, tokens: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
