@@ -29,6 +29,7 @@ def _register() -> None:
         calibrate,
         check,
         convert,
+        cost,
         inspect,
         plan,
         record,

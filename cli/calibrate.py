@@ -1,4 +1,5 @@
-"""`agentspec-sim calibrate …`: fit model parameters from measurements (`calibrate acceptance`, `calibrate cost`)."""
+"""`agentspec-sim calibrate …`: fit model parameters from measurements (`calibrate acceptance`, `calibrate cost`,
+`calibrate aic`)."""
 
 from __future__ import annotations
 
@@ -187,3 +188,48 @@ def _render_cost(fit, output: Path) -> None:
     console.print("; ".join(f"{name} {getattr(fit.start, name):.4g} → {getattr(fit.calibration, name):.4g}"
                             for name in fit.fitted))
     console.print(f"wrote {output}")
+
+
+@calibrate_app.command("aic")
+def aic(
+    hardware: str | None = typer.Option(None, "--hardware", help="Hardware profile id (a100-80g, h100-80g, h200)."),
+    model: str | None = typer.Option(None, "--model", help="Model profile id."),
+    all_pairs: bool = typer.Option(False, "--all", help="Every pair AIConfigurator covers (what is bundled)."),
+    out_dir: Path = typer.Option(..., "--out-dir", help="Folder for the calibration files (<hardware>--<model>.json; "
+                                 "the bundled ones: agentspec_sim/cost/profiles/calibrations).", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print each fit's error report as JSON."),
+) -> None:
+    """Fit the cost model to NVIDIA AIConfigurator's measured vLLM kernel tables (extra `aic`): price a grid of
+    decode, verify, prefill and mixed steps, fit part by part, report the held-out error."""
+    from agentspec_sim.cost.aic import AicUnavailable, covered_pairs
+    from agentspec_sim.cost.aic_calibration import bundled_path, fit_to_aic, write_fit
+    from agentspec_sim.cost.profiles import ProfileError, load_hardware, load_model
+
+    if all_pairs == (hardware is not None or model is not None):
+        raise UsageError("give either --all or --hardware and --model")
+    try:
+        pairs = covered_pairs() if all_pairs else [(load_hardware(hardware or "").id, load_model(model or "").id)]
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    check_outputs(Output("--out-dir", out_dir, folder=True, names=tuple(bundled_path(h, m, Path()).name
+                                                                        for h, m in pairs)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    table = Table(title="calibrate aic: held-out |step time / AIConfigurator − 1|")
+    for col in ("hardware", "model", "shapes", "before median", "before max", "after median", "after max"):
+        table.add_column(col, justify="left" if col in ("hardware", "model") else "right")
+    reports = []
+    for h, m in pairs:
+        try:
+            fit = fit_to_aic(h, m)
+        except AicUnavailable as exc:
+            raise UsageError(str(exc)) from None
+        path = write_fit(fit, out_dir)
+        reports.append({"output": str(path), "hardware": h, "model": m, **fit.record()["fit"]})
+        table.add_row(h, m, str(len(fit.held_idx)), f"{fit.before.median:.1%}", f"{fit.before.max:.1%}",
+                      f"{fit.after.median:.1%}", f"{fit.after.max:.1%}")
+    if as_json:
+        typer.echo(json.dumps({"fits": reports}, indent=2))
+        return
+    console.print(table)
+    console.print(f"wrote {len(pairs)} file(s) to {escape(str(out_dir))}")

@@ -113,7 +113,8 @@ def replay(
             raise
         raise UsageError(str(exc)) from None
 
-    document = {"trace": str(path), "config": _config_dict(config), "runs": [_run_dict(r, s) for r, s in runs]}
+    document = {"trace": str(path), "config": _config_dict(config), "cost_model": _cost_note(config),
+                "runs": [_run_dict(r, s) for r, s in runs]}
     if steps is not None:
         _write_steps(steps, [r for r, _ in runs])
     if output is not None:
@@ -123,7 +124,16 @@ def replay(
     if as_json:
         typer.echo(json.dumps(document, indent=2))
         return
-    _render(path, runs, burst_note(workload, config))
+    _render(path, runs, burst_note(workload, config), document["cost_model"])
+
+
+def _cost_note(config) -> str:
+    """What the run's step costs rest on (a bundled measured-kernel calibration, a file, or the defaults)."""
+    from agentspec_sim.cost import build_cost_model
+    from agentspec_sim.cost.profiles import calibration_note
+
+    return calibration_note(build_cost_model(config.hardware, config.model, config.tensor_parallel_size,
+                                             config.calibration))
 
 
 def _check_options(seed: int, rate: float | None, think_time: float | None) -> None:
@@ -251,7 +261,7 @@ def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _render(path: Path, runs, note: str | None = None) -> None:
+def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None) -> None:
     console = Console()
     first = runs[0][1]
     limits = first.limits
@@ -277,6 +287,8 @@ def _render(path: Path, runs, note: str | None = None) -> None:
     bound = {"none": "no call ever waited for capacity", "max_num_seqs": "calls waited mostly on max_num_seqs",
              "kv_cache": "calls waited mostly on KV-cache capacity",
              "token_budget": "calls waited mostly on the per-step token budget"}[first.bound_by]
+    if cost_note:
+        console.print(cost_note, highlight=False, markup=False)
     console.print(f"batch (normal): mean {first.batch_size_mean:.1f}, max {first.batch_size_max}; {bound}; "
                   f"preemptions {first.preemptions}; refused calls {first.refused_calls} (prompt over "
                   f"max_model_len; {first.skipped_calls} later calls of their queries skipped)")

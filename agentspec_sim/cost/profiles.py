@@ -738,6 +738,30 @@ def kv_capacity_tokens(hw: HardwareProfile, model: ModelProfile,
 # The one way to get a cost model
 
 
+CALIBRATIONS_DIR = Path(__file__).parent / "profiles" / "calibrations"
+DEFAULTS = "defaults"  # `calibration=` / `--calibration` value for the documented defaults, bundled file or not
+
+
+def bundled_calibration(hardware_id: str, model_id: str) -> Path | None:
+    """The bundled calibration file of a (hardware, model) profile pair, or None (`calibrate aic` writes them)."""
+    path = CALIBRATIONS_DIR / f"{hardware_id}--{model_id}.json"
+    return path if path.is_file() else None
+
+
+def calibration_note(cost_model) -> str:
+    """One line saying what the cost model's factors rest on, for run output."""
+    source = cost_model.calibration.source
+    pair = f"{cost_model.hardware.id} + {cost_model.model.id}"
+    if source == "defaults":
+        from agentspec_sim.cost.aic import coverage
+
+        why = coverage(cost_model.hardware.id, cost_model.model.id)
+        if why is None:
+            return f"cost model: {pair}, documented defaults (asked for; a bundled AIConfigurator calibration exists)"
+        return f"cost model: {pair}, documented defaults (no measured-kernel calibration: {why})"
+    return f"cost model: {pair}, {source}"
+
+
 def build_cost_model(
     hardware: str | Path | HardwareProfile,
     model: str | Path | ModelProfile,
@@ -749,8 +773,10 @@ def build_cost_model(
     """The roofline step-cost model for `model` on `hardware` with `tensor_parallel_size` GPUs.
 
     calibration: a calibration JSON file (see `Calibration.from_file`; refused when it was fitted on
-                 other hardware or another model, `check_calibration`), a Calibration, or None for
-                 the documented defaults (docs/cost-model.md).
+                 other hardware or another model, `check_calibration`), a Calibration, None for the
+                 bundled calibration of this pair where there is one (fitted to AIConfigurator's measured
+                 vLLM kernels, `bundled_calibration`) and the documented defaults otherwise, or
+                 "defaults" for the documented defaults always (docs/cost-model.md).
     draft:       which draft network `draft_model_time` prices by default: "eagle3", "mtp", or
                  None (the model's MTP layer when it has one, else EAGLE-3).
     """
@@ -758,6 +784,9 @@ def build_cost_model(
 
     hw, m = load_hardware(hardware), load_model(model)
     if calibration is None:
+        bundled = bundled_calibration(hw.id, m.id)
+        cal = Calibration.from_file(bundled) if bundled else Calibration()
+    elif isinstance(calibration, str) and calibration == DEFAULTS:
         cal = Calibration()
     elif isinstance(calibration, Calibration):
         cal = calibration

@@ -15,8 +15,6 @@ becomes a `BatchShape` (per-call rows) for the cost model, and a dict again for 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +32,7 @@ _FIELDS = {
 # Larger than any step an engine schedules (vLLM caps a step at max_num_batched_tokens, a context at
 # max_model_len): a bound that refuses a typo before it allocates a billion-row batch.
 MAX_VALUE = 10_000_000
+MAX_SHAPES_BYTES = 64 << 20
 
 
 class ShapeError(ValueError):
@@ -145,17 +144,29 @@ class StepShape:
         return BatchShape.decode(self.batch, self.context, self.query_tokens)
 
 
-def read_shapes(path: str | Path, lines: Iterable[str] | None = None) -> Iterator[StepShape]:
-    """The shapes of a JSONL file (blank lines skipped); ShapeError names `path:line: field`."""
-    source = lines if lines is not None else Path(path).read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(source, start=1):
+def read_shapes(path: str | Path) -> list[StepShape]:
+    """The shapes of a JSONL file (blank lines skipped; at most `MAX_SHAPES_BYTES` read, so a device or a FIFO
+    cannot fill memory). ShapeError names `path:line: field`; OSError as `open` raises it."""
+    from agentspec_sim import strict_json
+
+    try:
+        text = strict_json.read_document(path, MAX_SHAPES_BYTES)
+    except strict_json.StrictJSONError as exc:
+        raise ShapeError(f"{path}: {exc.message}") from None
+    except UnicodeDecodeError:
+        raise ShapeError(f"{path}: not UTF-8 text") from None
+    shapes = []
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ShapeError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
+            record = strict_json.loads(line)
+        except strict_json.StrictJSONError as exc:
+            raise ShapeError(f"{path}:{number}: {exc.msg}") from None
         try:
-            yield StepShape.from_dict(record)
+            shapes.append(StepShape.from_dict(record))
         except ShapeError as exc:
             raise ShapeError(f"{path}:{number}: {exc}") from None
+    if not shapes:
+        raise ShapeError(f"{path}: no shapes (one JSON object per line)")
+    return shapes
