@@ -82,6 +82,10 @@ def test_every_command_runs_in_a_fresh_process(tmp_path, env):
     cmd("calibrate", "cost", tmp_path / "steps.parquet", "-o", tmp_path / "cal.json")
     assert json.loads((tmp_path / "cal.json").read_text())
 
+    priced = json.loads(cmd("cost", "--kind", "verify", "--batch", "8", "--context", "1024", "--query-tokens", "4",
+                            "--json").stdout)
+    assert priced["steps"][0]["seconds"] > 0
+
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"id": f"r{i}", "per_step_drafted": [3] * 6,
                                            "per_step_accepted": [i % 4, 3, 1, 0, 2, 3]}) + "\n" for i in range(8)))

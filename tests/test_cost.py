@@ -41,12 +41,12 @@ def specdecode_bench_verify_s(kv_tokens: float, batched_tokens: float) -> float:
 
 @pytest.fixture(scope="module")
 def llama_h100() -> RooflineCostModel:
-    return build_cost_model("h100-80g", "llama-3.1-8b")
+    return build_cost_model("h100-80g", "llama-3.1-8b", calibration="defaults")
 
 
 @pytest.fixture(scope="module")
 def qwen_a100() -> RooflineCostModel:
-    return build_cost_model("a100-80g", "qwen3-8b")
+    return build_cost_model("a100-80g", "qwen3-8b", calibration="defaults")
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def _random_batch(rng: np.random.Generator) -> BatchShape:
 ])
 def test_monotone_adding_a_token_never_makes_a_step_cheaper(hw, model, tp):
     """Invariant MONOTONE (and CLOCK) over random mixed batches."""
-    cm = build_cost_model(hw, model, tp)
+    cm = build_cost_model(hw, model, tp, calibration="defaults")
     rng = np.random.default_rng(7)
     for _ in range(400):
         batch = _random_batch(rng)
@@ -257,7 +257,7 @@ def test_monotone_adding_a_token_never_makes_a_step_cheaper(hw, model, tp):
 
 
 def test_attention_fast_path_equals_per_call_maximum():
-    cm = build_cost_model("h100-80g", "gpt-oss-20b")
+    cm = build_cost_model("h100-80g", "gpt-oss-20b", calibration="defaults")
     rng = np.random.default_rng(3)
     for _ in range(200):
         batch = _random_batch(rng)
@@ -304,8 +304,8 @@ def test_gqa_and_sliding_window_shape_attention():
 
 
 def test_tensor_parallel_splits_work_and_adds_communication():
-    one = build_cost_model("h100-80g", "qwen3-8b", 1)
-    two = build_cost_model("h100-80g", "qwen3-8b", 2)
+    one = build_cost_model("h100-80g", "qwen3-8b", 1, calibration="defaults")
+    two = build_cost_model("h100-80g", "qwen3-8b", 2, calibration="defaults")
     decode = BatchShape.decode(256, 2048)
     prefill = BatchShape.of([8192], [0], [True])
     assert one.step_time(decode).communication_s == 0.0
@@ -314,7 +314,7 @@ def test_tensor_parallel_splits_work_and_adds_communication():
     assert two.step_time(prefill).total_s < 0.65 * one.step_time(prefill).total_s
     assert two.ridge_tokens == pytest.approx(one.ridge_tokens)  # both bytes and FLOPs split
     with pytest.raises(ValueError):
-        build_cost_model("h100-80g", "qwen3-8b", 3)  # 32 heads do not split three ways
+        build_cost_model("h100-80g", "qwen3-8b", 3, calibration="defaults")  # 32 heads do not split three ways
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,7 +334,7 @@ def test_ridge_tokens_a100_qwen3_next_to_the_paper(qwen_a100):
     assert qwen_a100.token_budget(153) == 0 and qwen_a100.token_budget(500) == 0
     paper = build_cost_model("a100-80g", "qwen3-8b", calibration=Calibration(ridge_tokens=PAPER_AI_A100))
     assert paper.token_budget(56) == 200
-    oss = build_cost_model("a100-80g", "gpt-oss-20b")
+    oss = build_cost_model("a100-80g", "gpt-oss-20b", calibration="defaults")
     assert oss.ridge_tokens > qwen_a100.ridge_tokens  # MoE: few FLOPs per streamed byte
 
 
@@ -362,7 +362,7 @@ def test_draft_model_time(llama_h100):
     for b, c in ((1, 1024), (8, 2048), (32, 1024)):
         theirs = 2.38e-9 * b * c + 8.41e-7 * b * 3 + 2.14e-3
         assert 0.5 < llama_h100.draft_model_time(b, 3, np.full(b, c)) / theirs < 2.0
-    mimo = build_cost_model("h100-80g", "mimo-7b")
+    mimo = build_cost_model("h100-80g", "mimo-7b", calibration="defaults")
     assert mimo.default_draft == "mtp" and mimo.draft_kinds == ("eagle3", "mtp")
     assert mimo.draft_model_time(8, 1, np.full(8, 100), kind="eagle3") > 0
     with pytest.raises(ValueError, match="mtp"):
@@ -399,7 +399,7 @@ def test_calibration_file_changes_the_model(tmp_path):
     cal = Calibration.from_file(path)
     assert cal.step_overhead_s == 0.01 and cal.memory_efficiency == Calibration().memory_efficiency
     batch = BatchShape.decode(4, 100)
-    default = build_cost_model("h200", "qwen3-8b").step_time(batch).total_s
+    default = build_cost_model("h200", "qwen3-8b", calibration="defaults").step_time(batch).total_s
     calibrated = build_cost_model("h200", "qwen3-8b", calibration=path).step_time(batch).total_s
     assert calibrated - default == pytest.approx(0.01 - Calibration().step_overhead_s)
 
@@ -459,7 +459,7 @@ def test_batch_validation():
 
 def test_step_time_is_cheap():
     """step_time runs once per simulated step: a 256-call batch must stay in the tens of µs."""
-    cm = build_cost_model("h100-80g", "gpt-oss-20b")
+    cm = build_cost_model("h100-80g", "gpt-oss-20b", calibration="defaults")
     rng = np.random.default_rng(0)
     q = rng.integers(1, 6, 256)
     q[:2] = 2048
