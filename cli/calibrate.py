@@ -201,7 +201,7 @@ def aic(
 ) -> None:
     """Fit the cost model to NVIDIA AIConfigurator's measured vLLM kernel tables (extra `aic`): price a grid of
     decode, verify, prefill and mixed steps, fit part by part, report the held-out error."""
-    from agentspec_sim.cost.aic import AicUnavailable, covered_pairs
+    from agentspec_sim.cost.aic import AIC_PACKAGE, AIC_VERSION, AicUnavailable, aic_installed, covered_pairs
     from agentspec_sim.cost.aic_calibration import bundled_path, fit_to_aic, write_fit
     from agentspec_sim.cost.profiles import ProfileError, load_hardware, load_model
 
@@ -211,6 +211,9 @@ def aic(
         pairs = covered_pairs() if all_pairs else [(load_hardware(hardware or "").id, load_model(model or "").id)]
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
+    if not aic_installed():
+        raise UsageError(f"calibrate aic needs AIConfigurator: pip install '{AIC_PACKAGE}=={AIC_VERSION}' (or the "
+                         "extra: pip install -e '.[aic]')")
     check_outputs(Output("--out-dir", out_dir, folder=True, names=tuple(bundled_path(h, m, Path()).name
                                                                         for h, m in pairs)))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,7 @@ def test_every_command_runs_in_a_fresh_process(tmp_path, env):
     replay = json.loads(cmd("replay", trace, "--drafter", "ngram", "--max-num-seqs", "4", "--json",
                             "--steps", tmp_path / "steps.parquet").stdout)
     assert [r["drafter"] for r in replay["runs"]] == ["normal", "ngram"]
+    assert replay["cost_model"].startswith("cost model: a100-80g + qwen3-8b, AIConfigurator 0.12.0 measured vllm")
     cmd("calibrate", "cost", tmp_path / "steps.parquet", "-o", tmp_path / "cal.json")
     assert json.loads((tmp_path / "cal.json").read_text())
 

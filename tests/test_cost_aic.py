@@ -202,3 +202,12 @@ def test_unsupported_pair_and_foreign_architecture_are_refused():
     with pytest.raises(AicUnavailable, match="MXFP4"):
         AicPricer("a100-80g", "gpt-oss-20b")
     assert coverage("h200", "some-other-model") is not None
+
+
+@pytest.mark.skipif(HAS_AIC, reason="checks the message given without AIConfigurator")
+def test_calibrate_aic_without_aiconfigurator_is_one_line(tmp_path):
+    run = _cli("calibrate", "aic", "--hardware", "h200", "--model", "qwen3-8b", "--out-dir", str(tmp_path / "out"))
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "aiconfigurator-core==0.12.0" in run.stderr and not (tmp_path / "out").exists()
+    run = _cli("calibrate", "aic", "--all", "--hardware", "h200", "--out-dir", str(tmp_path / "out"))
+    assert run.returncode == 2 and "either --all" in run.stderr
