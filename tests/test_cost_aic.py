@@ -7,6 +7,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,8 +100,31 @@ def test_calibrated_h100_llama_against_real_vllm_steps_of_specdecode_bench():
         for c in (512, 2048, 8192, 32768):
             fit = 3.93e-8 * b * (c + 1) + 2.10e-5 * b + 5.89e-3
             ratios.append(cost.step_time(BatchShape.decode(b, c)).total_s / fit)
-    assert 0.95 <= min(ratios) and max(ratios) <= 1.2
+    assert min(ratios) >= 0.95 and max(ratios) <= 1.2
     assert 1.05 <= float(np.median(ratios)) <= 1.16
+
+
+def test_calibrated_a100_gemms_against_vidurs_measured_profile():
+    # Vidur's measured A100 GEMM times for Llama-3-8B (one layer, TP 1; tests/data/vidur_a100_mlp.csv), the
+    # second independent check: the AIC-fitted A100 linear layers within 0.8-1.2 of it at every token count
+    # (docs/cost-model.md: +5-13 % while weight-bound, -13-18 % from 1,024 tokens, where Vidur's fp16 GEMMs
+    # reach 73 % of peak and AIC's 84 %).
+    from agentspec_sim.cost.roofline import _pnorm
+
+    cost = build_cost_model("a100-80g", "llama-3.1-8b")
+    cal, hw = cost.calibration, cost.hardware
+    layer_bytes = 2 * 4096 * (6144 + 4096 + 28672 + 14336)  # QKV, O, gate+up, down in BF16
+    rows = [line.split(",") for line in (Path(__file__).parent / "data" / "vidur_a100_mlp.csv").read_text().splitlines()
+            if line[:1].isdigit()]
+    assert len(rows) == 13
+    ratios = []
+    for row in rows:
+        tokens, measured_ms = int(row[0]), float(row[5])
+        ours = _pnorm(layer_bytes / (hw.hbm_bandwidth * cal.memory_efficiency),
+                      layer_bytes * tokens / (hw.peak_flops_bf16 * cal.compute_efficiency), cal.combine_p)
+        ratios.append(ours * 1e3 / measured_ms)
+    assert min(ratios) >= 0.8 and max(ratios) <= 1.2
+    assert 1.0 <= float(np.median(ratios)) <= 1.12
 
 
 def test_calibrated_monotone_in_tokens_and_context():
