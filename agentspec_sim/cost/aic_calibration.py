@@ -186,9 +186,9 @@ def fit_to_aic(hardware: str, model: str, pricer: AicPricer | None = None) -> Ai
                               moe_compute_efficiency=start.compute_efficiency, moe_combine_p=start.combine_p)
     calibration = start
     for part, group in _GROUPS.items():
-        target = measured[part][fitted_idx]
         if part == "moe" and not is_moe:
             continue
+        target = measured[part][fitted_idx]
         names = [f for f, _, _ in group]
         lo = np.array([low for _, low, _ in group])
         hi = np.array([high for _, _, high in group])
@@ -198,10 +198,8 @@ def fit_to_aic(hardware: str, model: str, pricer: AicPricer | None = None) -> Ai
 
         def residuals(x: np.ndarray, names=names, part=part, target=target, base=base) -> np.ndarray:
             cal = base.replace(**{n: float(v) for n, v in zip(names, x, strict=True)})
-            predicted = model_parts(hw, m, cal, train)[part]
-            if part == "other":  # host terms are zero here; the rest of overhead_s is the small kernels
-                return predicted / target - 1.0
-            return predicted / target - 1.0
+            # overhead_s holds only the small kernels here: model_parts leaves the host terms out.
+            return model_parts(hw, m, cal, train)[part] / target - 1.0
 
         result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=np.maximum(hi * 0.1, 1e-9),
                                loss="soft_l1", f_scale=0.02, xtol=1e-10, ftol=1e-10, gtol=1e-10,
