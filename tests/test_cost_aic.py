@@ -223,12 +223,24 @@ def test_pricer_decode_is_aics_own_decode_step():
 
 @pytest.mark.extra("aic")
 @aic
-def test_refit_reproduces_the_bundled_file_byte_for_byte(tmp_path):
+def test_refit_reproduces_the_bundled_files(tmp_path):
+    # The same machine rewrites the same bytes; another CPU's LAPACK may move a fitted factor's last bits, so
+    # the records are compared to 9 significant digits.
     from agentspec_sim.cost.aic_calibration import fit_to_aic, write_fit
+
+    def rounded(value):
+        if isinstance(value, float):
+            return float(f"{value:.9g}")
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rounded(v) for v in value]
+        return value
 
     for hw, model in (("h100-80g", "llama-3.1-8b"), ("h200", "gpt-oss-20b")):
         path = write_fit(fit_to_aic(hw, model), tmp_path)
-        assert path.read_bytes() == (CALIBRATIONS_DIR / path.name).read_bytes()
+        fresh, bundled = (json.loads(p.read_text(encoding="utf-8")) for p in (path, CALIBRATIONS_DIR / path.name))
+        assert rounded(fresh) == rounded(bundled)
 
 
 @pytest.mark.extra("aic")
