@@ -327,6 +327,31 @@ def test_acceptance_params_option_and_engine_binding(tmp_path):
     assert bind_engine_context(ngram, model="qwen3-8b", seed=1) is ngram
 
 
+def test_acceptance_bound_selects_the_band_parameter_sets(tmp_path):
+    path = tmp_path / "p.json"
+    body = {"method": "eagle3", "model": "mine", "positions": [0.5], "coefficients": {"copy": 0.2},
+            "band": {"low": {"positions": [0.1], "coefficients": {"copy": 0.1}},
+                     "high": {"positions": [0.9, 0.8], "coefficients": {"copy": 0.3}}, "source": "test"}}
+    path.write_text(json.dumps(body))
+    assert make_drafter(_spec(acceptance_params=str(path))).params.positions == (0.5,)
+    low = make_drafter(_spec(acceptance_params=str(path), acceptance_bound="low")).params
+    high = make_drafter(_spec(acceptance_params=str(path), acceptance_bound="high")).params
+    assert (low.positions, low.coefficient("copy")) == ((0.1,), 0.1)
+    assert (high.positions, high.coefficient("copy")) == ((0.9, 0.8), 0.3) and not high.band
+    with pytest.raises(SpecConfigError, match="acceptance_bound must be one of low, high"):
+        SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 1,
+                                     "acceptance_params": str(path), "acceptance_bound": "mid"})
+    body.pop("band")
+    path.write_text(json.dumps(body))
+    with pytest.raises(SpecConfigError, match="no uncertainty band"):
+        SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 1,
+                                     "acceptance_params": str(path), "acceptance_bound": "low"})
+    body["band"] = {"low": {"positions": []}, "high": {"positions": [1.0]}}
+    path.write_text(json.dumps(body))
+    with pytest.raises(SpecConfigError, match=r"band\.low\.positions"):
+        SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 1, "acceptance_params": str(path)})
+
+
 def test_draft_time_is_k_sequential_draft_passes():
     from agentspec_sim.cost import build_cost_model
 

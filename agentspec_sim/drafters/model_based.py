@@ -75,7 +75,8 @@ ACCEPTANCE_DIR = Path(__file__).parent / "acceptance"
 FEATURES = ("copy", "code")
 # Calls without a `structure` are segmented by Markdown code fences (the code-vs-prose feature).
 DEFAULT_STRUCTURE = ((("```", "```"),),)
-SIMULATOR_KEYS = frozenset({"target_model", "acceptance_params", "seed", "tokenizer"})
+SIMULATOR_KEYS = frozenset({"target_model", "acceptance_params", "acceptance_bound", "seed", "tokenizer"})
+BOUNDS = ("low", "high")  # the parameter sets of a file's uncertainty band (`AcceptanceParams.band`)
 _EMPTY = np.zeros(0, dtype=np.int32)
 CODE_TABLES_FORMAT = 1  # of the code(n) segments in the disk cache (`_code_tables`); the code's bytes are keyed too
 _MASK64 = (1 << 64) - 1
@@ -102,6 +103,9 @@ class AcceptanceParams:
     # The draft weights the figures were measured with, as vLLM's --speculative-config "model" names them
     # (EAGLE-3 needs one; `plan` prints it); None where the file's figures come from no one head.
     draft_model: str | None = None
+    # The uncertainty band: {"low": {"positions": [...], "coefficients": {...}}, "high": {...}, "source": "..."},
+    # parameter sets whose replays bound the acceptance (`with_bound`); empty where the file has none.
+    band: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.positions:
@@ -120,6 +124,21 @@ class AcceptanceParams:
     def coefficient(self, name: str) -> float:
         return float(self.coefficients.get(name, 0.0))
 
+    @property
+    def has_band(self) -> bool:
+        return all(b in self.band for b in BOUNDS)
+
+    def with_bound(self, bound: str) -> AcceptanceParams:
+        """This file's `bound` ("low" / "high") parameter set, as parameters of their own."""
+        if bound not in BOUNDS:
+            raise ValueError(f"acceptance_bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
+        if not self.has_band:
+            raise ValueError(f"acceptance parameters {self.path or self.model!r} have no uncertainty band")
+        one = self.band[bound]
+        return replace(self, positions=tuple(float(x) for x in one["positions"]),
+                       coefficients={str(k): float(v) for k, v in dict(one.get("coefficients", {})).items()},
+                       band={}, source=f"{self.source} [{bound} bound of its band]")
+
     def intercepts(self, k: int) -> np.ndarray:
         """a_0..a_{k−1}, positions past the calibrated ones taking the last value."""
         a = self.a
@@ -136,7 +155,8 @@ class AcceptanceParams:
                        sources={str(k): str(v) for k, v in dict(data.get("sources", {})).items()},
                        aliases=tuple(str(a) for a in data.get("aliases", ())),
                        calibration=dict(data.get("calibration", {})), path=path,
-                       draft_model=str(data["draft_model"]) if data.get("draft_model") else None)
+                       draft_model=str(data["draft_model"]) if data.get("draft_model") else None,
+                       band=_read_band(data.get("band")))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {type(exc).__name__}: {exc} (needs method, model, positions[, "
                              "coefficients])") from None
@@ -152,7 +172,28 @@ class AcceptanceParams:
         out["sources"] = dict(self.sources)
         if self.calibration:
             out["calibration"] = dict(self.calibration)
+        if self.band:
+            out["band"] = dict(self.band)
         return out
+
+
+def _read_band(band: Any) -> dict[str, Any]:
+    """A file's `band`, checked: both bounds, each with finite positions and known features."""
+    if band is None:
+        return {}
+    if not isinstance(band, Mapping) or not all(isinstance(band.get(b), Mapping) for b in BOUNDS):
+        raise ValueError(f"'band' needs {' and '.join(BOUNDS)} parameter sets")
+    out: dict[str, Any] = dict(band)
+    for b in BOUNDS:
+        positions = [float(x) for x in band[b]["positions"]]
+        coefficients = {str(k): float(v) for k, v in dict(band[b].get("coefficients", {})).items()}
+        if not positions or not all(math.isfinite(x) for x in positions):
+            raise ValueError(f"band.{b}.positions must be a non-empty list of finite numbers")
+        unknown = sorted(set(coefficients) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"band.{b}: unknown feature(s) {unknown}")
+        out[b] = {"positions": positions, "coefficients": coefficients}
+    return out
 
 
 def load_params_file(path: str | Path) -> AcceptanceParams:
@@ -196,9 +237,13 @@ def load_params(method: str, model: str | None = None) -> AcceptanceParams:
 
 
 def resolve_params(spec: SpeculativeConfig) -> AcceptanceParams:
-    """The parameters a config selects: `acceptance_params` (a file) else (`method`, `target_model`)."""
+    """The parameters a config selects: `acceptance_params` (a file) else (`method`, `target_model`);
+    with `acceptance_bound` ("low" / "high"), that bound of the file's uncertainty band."""
     path = spec.option("acceptance_params")
     params = load_params_file(path) if path else load_params(spec.method, spec.option("target_model"))
+    bound = spec.option("acceptance_bound")
+    if bound is not None:
+        params = params.with_bound(bound)
     if params.method != spec.method:
         raise SpecConfigError(f"acceptance parameters {params.path} are for method {params.method!r}, "
                               f"not {spec.method!r}")
@@ -506,7 +551,7 @@ class ModelBasedDrafter(BaseDrafter):
         seed = options.get("seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise SpecConfigError(f"seed must be an integer, got {seed!r}")
-        for key in ("target_model", "acceptance_params", "tokenizer"):
+        for key in ("target_model", "acceptance_params", "acceptance_bound", "tokenizer"):
             value = options.get(key)
             if value is not None and not isinstance(value, str):
                 raise SpecConfigError(f"{key} must be a string, got {value!r}")
@@ -710,7 +755,7 @@ def bind_engine_context(spec: SpeculativeConfig, *, model: str | None = None, se
 
 
 __all__ = [
-    "ACCEPTANCE_DIR", "FEATURES", "AcceptanceParams", "AcceptanceTables", "CopyIndex", "Eagle3Drafter", "MTPDrafter",
-    "ModelBasedDrafter", "accepted_prefix", "available_params", "bind_engine_context", "call_key", "copy_stream",
-    "draft_from_tables", "load_params", "load_params_file", "resolve_params", "uniform_draw",
+    "ACCEPTANCE_DIR", "BOUNDS", "FEATURES", "AcceptanceParams", "AcceptanceTables", "CopyIndex", "Eagle3Drafter",
+    "MTPDrafter", "ModelBasedDrafter", "accepted_prefix", "available_params", "bind_engine_context", "call_key",
+    "copy_stream", "draft_from_tables", "load_params", "load_params_file", "resolve_params", "uniform_draw",
 ]
