@@ -352,6 +352,116 @@ def looks_like_spec_bench(path: str | Path) -> bool:
     return False
 
 
+def looks_like_specdecode_bench(path: str | Path) -> bool:
+    """A SpecDecode-Bench request file: JSONL objects with prompt and generated token ids and `acc_*`
+    objects holding `acc_len` lists (data/<model>/combined_<dataset>.jsonl)."""
+    with open(path, "rb") as f:
+        while line := f.readline(strict_json.MAX_DOCUMENT_BYTES):
+            if line.strip():
+                try:
+                    rec = strict_json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    return False
+                return isinstance(rec, dict) and "generated_token_ids" in rec and any(
+                    isinstance(v, dict) and "acc_len" in v for k, v in rec.items() if k.startswith("acc"))
+    return False
+
+
+SPECDECODE_BENCH_PROPOSERS = {"eagle3": "acc_eagle", "mtp": "acc_mtp", "ngram": "acc_ngram"}
+
+
+def _token_ids(value: object, where: str) -> np.ndarray:
+    if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
+        raise CalibrationError(f"{where}: expected a list of non-negative integer token ids")
+    try:
+        return np.asarray(value, dtype=np.int64)
+    except OverflowError:
+        raise CalibrationError(f"{where}: a token id does not fit in 64 bits") from None
+
+
+def walk_positions(per_position: np.ndarray) -> np.ndarray:
+    """The tokens each step emits when `per_position[t]` is what a step starting with t + 1 tokens
+    emitted would emit (accepted + the bonus token): the first token comes from prefill, each step
+    starts where the last one ended (SpecDecode-Bench's simulator walks its lists this way)."""
+    steps = []
+    t = 1
+    n = per_position.shape[0]
+    while t < n:
+        g = int(per_position[t - 1])
+        steps.append(g)
+        t += g
+    return np.asarray(steps, dtype=np.int64)
+
+
+def specdecode_bench_group(path: str | Path) -> str:
+    """The dataset a SpecDecode-Bench file holds, from its name: combined_gsm8k.jsonl → gsm8k."""
+    return Path(path).name.split(".")[0].removeprefix("combined_")
+
+
+def load_specdecode_bench(path: str | Path, *, proposer: str = "acc_eagle", k: int | None = None,
+                          limit: int | None = None, group: str | None = None
+                          ) -> tuple[list[Observation], list[Call]]:
+    """A SpecDecode-Bench request file: per request `id`, `prompt_token_ids`, `generated_token_ids` and,
+    per proposer, `acc_<name>.acc_len` — per output position, the tokens a verify step starting there
+    emits, bonus included (k = 20 in the published Llama-3.1-8B data); a list may also be per step
+    (it then tiles the output: Σ = output length − 1). Returns one observation per request (its steps,
+    walked as `walk_positions`, tied to its own call) and the calls (prompt and output ids; id
+    `<group>/<id>`). k (drafts per step) defaults to the largest accepted count of any proposer in
+    the file. `limit`: the first requests only. Bad input: `CalibrationError` naming file, line, field."""
+    group = group or specdecode_bench_group(path)
+    rows: list[tuple[int, dict]] = []
+    for line_no, line in enumerate(_read_lines_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = strict_json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CalibrationError(f"{path}:{line_no}: not JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise CalibrationError(f"{path}:{line_no}: expected an object per request")
+        rows.append((line_no, rec))
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise CalibrationError(f"{path}: no requests")
+    parsed = []
+    largest = 1
+    for line_no, rec in rows:
+        where = f"{path}:{line_no}"
+        acc = rec.get(proposer)
+        if not isinstance(acc, dict) or "acc_len" not in acc:
+            raise CalibrationError(f"{where}: {proposer}.acc_len: missing")
+        lengths = _step_counts(acc["acc_len"], f"{where}: {proposer}.acc_len")
+        if lengths.size and lengths.min() < 1:
+            raise CalibrationError(f"{where}: {proposer}.acc_len: every step emits at least one token (≥ 1)")
+        for name, other in rec.items():
+            if name.startswith("acc") and isinstance(other, dict) and isinstance(other.get("acc_len"), list):
+                got = [v for v in other["acc_len"] if type(v) is int]
+                largest = max(largest, max(got, default=1))
+        prompt = _token_ids(rec.get("prompt_token_ids"), f"{where}: prompt_token_ids")
+        output = _token_ids(rec.get("generated_token_ids"), f"{where}: generated_token_ids")
+        if output.shape[0] < 1:
+            raise CalibrationError(f"{where}: generated_token_ids: empty")
+        rid = rec.get("id", line_no)
+        parsed.append((str(rid), prompt, output, lengths))
+    depth = k if k is not None else max(largest - 1, 1)
+    observations, calls = [], []
+    for rid, prompt, output, lengths in parsed:
+        tiles = int(lengths.sum()) + 1 == output.shape[0] and lengths.shape[0] < output.shape[0]
+        if not tiles:
+            # Per position. Where the proposer's own run emitted a different number of tokens than recorded
+            # (its greedy run diverged somewhere), both are cut to the shorter: past it nothing pairs up.
+            n = min(lengths.shape[0], output.shape[0])
+            output, lengths = output[:n], lengths[:n]
+        steps = lengths if tiles else walk_positions(lengths)
+        accepted = np.minimum(steps - 1, depth)
+        cid = f"{group}/{rid}"
+        observations.append(Observation(cid, group, np.full(accepted.shape, depth, dtype=np.int64), accepted,
+                                        aligned=True))
+        calls.append(Call(cid, "specdecode-bench", cid, 0, prompt, output, extra={"category": group}))
+    return observations, calls
+
+
 # --------------------------------------------------------------------------------------------
 # Fitting
 
@@ -513,9 +623,10 @@ B_BOUNDS = (-4.0, 4.0)
 
 def fit_steps(observations: Sequence[Observation], streams: Streams, k: int, *, method: str = "eagle3",
               model: str = "custom", coefficients: Mapping[str, float] | None = None,
-              reference: Streams | None = None, source: str = "") -> FitResult:
-    """Maximum-likelihood a_0..a_{k−1} (and the feature coefficients unless `coefficients` fixes them)
-    from per-step accepted counts. L-BFGS-B within A_BOUNDS / B_BOUNDS."""
+              reference: Streams | None = None, source: str = "", num_positions: int | None = None) -> FitResult:
+    """Maximum-likelihood a_0..a_{P−1} (and the feature coefficients unless `coefficients` fixes them)
+    from per-step accepted counts. P = `num_positions` (default k): slots from P−1 on share a_{P−1}, as the
+    drafter reuses the last intercept. L-BFGS-B within A_BOUNDS / B_BOUNDS."""
     from scipy.optimize import minimize
 
     if not observations:
@@ -525,27 +636,28 @@ def fit_steps(observations: Sequence[Observation], streams: Streams, k: int, *, 
         raise CalibrationError("no drafted steps in the observations")
     free_b = coefficients is None
     fixed = dict(coefficients or {})
-    x0 = np.concatenate([np.full(k, 0.5), np.zeros(len(FEATURES) if free_b else 0)])
+    npos = k if num_positions is None else max(1, min(int(num_positions), k))
+    x0 = np.concatenate([np.full(npos, 0.5), np.zeros(len(FEATURES) if free_b else 0)])
 
     def unpack(x: np.ndarray) -> AcceptanceParams:
-        coef = {f: float(x[k + i]) for i, f in enumerate(FEATURES)} if free_b else fixed
-        return AcceptanceParams(method, model, tuple(float(v) for v in x[:k]), coef)
+        coef = {f: float(x[npos + i]) for i, f in enumerate(FEATURES)} if free_b else fixed
+        return AcceptanceParams(method, model, tuple(float(v) for v in x[:npos]), coef)
 
     total = float(problem.num_steps)
     if problem.num_keys == 0:  # every step aligned: exact likelihood with its analytic gradient
         def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
             value, grad = problem.aligned(unpack(x))
-            return value / total, (grad if free_b else grad[:k]) / total
+            return value / total, (grad if free_b else grad[:npos]) / total
         jac = True
     else:
         def objective(x: np.ndarray) -> float:
             return problem.nll(unpack(x)) / total
         jac = None
     res = minimize(objective, x0, jac=jac, method="L-BFGS-B",
-                   bounds=[A_BOUNDS] * k + ([B_BOUNDS] * len(FEATURES) if free_b else []),
+                   bounds=[A_BOUNDS] * npos + ([B_BOUNDS] * len(FEATURES) if free_b else []),
                    options={"maxiter": 1000, "ftol": 1e-12, "gtol": 1e-8})
     best = unpack(res.x)
-    fitted = tuple(f"a{i}" for i in range(k)) + (tuple(FEATURES) if free_b else ())
+    fitted = tuple(f"a{i}" for i in range(npos)) + (tuple(FEATURES) if free_b else ())
     params = AcceptanceParams(method, model, best.positions, best.coefficients, source=source)
     return FitResult(params, float(res.fun * total), int(total), fitted,
                      {"converged": bool(res.success), "message": str(res.message)})
@@ -783,6 +895,81 @@ def calibrate_file(path: str | Path, *, method: str = "eagle3", model: str = "cu
                                      calibration={"k": k, "streams": stream_note, "steps": result.num_steps})
     rows = group_report(observations, streams, result.params, k, train, reference)
     return result, rows
+
+
+POOLED_POSITIONS = 12  # slots ≥ 11 share one intercept: they are < 1 % of the slot trials at k = 20
+
+
+def calibrate_specdecode_bench(paths: Sequence[str | Path], *, method: str = "eagle3", model: str = "custom",
+                               k: int | None = None, train: Sequence[str] | None = None, limit: int | None = None,
+                               coefficients: Mapping[str, float] | None = None,
+                               proposer: str | None = None, num_positions: int | None = POOLED_POSITIONS,
+                               band: bool = True) -> tuple[FitResult, list[GroupRow], Streams]:
+    """Fit from SpecDecode-Bench request files (`load_specdecode_bench`), one dataset (group) per file.
+
+    Every request is its own call (its prompt and output ids; no tokenizer, so code = 0), its steps at
+    their known output positions: the exact likelihood of the drafter's process. `train`: the datasets
+    to fit on (default: all); the others are held out and only reported. `coefficients` fixes the
+    feature coefficients (e.g. all zero: per-position intercepts only); None fits them too. Slots from
+    `num_positions` − 1 on share one intercept. The report compares observed and expected (the walk over
+    each request's own stream) per-position acceptance.
+
+    `band` (with two or more training datasets): the same fit on each training dataset alone; the
+    two whose expected mean acceptance length over all the training requests is lowest and highest
+    become the file's uncertainty band — the spread from one kind of text to another, which is what
+    a new workload risks."""
+    proposer = proposer or SPECDECODE_BENCH_PROPOSERS.get(method, f"acc_{method}")
+    observations: list[Observation] = []
+    calls: list[Call] = []
+    depth = k
+    if depth is None:  # one k for every file: the largest any of them shows
+        depth = max(max(int(o.drafted.max(initial=1)) for o in load_specdecode_bench(p, proposer=proposer,
+                                                                                        limit=limit)[0])
+                    for p in paths)
+    for path in paths:
+        obs, cs = load_specdecode_bench(path, proposer=proposer, k=depth, limit=limit)
+        observations += obs
+        calls += cs
+    groups = sorted({o.group for o in observations})
+    train_set = set(train) if train else set(groups)
+    unknown = sorted(train_set - set(groups))
+    if unknown:
+        raise CalibrationError(f"unknown datasets {unknown} (in the files: {', '.join(groups)})")
+    streams = build_streams(calls, tokenizer=None)
+    fit_obs = [o for o in observations if o.group in train_set]
+    names = ", ".join(Path(p).name for p in paths if specdecode_bench_group(p) in train_set)
+    source = (f"fitted by agentspec_sim.calibrate_acceptance (maximum likelihood, every step at its output "
+              f"position) to SpecDecode-Bench {proposer} data: {names} ({len(fit_obs)} requests"
+              + (f", first {limit} per file" if limit else "") + f"; k = {depth})")
+    result = fit_steps(fit_obs, streams, depth, method=method, model=model, coefficients=coefficients,
+                       source=source, num_positions=num_positions)
+    held_out = [g for g in groups if g not in train_set]
+    band_doc: dict[str, Any] = {}
+    if band and len(train_set) >= 2:
+        train_streams = streams.subset([i for i, c in enumerate(streams.call_ids)
+                                        if c.split("/", 1)[0] in train_set])
+        per_dataset = []
+        for g in sorted(train_set):
+            one = fit_steps([o for o in fit_obs if o.group == g], streams, depth, method=method, model=model,
+                            coefficients=coefficients, num_positions=num_positions).params
+            length = 1.0 + float(model_rates(train_streams, one, depth).sum())
+            per_dataset.append((length, g, one))
+        per_dataset.sort(key=lambda x: x[0])
+        band_doc = {"source": "the same fit on each training dataset alone (" + ", ".join(
+            f"{g}: expected mean acceptance length {length:.3f} over the training requests"
+            for length, g, _ in per_dataset) + "); low and high are the lowest and highest"}
+        for bound, (_, g, one) in (("low", per_dataset[0]), ("high", per_dataset[-1])):
+            band_doc[bound] = {"positions": [round(float(a), 6) for a in one.positions],
+                               "coefficients": {f: round(one.coefficient(f), 6) for f in FEATURES}, "dataset": g}
+    sources = {"positions": source,
+               "coefficients": source if coefficients is None else "held fixed at the given values"}
+    result.params = AcceptanceParams(method, model, result.params.positions, result.params.coefficients,
+                                     source=source, sources=sources,
+                                     calibration={"k": depth, "train": sorted(train_set), "held_out": held_out,
+                                                  "steps": result.num_steps, "streams": "each request's own call"},
+                                     band=band_doc)
+    rows = group_report(observations, streams, result.params, depth, train_set if held_out else None)
+    return result, rows, streams
 
 
 # --------------------------------------------------------------------------------------------

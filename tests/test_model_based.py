@@ -344,8 +344,7 @@ def test_acceptance_bound_selects_the_band_parameter_sets(tmp_path):
     body.pop("band")
     path.write_text(json.dumps(body))
     with pytest.raises(SpecConfigError, match="no uncertainty band"):
-        SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 1,
-                                     "acceptance_params": str(path), "acceptance_bound": "low"})
+        make_drafter(_spec(acceptance_params=str(path), acceptance_bound="low"))
     body["band"] = {"low": {"positions": []}, "high": {"positions": [1.0]}}
     path.write_text(json.dumps(body))
     with pytest.raises(SpecConfigError, match=r"band\.low\.positions"):

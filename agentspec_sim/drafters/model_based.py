@@ -535,7 +535,10 @@ class ModelBasedDrafter(BaseDrafter):
 
     def __init__(self, spec: SpeculativeConfig) -> None:
         super().__init__(spec)
-        self.params = resolve_params(spec)
+        try:
+            self.params = resolve_params(spec)
+        except ValueError as exc:
+            raise SpecConfigError(str(exc)) from None
         self.seed = int(spec.option("seed", 0))
         tokenizer = spec.option("tokenizer", "qwen3")
         self.tokenizer = str(tokenizer) if tokenizer else None
@@ -555,8 +558,13 @@ class ModelBasedDrafter(BaseDrafter):
             value = options.get(key)
             if value is not None and not isinstance(value, str):
                 raise SpecConfigError(f"{key} must be a string, got {value!r}")
+        bound = options.get("acceptance_bound")
+        if bound is not None and bound not in BOUNDS:
+            raise SpecConfigError(f"acceptance_bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
         try:
-            resolve_params(spec)
+            # The file is checked here; whether it has a band is checked when the drafter is made, after an
+            # engine run has bound its target model (bind_engine_context), which may select another file.
+            resolve_params(replace(spec, options=tuple(kv for kv in spec.options if kv[0] != "acceptance_bound")))
         except ValueError as exc:
             raise SpecConfigError(str(exc)) from None
         return spec
