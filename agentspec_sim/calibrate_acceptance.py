@@ -898,13 +898,70 @@ def calibrate_file(path: str | Path, *, method: str = "eagle3", model: str = "cu
 
 
 POOLED_POSITIONS = 12  # slots ≥ 11 share one intercept: they are < 1 % of the slot trials at k = 20
+BAND_DRAWS = 400
+BAND_QUANTILES = (0.025, 0.975)
+
+
+def _shifted(params: AcceptanceParams, delta: float) -> AcceptanceParams:
+    return replace(params, positions=tuple(a + delta for a in params.positions), band={})
+
+
+def _band(params: AcceptanceParams, observations: Sequence[Observation], streams: Streams, k: int,
+          requests: int, seed: int = 0) -> dict[str, Any]:
+    """The uncertainty band of a fit from its own error spread: per training dataset, `BAND_DRAWS` seeded
+    samples of `requests` requests; in each, the observed mean acceptance length over the expected one
+    (the walk over those requests' own streams). The 2.5 % and 97.5 % quantiles of that ratio, over every
+    dataset's samples, set the bounds: all intercepts shifted by the one δ that scales the expected mean
+    acceptance length over the training requests by that ratio. So the band holds the dataset-to-dataset
+    differences the features do not explain and the request-to-request spread of a sample that size."""
+    from scipy.optimize import brentq
+
+    index = streams.index()
+    rows = [index[o.call_id] for o in observations]
+    sub = streams.subset(rows)
+    expected = expected_counts(sub, params, k)  # per request: E[steps], E[steps accepting ≥ i+1]
+    exp_tokens = expected[:, 1:].sum(axis=1)
+    obs_steps = np.array([o.accepted.shape[0] for o in observations], dtype=np.float64)
+    obs_tokens = np.array([float(o.accepted.sum()) for o in observations])
+    rng = np.random.default_rng(seed)
+    ratios = []
+    groups = sorted({o.group for o in observations})
+    for g in groups:
+        members = np.array([i for i, o in enumerate(observations) if o.group == g])
+        n = min(requests, members.shape[0])
+        for _ in range(BAND_DRAWS):
+            pick = rng.choice(members, size=n, replace=False)
+            observed = 1.0 + obs_tokens[pick].sum() / obs_steps[pick].sum()
+            predicted = 1.0 + exp_tokens[pick].sum() / expected[pick, 0].sum()
+            ratios.append(observed / predicted)
+    lo, hi = np.quantile(ratios, BAND_QUANTILES)
+    base = 1.0 + float(model_rates(sub, params, k).sum())
+    out: dict[str, Any] = {
+        "source": (f"the fit's own error spread: {BAND_DRAWS} seeded samples of {requests} requests from each "
+                   f"training dataset ({', '.join(groups)}); observed / expected mean acceptance length "
+                   f"{BAND_QUANTILES[0]:.1%} quantile {lo:.4f}, {BAND_QUANTILES[1]:.1%} quantile {hi:.4f}; each "
+                   "bound shifts every intercept by the δ that scales the expected length over the training "
+                   "requests by that ratio"),
+        "ratio": [round(float(lo), 4), round(float(hi), 4)]}
+    for bound, ratio in (("low", lo), ("high", hi)):
+        target = base * ratio
+
+        def gap(delta: float, target: float = target) -> float:
+            return 1.0 + float(model_rates(sub, _shifted(params, delta), k).sum()) - target
+
+        delta = 0.0 if abs(ratio - 1.0) < 1e-12 else brentq(gap, -4.0, 4.0, xtol=1e-6)
+        out[bound] = {"positions": [round(a + delta, 6) for a in params.positions],
+                      "coefficients": {f: round(params.coefficient(f), 6) for f in FEATURES},
+                      "logit_shift": round(float(delta), 6)}
+    return out
 
 
 def calibrate_specdecode_bench(paths: Sequence[str | Path], *, method: str = "eagle3", model: str = "custom",
                                k: int | None = None, train: Sequence[str] | None = None, limit: int | None = None,
                                coefficients: Mapping[str, float] | None = None,
                                proposer: str | None = None, num_positions: int | None = POOLED_POSITIONS,
-                               band: bool = True) -> tuple[FitResult, list[GroupRow], Streams]:
+                               band: bool = True, band_requests: int = 100
+                               ) -> tuple[FitResult, list[GroupRow], Streams]:
     """Fit from SpecDecode-Bench request files (`load_specdecode_bench`), one dataset (group) per file.
 
     Every request is its own call (its prompt and output ids; no tokenizer, so code = 0), its steps at
@@ -914,10 +971,8 @@ def calibrate_specdecode_bench(paths: Sequence[str | Path], *, method: str = "ea
     `num_positions` − 1 on share one intercept. The report compares observed and expected (the walk over
     each request's own stream) per-position acceptance.
 
-    `band` (with two or more training datasets): the same fit on each training dataset alone; the
-    two whose expected mean acceptance length over all the training requests is lowest and highest
-    become the file's uncertainty band — the spread from one kind of text to another, which is what
-    a new workload risks."""
+    `band`: the file's uncertainty band (`_band`): how far the mean acceptance length of `band_requests`
+    requests of one kind of text falls from the fit's expectation for them."""
     proposer = proposer or SPECDECODE_BENCH_PROPOSERS.get(method, f"acc_{method}")
     observations: list[Observation] = []
     calls: list[Call] = []
@@ -944,23 +999,7 @@ def calibrate_specdecode_bench(paths: Sequence[str | Path], *, method: str = "ea
     result = fit_steps(fit_obs, streams, depth, method=method, model=model, coefficients=coefficients,
                        source=source, num_positions=num_positions)
     held_out = [g for g in groups if g not in train_set]
-    band_doc: dict[str, Any] = {}
-    if band and len(train_set) >= 2:
-        train_streams = streams.subset([i for i, c in enumerate(streams.call_ids)
-                                        if c.split("/", 1)[0] in train_set])
-        per_dataset = []
-        for g in sorted(train_set):
-            one = fit_steps([o for o in fit_obs if o.group == g], streams, depth, method=method, model=model,
-                            coefficients=coefficients, num_positions=num_positions).params
-            length = 1.0 + float(model_rates(train_streams, one, depth).sum())
-            per_dataset.append((length, g, one))
-        per_dataset.sort(key=lambda x: x[0])
-        band_doc = {"source": "the same fit on each training dataset alone (" + ", ".join(
-            f"{g}: expected mean acceptance length {length:.3f} over the training requests"
-            for length, g, _ in per_dataset) + "); low and high are the lowest and highest"}
-        for bound, (_, g, one) in (("low", per_dataset[0]), ("high", per_dataset[-1])):
-            band_doc[bound] = {"positions": [round(float(a), 6) for a in one.positions],
-                               "coefficients": {f: round(one.coefficient(f), 6) for f in FEATURES}, "dataset": g}
+    band_doc = _band(result.params, fit_obs, streams, depth, band_requests, seed=0) if band else {}
     sources = {"positions": source,
                "coefficients": source if coefficients is None else "held fixed at the given values"}
     result.params = AcceptanceParams(method, model, result.params.positions, result.params.coefficients,
@@ -1014,22 +1053,6 @@ def _mimo_targets() -> list[float]:
 
 
 PUBLIC_TARGETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("eagle3", "llama-3.1-8b"): {
-        "targets": _llama_targets,
-        "aliases": ["meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b-instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"],
-        "source": "EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B) on Llama-3.1-8B-Instruct, MT-Bench (80 prompts), "
-                  "k=7, temperature 0, vLLM chain drafting: 12,208 accepted / 4,816 drafts / 33,712 draft tokens, "
-                  "mean acceptance length 3.53 (vLLM issue #26191, from PR #17504's measurement). Per-position "
-                  "shape assumed: constant conditional acceptance r = 0.744 per slot (EAGLE-3 paper: n-alpha "
-                  "roughly flat in depth), P(>= i+1) = r^(i+1).",
-    },
-    ("eagle3", "default"): {
-        "targets": _llama_targets,
-        "aliases": [],
-        "source": "default for EAGLE-3 heads without a file of their own: the Llama-3.1-8B-Instruct figures "
-                  "(EAGLE-3 release head, MT-Bench, k=7, vLLM, mean acceptance length 3.53; vLLM issue #26191), "
-                  "the best-documented public EAGLE-3 chain-drafting measurement.",
-    },
     ("eagle3", "gpt-oss-20b"): {
         "targets": lambda: [0.622, 0.356, 0.203, 0.119, 0.060],
         "aliases": ["openai/gpt-oss-20b", "gpt-oss-120b", "openai/gpt-oss-120b"],
@@ -1037,17 +1060,6 @@ PUBLIC_TARGETS: dict[tuple[str, str], dict[str, Any]] = {
                   "(mean acceptance length 2.36), as collected in VLLM-NOTES 'Public acceptance figures'; the "
                   "prompt set is not stated, so the MT-Bench reference stream stands in. Positions >= 5 reuse "
                   "the last intercept (conditional ~0.50).",
-    },
-    ("eagle3", "qwen3-8b"): {
-        "targets": _llama_targets,
-        "aliases": ["Qwen/Qwen3-8B", "RedHatAI/Qwen3-8B-speculator.eagle3", "AngelSlim/Qwen3-8B_eagle3"],
-        "source": "ASSUMPTION: no public vLLM per-position chain-drafting figure for an EAGLE-3 head on Qwen3-8B "
-                  "was found; this file reuses the Llama-3.1-8B-Instruct EAGLE-3 figures (same one-layer head "
-                  "architecture and training recipe, SpecForge configs/qwen3-8b-eagle3.json; MT-Bench k=7 "
-                  "length 3.53, vLLM issue #26191). Published Qwen3-8B heads report lower MT-Bench acceptance "
-                  "lengths (AngelSlim/Qwen3-8B_eagle3 on vLLM: 1.97, draft length not stated), so treat results "
-                  "as optimistic for EAGLE-3 and recalibrate with `agentspec-sim calibrate acceptance` when a "
-                  "vLLM metrics file is available.",
     },
     ("mtp", "mimo-7b"): {
         "targets": _mimo_targets,
@@ -1069,6 +1081,66 @@ PUBLIC_TARGETS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 SPEC_BENCH_EAGLE = "spec-bench/model_answer/vicuna-7b-v1.3-eagle-float16-temperature-0.0.jsonl"
+
+# The EAGLE-3 files fitted to measured per-step vLLM data: SpecDecode-Bench/simulator (commit 2fdccbd),
+# data/llama3.1-8B/combined_<dataset>.jsonl, Llama-3.1-8B-Instruct with its EAGLE-3 head on an H100, k = 20.
+# The fit sees gsm8k and sharegpt only; instructcoder and cnn are the held-out evaluation.
+SPECDECODE_BENCH_TRAIN = ("gsm8k", "sharegpt")
+SPECDECODE_BENCH_HELD_OUT = ("instructcoder", "cnn")
+SPECDECODE_BENCH = "SpecDecode-Bench/simulator (commit 2fdccbd) data/llama3.1-8B"
+MEASURED_FITS: dict[tuple[str, str], dict[str, Any]] = {
+    ("eagle3", "llama-3.1-8b"): {
+        "aliases": ["meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b-instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"],
+        "draft_model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        "source": "MEASURED: Llama-3.1-8B-Instruct with its EAGLE-3 head on an H100 in vLLM, per-step accepted "
+                  f"lengths at every output position ({SPECDECODE_BENCH}), k = 20; fitted on gsm8k and "
+                  "sharegpt, instructcoder and cnn held out (docs/model-based-drafters.md).",
+    },
+    ("eagle3", "default"): {
+        "aliases": [],
+        "source": "default for EAGLE-3 heads without a file of their own: the Llama-3.1-8B-Instruct EAGLE-3 fit to "
+                  f"measured per-step vLLM data ({SPECDECODE_BENCH}; gsm8k + sharegpt, k = 20), the one EAGLE-3 "
+                  "head with public per-step data.",
+    },
+    ("eagle3", "qwen3-8b"): {
+        "aliases": ["Qwen/Qwen3-8B", "RedHatAI/Qwen3-8B-speculator.eagle3", "AngelSlim/Qwen3-8B_eagle3"],
+        "source": "ASSUMPTION: no public per-step vLLM data for an EAGLE-3 head on Qwen3-8B was found; this file "
+                  "reuses the Llama-3.1-8B-Instruct EAGLE-3 fit to measured per-step vLLM data "
+                  f"({SPECDECODE_BENCH}; gsm8k + sharegpt, k = 20): same one-layer head architecture and training "
+                  "recipe (SpecForge configs/qwen3-8b-eagle3.json). Published Qwen3-8B heads report MT-Bench "
+                  "acceptance lengths from 1.97 (AngelSlim/Qwen3-8B_eagle3 on vLLM, k unstated); recalibrate with "
+                  "`agentspec-sim calibrate acceptance` when per-step data for the head you deploy is available.",
+    },
+}
+
+
+def regenerate_measured(specdecode_bench_dir: str | Path, out_dir: str | Path = ACCEPTANCE_DIR) -> list[Path]:
+    """Rewrite the `MEASURED_FITS` files (atomically) from SpecDecode-Bench's Llama-3.1-8B files in
+    `specdecode_bench_dir`: per-position intercepts by maximum likelihood on the training datasets, every
+    step at its output position, feature coefficients held at zero (see docs/model-based-drafters.md:
+    on this data the copy feature, fitted, makes the training walk worse, and code has no tokenizer),
+    the per-dataset band, and the fit report (training and held-out) in `calibration`."""
+    from agentspec_sim.atomic import write_json_atomic
+
+    paths = [Path(specdecode_bench_dir) / f"combined_{d}.jsonl" for d in (*SPECDECODE_BENCH_TRAIN,
+                                                                        *SPECDECODE_BENCH_HELD_OUT)]
+    zero = {f: 0.0 for f in FEATURES}
+    result, rows, _ = calibrate_specdecode_bench(paths, method="eagle3", model="llama-3.1-8b", k=20,
+                                                 train=SPECDECODE_BENCH_TRAIN, coefficients=zero)
+    fit = result.params
+    written = []
+    for (method, model), entry in MEASURED_FITS.items():
+        params = replace(
+            fit, model=model, positions=tuple(round(a, 6) for a in fit.positions), source=entry["source"],
+            sources={**fit.sources, "data": f"{SPECDECODE_BENCH}: " + ", ".join(p.name for p in paths)},
+            aliases=tuple(entry["aliases"]), draft_model=entry.get("draft_model"),
+            calibration={**fit.calibration, "report": [r.to_json() for r in rows],
+                         "regenerate": "agentspec_sim.calibrate_acceptance.regenerate_measured(<SpecDecode-Bench "
+                                       "data/llama3.1-8B>)"})
+        path = Path(out_dir) / f"{method}.{model}.json"
+        write_json_atomic(path, params.to_json())
+        written.append(path)
+    return written
 
 
 def fit_coefficients(spec_bench_answers: str | Path) -> tuple[dict[str, float], FitResult]:
@@ -1120,9 +1192,37 @@ def regenerate_bundled(spec_bench_answers: str | Path, out_dir: str | Path = ACC
 
 
 __all__ = [
-    "MT_BENCH_CATEGORIES", "PUBLIC_TARGETS", "REFERENCE_STREAM", "CalibrationError", "FitResult", "GroupRow",
-    "Observation", "Replay", "Streams", "build_streams", "calibrate_file", "call_features", "cumulative_rates",
-    "expected_counts", "fit_coefficients", "fit_steps", "fit_targets", "group_report", "load_spec_bench",
-    "load_vllm_metrics", "model_rates", "observed_rates", "predicted_rates", "reference_streams",
-    "regenerate_bundled", "replay_drafter", "sample_steps", "workload_streams",
+    "MT_BENCH_CATEGORIES",
+    "PUBLIC_TARGETS",
+    "REFERENCE_STREAM",
+    "CalibrationError",
+    "FitResult",
+    "GroupRow",
+    "Observation",
+    "Replay",
+    "Streams",
+    "build_streams",
+    "calibrate_file",
+    "calibrate_specdecode_bench",
+    "call_features",
+    "cumulative_rates",
+    "expected_counts",
+    "fit_coefficients",
+    "fit_steps",
+    "fit_targets",
+    "group_report",
+    "load_spec_bench",
+    "load_specdecode_bench",
+    "load_vllm_metrics",
+    "looks_like_specdecode_bench",
+    "model_rates",
+    "observed_rates",
+    "predicted_rates",
+    "reference_streams",
+    "regenerate_bundled",
+    "regenerate_measured",
+    "replay_drafter",
+    "sample_steps",
+    "walk_positions",
+    "workload_streams",
 ]

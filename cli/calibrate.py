@@ -22,9 +22,12 @@ app.add_typer(calibrate_app, name="calibrate")
 
 @calibrate_app.command("acceptance")
 def acceptance(
-    file: Path = typer.Argument(..., help="vLLM per-request spec_decode_metrics JSONL ({\"per_step_drafted\": […], "
-                                "\"per_step_accepted\": […]} per request, optional id / category), or a Spec-Bench "
-                                "model_answer JSONL (accept_lengths per turn).", show_default=False),
+    files: list[Path] = typer.Argument(..., help="vLLM per-request spec_decode_metrics JSONL ({\"per_step_drafted\": "
+                                       "[…], \"per_step_accepted\": […]} per request, optional id / category), a "
+                                       "Spec-Bench model_answer JSONL (accept_lengths per turn), or one or more "
+                                       "SpecDecode-Bench request files (prompt/generated token ids and acc_<proposer>."
+                                       "acc_len per output position; one dataset per file, named by the file).",
+                                       show_default=False),
     method: str = typer.Option("eagle3", "--method", help="The model-based drafter the parameters are for "
                                "(eagle3 or mtp)."),
     model: str = typer.Option("custom", "--model", help="Target model name written into the parameter file."),
@@ -37,6 +40,10 @@ def acceptance(
     coefficients_from: Path | None = typer.Option(None, "--coefficients-from", help="Hold the feature coefficients "
                                                   "at those of this parameter file (default: fit them when requests "
                                                   "match trace calls, else the method's bundled default)."),
+    no_features: bool = typer.Option(False, "--no-features", help="Hold every feature coefficient at 0: fit the "
+                                     "per-position intercepts alone."),
+    limit: int | None = typer.Option(None, "--limit", help="SpecDecode-Bench files: read only each file's first N "
+                                     "requests."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the parameter file (.json, atomically).",
                                 show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print the fit report as JSON instead of a table."),
@@ -44,9 +51,14 @@ def acceptance(
     """Fit the acceptance model's per-position intercepts (and feature coefficients) by maximum likelihood
     on per-step accepted lengths; report observed vs fitted acceptance per category."""
     from agentspec_sim.atomic import write_json_atomic
-    from agentspec_sim.calibrate_acceptance import CalibrationError, calibrate_file
+    from agentspec_sim.calibrate_acceptance import (
+        CalibrationError,
+        calibrate_file,
+        calibrate_specdecode_bench,
+        looks_like_specdecode_bench,
+    )
     from agentspec_sim.drafters.base import SpecConfigError, drafter_class
-    from agentspec_sim.drafters.model_based import ModelBasedDrafter, load_params_file
+    from agentspec_sim.drafters.model_based import FEATURES, ModelBasedDrafter, load_params_file
 
     try:
         if not issubclass(drafter_class(method), ModelBasedDrafter):
@@ -55,12 +67,23 @@ def acceptance(
         raise UsageError(f"--method: {exc}") from None
     if k is not None and k < 1:
         raise UsageError("--k must be ≥ 1")
+    if limit is not None and limit < 1:
+        raise UsageError("--limit must be ≥ 1")
+    if no_features and coefficients_from is not None:
+        raise UsageError("--no-features and --coefficients-from: give one")
     check_outputs(Output("--output", output, JSON_SUFFIXES),
-                  inputs={"FILE": file, "--features": features, "--coefficients-from": coefficients_from})
-    if not file.exists():
-        raise FileNotFoundError(2, "no such file", str(file))
-    if file.is_dir():
-        raise IsADirectoryError(21, "is a directory, not a metrics file", str(file))
+                  inputs={**{f"FILE {i + 1}": f for i, f in enumerate(files)}, "--features": features,
+                          "--coefficients-from": coefficients_from})
+    for file in files:
+        if not file.exists():
+            raise FileNotFoundError(2, "no such file", str(file))
+        if file.is_dir():
+            raise IsADirectoryError(21, "is a directory, not a metrics file", str(file))
+    file = files[0]
+    specdecode = [looks_like_specdecode_bench(f) for f in files]
+    if len(files) > 1 and not all(specdecode):
+        bad = files[specdecode.index(False)] if False in specdecode else files[0]
+        raise UsageError(f"{bad}: several FILEs must all be SpecDecode-Bench request files")
     workload = None
     if features is not None:
         from agentspec_sim.trace.io import load_trace
@@ -72,13 +95,20 @@ def acceptance(
             coefficients = dict(load_params_file(coefficients_from).coefficients)
         except ValueError as exc:
             raise UsageError(f"--coefficients-from: {exc}") from None
+    if no_features:
+        coefficients = dict.fromkeys(FEATURES, 0.0)
     train = [c.strip() for c in train_categories.split(",") if c.strip()] if train_categories else None
     try:
-        result, rows = calibrate_file(file, method=method, model=model, k=k, train_categories=train,
-                                      features=workload, coefficients=coefficients)
+        if specdecode[0]:
+            result, rows, _ = calibrate_specdecode_bench(files, method=method, model=model, k=k, train=train,
+                                                         limit=limit, coefficients=coefficients)
+        else:
+            result, rows = calibrate_file(file, method=method, model=model, k=k, train_categories=train,
+                                          features=workload, coefficients=coefficients)
     except (CalibrationError, json.JSONDecodeError, KeyError, UnicodeDecodeError) as exc:
         message = str(exc)  # CalibrationError names the file (and line) itself
-        raise UsageError(message if message.startswith(str(file)) else f"{file}: {message}") from None
+        raise UsageError(message if any(message.startswith(str(f)) for f in files) else f"{file}: {message}") \
+            from None
     document = result.params.to_json()
     document["calibration"]["report"] = [r.to_json() for r in rows]
     write_json_atomic(output, document)
@@ -106,8 +136,9 @@ def _render(file: Path, output: Path, result, rows) -> None:
     console.print(f"wrote {output}")
 
 
-def _rates(values) -> str:
-    return " ".join(f"{x:.2f}".removeprefix("0") for x in values)
+def _rates(values, shown: int = 8) -> str:
+    text = " ".join(f"{x:.2f}".removeprefix("0") for x in values[:shown])
+    return text + (" …" if len(values) > shown else "")
 
 
 @calibrate_app.command("cost")

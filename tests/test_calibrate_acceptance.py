@@ -14,15 +14,19 @@ from agentspec_sim.calibrate_acceptance import (
     CalibrationError,
     Observation,
     calibrate_file,
+    calibrate_specdecode_bench,
     expected_counts,
     fit_steps,
     fit_targets,
     load_spec_bench,
+    load_specdecode_bench,
     load_vllm_metrics,
+    looks_like_specdecode_bench,
     model_rates,
     observed_rates,
     reference_streams,
     sample_steps,
+    walk_positions,
     workload_streams,
 )
 from agentspec_sim.drafters.model_based import AcceptanceParams, load_params_file
@@ -180,3 +184,95 @@ def test_spec_bench_categories_fit_and_held_out_error():
     # (observed 3.11, fitted ~3.55) — a regression bound, not a quality claim.
     assert held.max_abs_error < 0.2 and abs(held.predicted_length - held.observed_length) < 0.7
     assert result.params.coefficient("copy") > 0 and result.params.coefficient("code") > 0
+
+
+# ---- SpecDecode-Bench request files (token ids + per-position accepted lengths) ----------------
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _per_position_file(path, intercepts, k, requests, length, seed, vocab=50):
+    """A SpecDecode-Bench-format file drawn from a known intercept-only process: at every output position
+    t, the tokens a step starting there would emit (accepted + bonus), capped by what is left."""
+    rng = np.random.default_rng(seed)
+    a = np.asarray(intercepts)
+    with path.open("w") as f:
+        for r in range(requests):
+            acc = []
+            for t in range(length):
+                left = length - 1 - t
+                j = 0
+                while j < min(k, left) and rng.random() < _sigmoid(a[min(j, a.shape[0] - 1)]):
+                    j += 1
+                acc.append(j + 1)
+            rec = {"id": str(r), "prompt_token_ids": rng.integers(0, vocab, 12).tolist(),
+                   "generated_token_ids": rng.integers(0, vocab, length).tolist(),
+                   "acc_eagle": {"acc_len": acc}, "acc_ngram": {"acc_len": [1] * (length - 1) + [k + 1]}}
+            f.write(json.dumps(rec) + "\n")
+
+
+def test_walk_follows_specdecode_bench_simulator():
+    # cur_gen_len starts at 1; a step emits acc_len[cur_gen_len − 1] tokens (SpecDecode-Bench simulator.py)
+    assert walk_positions(np.array([1, 3, 9, 9, 2, 1, 1, 5])).tolist() == [1, 3, 2, 1]
+    assert walk_positions(np.array([4])).tolist() == []
+
+
+def test_specdecode_bench_loader_walks_and_names_bad_fields(tmp_path):
+    path = tmp_path / "combined_toy.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt_token_ids": [1, 2], "generated_token_ids": [5, 6, 7, 8, 9],
+                                "acc_eagle": {"acc_len": [1, 3, 2, 1, 1]}, "acc_ngram": {"acc_len": [1] * 4 + [6]}})
+                     + "\n")
+    assert looks_like_specdecode_bench(path)
+    obs, calls = load_specdecode_bench(path)
+    assert obs[0].group == "toy" and calls[0].id == "toy/a" and obs[0].call_id == "toy/a"
+    assert obs[0].accepted.tolist() == [0, 2] and obs[0].drafted.tolist() == [5, 5]  # k from acc_ngram: 6 − 1
+    assert obs[0].positions(calls[0].output_len).tolist() == [1, 2]
+    bad = tmp_path / "combined_bad.jsonl"
+    bad.write_text("\n" + json.dumps({"prompt_token_ids": [1], "generated_token_ids": [2, 3],
+                                      "acc_eagle": {"acc_len": [1, 0]}}) + "\n")
+    with pytest.raises(CalibrationError, match=r"combined_bad\.jsonl:2: acc_eagle\.acc_len"):
+        load_specdecode_bench(bad)
+    bad.write_text(json.dumps({"prompt_token_ids": "x", "generated_token_ids": [2], "acc_eagle": {"acc_len": [1]}}))
+    with pytest.raises(CalibrationError, match=r"combined_bad\.jsonl:1: prompt_token_ids"):
+        load_specdecode_bench(bad)
+
+
+def test_specdecode_bench_fit_recovers_intercepts_and_reports_held_out(tmp_path):
+    true = [1.2, 0.6, 0.2, -0.3]
+    _per_position_file(tmp_path / "combined_train.jsonl", true, 6, 60, 200, seed=1)
+    _per_position_file(tmp_path / "combined_other.jsonl", true, 6, 30, 200, seed=2)
+    result, rows, _ = calibrate_specdecode_bench(
+        [tmp_path / "combined_train.jsonl", tmp_path / "combined_other.jsonl"], train=["train"],
+        coefficients={"copy": 0.0, "code": 0.0}, num_positions=4, band_requests=20)
+    got = np.asarray(result.params.positions)
+    assert got.shape == (4,) and np.abs(got - true).max() < 0.15, got
+    by_group = {r.group: r for r in rows}
+    assert by_group["other"].split == "held-out" and by_group["train"].split == "train"
+    assert abs(by_group["other"].predicted_length / by_group["other"].observed_length - 1) < 0.03
+    params = result.params
+    assert params.has_band and params.calibration["held_out"] == ["other"]
+    low, high = params.with_bound("low"), params.with_bound("high")
+    assert np.all(np.asarray(low.positions) < got) and np.all(np.asarray(high.positions) > got)
+    with pytest.raises(CalibrationError, match="unknown datasets"):
+        calibrate_specdecode_bench([tmp_path / "combined_train.jsonl"], train=["nope"])
+
+
+def test_cli_fits_specdecode_bench_files(tmp_path, monkeypatch):
+    import agentspec_sim.cli.calibrate  # noqa: F401
+    from agentspec_sim.cli.app import app
+
+    monkeypatch.setenv("COLUMNS", "200")
+    _per_position_file(tmp_path / "combined_a.jsonl", [1.0, 0.4], 4, 20, 120, seed=3)
+    _per_position_file(tmp_path / "combined_b.jsonl", [1.0, 0.4], 4, 20, 120, seed=4)
+    out = tmp_path / "p.json"
+    args = ["calibrate", "acceptance", str(tmp_path / "combined_a.jsonl"), str(tmp_path / "combined_b.jsonl"),
+            "--train-categories", "a", "--no-features", "--model", "toy", "-o", str(out), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["params"]["coefficients"] == {"copy": 0.0, "code": 0.0} and "band" in doc["params"]
+    assert {r["group"]: r["split"] for r in doc["report"]}["b"] == "held-out"
+    mixed = CliRunner().invoke(app, ["calibrate", "acceptance", str(tmp_path / "combined_a.jsonl"), str(out),
+                                     "-o", str(tmp_path / "q.json")])
+    assert mixed.exit_code != 0 and "must all be SpecDecode-Bench" in str(mixed.exception)  # exit 2 via main()
