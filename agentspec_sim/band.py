@@ -19,6 +19,7 @@ normally gives the higher acceptance length, goodput and speedup, but nothing he
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -62,11 +63,11 @@ def has_band(spec: SpeculativeConfig, model: str | None = None) -> bool:
 
 
 def bound_config(spec: SpeculativeConfig, bound: str) -> SpeculativeConfig:
-    """`spec` with `acceptance_bound` = `bound` in its options (its label gains ` [bound]`)."""
+    """`spec` with `acceptance_bound` = `bound` in its options (its label gains ` (bound bound)`)."""
     if bound not in BOUNDS:
         raise ValueError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
     options = {**dict(spec.options), "acceptance_bound": bound}
-    return replace(spec, options=tuple(sorted(options.items())), label=f"{spec.name} [{bound}]")
+    return replace(spec, options=tuple(sorted(options.items())), label=f"{spec.name} ({bound} bound)")
 
 
 def bound_configs(spec: SpeculativeConfig, model: str | None = None) -> dict[str, SpeculativeConfig] | None:
@@ -84,8 +85,8 @@ class Band:
     high: RunSummary
 
     def values(self, metric: str) -> list[float | None]:
-        """[low, high] of one summary field (`METRICS`)."""
-        return [getattr(self.low, metric), getattr(self.high, metric)]
+        """[low, high] of one summary field (`METRICS`); None for a value that is undefined (NaN, inf)."""
+        return [_finite(getattr(self.low, metric)), _finite(getattr(self.high, metric))]
 
     def fields(self) -> dict[str, list[float | None]]:
         """`<metric>_band` = [low, high] for every metric in `METRICS`."""
@@ -95,6 +96,10 @@ class Band:
         """`<metric>_low`, `<metric>_high` for every metric in `METRICS`."""
         return {f"{metric}_{bound}": value for metric in METRICS
                 for bound, value in zip(BOUNDS, self.values(metric), strict=True)}
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def empty_fields() -> dict[str, None]:
@@ -157,15 +162,15 @@ def row_values(row: Mapping[str, Any], metric: str) -> list[float] | None:
 
 
 def format_interval(value: float | None, values: Sequence[float | None] | None, spec: str = ".2f",
-                    suffix: str = "") -> str:
-    """`3.12 [2.95–3.30]`: the point value, then its band as the runs gave it (low bound's first); the point
-    value alone where there is no band, `—` where there is no value."""
+                    suffix: str = "", sep: str = " ") -> str:
+    """`3.12 [2.95–3.30]`: the point value, then (after `sep`) its band as the runs gave it, the low bound's
+    first; the point value alone where there is no band, `—` where there is no value."""
     if value is None:
         return "—"
     text = f"{value:{spec}}{suffix}"
     if values is None or any(v is None for v in values):
         return text
-    return f"{text} [{values[0]:{spec}}–{values[1]:{spec}}{suffix}]"
+    return f"{text}{sep}[{values[0]:{spec}}–{values[1]:{spec}}{suffix}]"
 
 
 __all__ = ["BOUNDS", "COLUMNS", "METRICS", "Band", "bound_config", "bound_configs", "empty_columns", "empty_fields",

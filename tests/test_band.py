@@ -63,7 +63,7 @@ def test_bound_configs_set_acceptance_bound_and_nothing_else(tmp_path):
     assert list(configs) == ["low", "high"]
     for bound, bounded in configs.items():
         assert bounded.to_json() == {**spec.to_json(), "acceptance_bound": bound}
-        assert bounded.name == f"mine [{bound}]" and spec.option("acceptance_bound") is None
+        assert bounded.name == f"mine ({bound} bound)" and spec.option("acceptance_bound") is None
         assert model_based.resolve_params(bounded).positions == tuple(
             a + (0.5 if bound == "high" else -0.5) for a in model_based.resolve_params(spec).positions)
     with pytest.raises(ValueError, match="bound must be one of"):
@@ -101,7 +101,7 @@ def test_bound_runs_bracket_the_point_run_and_are_deterministic(tmp_path):
     point = runs[1][1]
     low, high = got.values("mean_acceptance_length")
     assert low < point.mean_acceptance_length < high
-    assert got.low.drafter.endswith("[low]") and got.high.drafter.endswith("[high]")
+    assert got.low.drafter.endswith("(low bound)") and got.high.drafter.endswith("(high bound)")
     g_low, g_high = got.values("goodput_tok_s")
     assert g_low < point.goodput_tok_s < g_high
     s_low, s_high = got.values("speedup")  # against the same normal run
