@@ -62,6 +62,7 @@ def plan(
     think_time: float | None = sweep_cli.think_time_option(),
     no_prefix_caching: bool = sweep_cli.no_prefix_caching_option(),
     skip_bad_lines: bool = sweep_cli.skip_bad_lines_option(),
+    no_band: bool = sweep_cli.no_band_option(),
 ) -> None:
     """Pick the max batch size and drafter (and k) with the highest goodput that meets the SLOs and fits the
     KV cache; print the vLLM flags that deploy it."""
@@ -92,7 +93,7 @@ def plan(
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                                         address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json,
-                                        max_cells=max_cells)
+                                        max_cells=max_cells, band=not no_band)
     try:
         plans = make_plan(frame, slo)
     except SweepError as exc:
