@@ -4,8 +4,10 @@ configs, and the bound runs (same seed and engine; the high bound's acceptance a
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
+import polars as pl
 import pytest
 from simhelpers import ConstantCost, agent_query, config, workload
 
@@ -113,3 +115,110 @@ def test_bound_runs_bracket_the_point_run_and_are_deterministic(tmp_path):
     assert again.fields() == got.fields()
     assert band.run_band(wl, SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3}),
                          cfg, runs[0][0], cost) is None
+
+
+# ---- sweep, plan and report ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """A banded eagle3 config and ngram at max_num_seqs 1 and 4 on a tiny trace (in this process, -j 1)."""
+    from test_sweep import write_trace
+
+    from agentspec_sim.sweep import run_sweep
+
+    root = tmp_path_factory.mktemp("band-sweep")
+    trace = write_trace(root / "tiny.jsonl", queries=3, calls=2, out_len=24)
+    params = banded_file(root / "p.json", 0.3)
+    eagle = json.dumps({"method": "eagle3", "num_speculative_tokens": 3, "acceptance_params": str(params)})
+    args = dict(drafters=["ngram"], speculative_configs=[eagle], max_num_seqs=[1, 4], jobs=1)
+    frame = run_sweep(trace, output=root / "r.parquet", **args)
+    return root, trace, args, frame
+
+
+def _sans_wall(frame):
+    return frame.drop("wall_s")
+
+
+def test_sweep_records_the_bound_runs_as_columns(swept):
+    _, _, _, frame = swept
+    assert [c for c in frame.columns if c in band.COLUMNS] == list(band.COLUMNS)
+    assert frame.columns.index("speedup_high") < frame.columns.index("engine_config")
+    eagle = frame.filter(frame["drafter"].str.starts_with("eagle3"))
+    others = frame.filter(~frame["drafter"].str.starts_with("eagle3"))
+    assert eagle.height == 2 and others.select(band.COLUMNS).null_count().row(0) == (others.height,) * 6
+    for row in eagle.iter_rows(named=True):
+        assert row["mean_acceptance_length_low"] < row["mean_acceptance_length"] < row["mean_acceptance_length_high"]
+        assert row["goodput_tok_s_low"] < row["goodput_tok_s"] < row["goodput_tok_s_high"]
+        normal = frame.filter((frame["drafter"] == "normal") & (frame["max_num_seqs"] == row["max_num_seqs"]))
+        assert row["speedup_low"] == pytest.approx(row["goodput_tok_s_low"] / normal["goodput_tok_s"][0])
+        assert row["speedup_high"] == pytest.approx(row["goodput_tok_s_high"] / normal["goodput_tok_s"][0])
+
+
+def test_sweep_no_band_and_resume_from_results_without_the_columns(swept, tmp_path):
+    from agentspec_sim.sweep import read_results, run_sweep
+
+    _, trace, args, frame = swept
+    plain = run_sweep(trace, band=False, **args)
+    assert plain.select(band.COLUMNS).null_count().row(0) == (plain.height,) * 6
+    assert _sans_wall(plain.drop(band.COLUMNS)).equals(_sans_wall(frame.drop(band.COLUMNS)))
+    # An old results file (no band columns): a resumed sweep reruns only the banded cells and ends as a fresh one.
+    out = tmp_path / "old.parquet"
+    frame.drop(band.COLUMNS).write_parquet(out)
+    seen = []
+    resumed = run_sweep(trace, output=out, resume=True, progress=lambda d, t, row: seen.append(row), **args)
+    assert sorted(r["drafter"] for r in seen if r is not None) == [frame["drafter"][2]] * 2
+    assert _sans_wall(resumed).equals(_sans_wall(frame)) and _sans_wall(read_results(out)).equals(_sans_wall(frame))
+    # --no-band over a banded file: the band columns null, as a fresh --no-band sweep leaves them.
+    resumed = run_sweep(trace, output=out, resume=True, band=False, **args)
+    assert _sans_wall(resumed).equals(_sans_wall(plain))
+
+
+def test_plan_names_the_drafters_within_a_band():
+    from test_plan import constructed
+
+    from agentspec_sim.sweep.plan import plan
+
+    frame = constructed()  # results from before bands: every plan as before, no band
+    (p,) = plan(frame)
+    assert p.best.drafter == "ngram k=2" and p.band_overlaps == [] and p.band_note is None
+    assert p.best.goodput_tok_s_band is None
+    # ngram k=5 (320 tok/s at 4) gets a band reaching the chosen 340 tok/s; the chosen one's band reaches 300.
+    def with_band(row):
+        if row["drafter"] == "ngram k=5":
+            g = row["goodput_tok_s"]
+            return {**row, "goodput_tok_s_low": g - 30, "goodput_tok_s_high": g + 30, "speedup_low": 1.0,
+                    "speedup_high": 1.2}
+        return {**row, "goodput_tok_s_low": None, "goodput_tok_s_high": None, "speedup_low": None,
+                "speedup_high": None}
+
+    banded = pl.DataFrame([with_band(r) for r in frame.to_dicts()])
+    (p,) = plan(banded)
+    assert p.best.drafter == "ngram k=2" and p.band_overlaps == ["ngram k=5"]
+    assert ("the chosen goodput (340 tok/s) lies inside ngram k=5's band at max_num_seqs 4 (290–350 tok/s)"
+            in p.band_note)
+    k5 = next(d for d in p.drafters if d.drafter == "ngram k=5")
+    assert k5.best.goodput_tok_s_band == [290.0, 350.0] and k5.best.speedup_band == [1.0, 1.2]
+    assert p.to_dict()["band_overlaps"] == ["ngram k=5"]
+    narrow = banded.with_columns(pl.col("goodput_tok_s_high") - 20)
+    assert plan(narrow)[0].band_overlaps == []
+
+
+def test_report_shades_the_band_and_tables_show_it(swept, tmp_path):
+    from agentspec_sim.report.build import write_report
+    from agentspec_sim.report.results import load_results
+
+    root, _, _, frame = swept
+    results = load_results([root / "r.parquet"])
+    report = write_report(results, tmp_path / "with")
+    text = report.markdown.read_text()
+    eagle = frame["drafter"][2]
+    line = next(x for x in text.splitlines() if x.startswith(f"| {eagle} |"))
+    assert re.search(r"\d\.\d\d× \[\d\.\d\d–\d\.\d\d×\]", line), line
+    assert "uncertainty band" in text
+    old = write_report(results.drop(band.COLUMNS), tmp_path / "without")  # results from before bands
+    assert "uncertainty band" not in old.markdown.read_text()
+    name = next(p.name for p in report.figures if p.name.startswith("speedup-"))
+    assert (tmp_path / "with" / name).read_bytes() != (tmp_path / "without" / name).read_bytes()
+    write_report(results, tmp_path / "again")
+    assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "with" / name).read_bytes()
