@@ -62,6 +62,7 @@ def plan(
     think_time: float | None = sweep_cli.think_time_option(),
     no_prefix_caching: bool = sweep_cli.no_prefix_caching_option(),
     skip_bad_lines: bool = sweep_cli.skip_bad_lines_option(),
+    no_band: bool = sweep_cli.no_band_option(),
 ) -> None:
     """Pick the max batch size and drafter (and k) with the highest goodput that meets the SLOs and fits the
     KV cache; print the vLLM flags that deploy it."""
@@ -92,7 +93,7 @@ def plan(
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                                         address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json,
-                                        max_cells=max_cells)
+                                        max_cells=max_cells, band=not no_band)
     try:
         plans = make_plan(frame, slo)
     except SweepError as exc:
@@ -117,16 +118,17 @@ def _refuse_sweep_options(ctx: typer.Context) -> None:
                              "own settings (re-run it to change them, or give a TRACE instead of --results)")
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "—" if value is None else f"{value:{spec}}"
-
-
 def _render(p) -> None:
+    from agentspec_sim.band import format_interval
+
     console = Console()
     table = Table(title=f"plan · {Path(p.trace).name} · {p.hardware} · {p.model}", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
                   caption="batch: the max_num_seqs of highest goodput meeting the objectives · goodput in tok/s · "
-                          "p99 latencies in seconds, as the --slo-* options and --json take them")
+                          "p99 latencies in seconds, as the --slo-* options and --json take them"
+                          + ("\n\\[low–high] under a value: the runs at the low and high bound of the acceptance "
+                             "model's uncertainty band" if any(d.best is not None and d.best.goodput_tok_s_band
+                                                               for d in p.drafters) else ""))
     # Short headers keep the table inside 80 columns; what stops each drafter is listed below it.
     for name in ("drafter", "batch", "goodput", "speedup", "query p99 s", "TTFT p99 s", "TPOT p99 s"):
         table.add_column(name, justify="left" if name == "drafter" else "right", no_wrap=True)
@@ -135,12 +137,17 @@ def _render(p) -> None:
         if b is None:
             table.add_row(d.drafter, "none", "—", "—", "—", "—", "—")
             continue
-        table.add_row(d.drafter, str(b.max_num_seqs), f"{b.goodput_tok_s:,.0f}", _fmt(b.speedup, ".2f") + "×",
-                      seconds(b.query_latency_p99_s), seconds(b.ttft_p99_s), seconds(b.tpot_p99_s))
+        # A band (agentspec_sim.band) on a second line of its cell.
+        table.add_row(d.drafter, str(b.max_num_seqs), format_interval(b.goodput_tok_s, b.goodput_tok_s_band, ",.0f",
+                                                                      sep="\n"),
+                      format_interval(b.speedup, b.speedup_band, ".2f", "×", sep="\n") if b.speedup is not None
+                      else "—×", seconds(b.query_latency_p99_s), seconds(b.ttft_p99_s), seconds(b.tpot_p99_s))
     console.print(table)
     for d in p.drafters:
         console.print(f"  {d.drafter}: {'larger: ' if d.best is not None else ''}{d.why}", highlight=False)
     console.print(f"[bold]best:[/] {p.reason}")
+    if p.band_note:
+        console.print(f"uncertain: {p.band_note}", highlight=False, markup=False)
     if p.best is not None:
         env = "".join(f"{k}={v} " for k, v in p.vllm_env.items())
         # Quoted for a POSIX shell, so the line pastes as it is.

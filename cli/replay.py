@@ -57,6 +57,8 @@ def replay(
     steps: Path | None = typer.Option(None, "--steps", help="Write every run's per-call-step log (.parquet)."),
     check: bool = typer.Option(False, "--check-invariants", help="Run the engine's invariant checks every step."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines (and count them)."),
+    no_band: bool = typer.Option(False, "--no-band", help="Skip the two extra runs per eagle3/mtp configuration whose "
+                                 "acceptance parameters have an uncertainty band (its low and high bound)."),
 ) -> None:
     """Replay a trace through the simulated engine with each drafter; compare goodput and acceptance."""
     from agentspec_sim.drafters.base import SpecConfigError, parse_drafter, parse_drafter_list
@@ -102,7 +104,8 @@ def replay(
                 f"finished {summary.drafter}: {summary.calls:,} calls in {result.wall_s:.1f} s", markup=False)
 
     try:
-        runs = _run(workload, specs, config, show_progress=not as_json, on_result=keep)
+        runs, bands = _run(workload, specs, config, show_progress=not as_json, on_result=keep, band=not no_band,
+                           on_band=None if as_json else _say_band_finished)
     except KeyboardInterrupt as exc:
         exc.note = _write_finished(path, config, finished, output, steps)  # type: ignore[attr-defined]
         raise
@@ -114,7 +117,7 @@ def replay(
         raise UsageError(str(exc)) from None
 
     document = {"trace": str(path), "config": _config_dict(config), "cost_model": _cost_note(config),
-                "runs": [_run_dict(r, s) for r, s in runs]}
+                "runs": [_run_dict(r, s, b) for (r, s), b in zip(runs, bands, strict=True)]}
     if steps is not None:
         _write_steps(steps, [r for r, _ in runs])
     if output is not None:
@@ -124,7 +127,7 @@ def replay(
     if as_json:
         typer.echo(json.dumps(document, indent=2))
         return
-    _render(path, runs, burst_note(workload, config), document["cost_model"])
+    _render(path, runs, burst_note(workload, config), document["cost_model"], bands)
 
 
 def _cost_note(config) -> str:
@@ -211,9 +214,16 @@ def _write_finished(path: Path, config, finished: list, output: Path | None, ste
     return f"wrote the {len(finished)} finished run(s) ({names}) to {' and '.join(wrote)}"
 
 
-def _run(workload, specs, config, show_progress: bool, on_result=None):
+def _say_band_finished(summary) -> None:
+    Console(stderr=True, highlight=False).print(f"finished {summary.drafter}", markup=False)
+
+
+def _run(workload, specs, config, show_progress: bool, on_result=None, band: bool = True, on_band=None):
+    """`compare`'s runs, then (`band`) each banded configuration's two bound runs (agentspec_sim/band.py):
+    (runs, bands), a band or None per run. `on_band(summary)` sees each bound run as it completes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agentspec_sim.band import run_band
     from agentspec_sim.engine.run import compare
 
     console = Console(stderr=True)
@@ -231,14 +241,27 @@ def _run(workload, specs, config, show_progress: bool, on_result=None):
             if lines is not None:
                 lines.update(name, done, total)
 
-        return compare(workload, specs, config, progress=report, on_result=on_result)
+        runs = compare(workload, specs, config, progress=report, on_result=on_result)
+        bands = []
+        for result, _ in runs:
+            got = run_band(workload, result.spec, config, runs[0][0], progress=report) if band else None
+            if got is not None and on_band is not None:
+                on_band(got.low)
+                on_band(got.high)
+            bands.append(got)
+        return runs, bands
 
 
-def _run_dict(result, summary) -> dict:
+def _run_dict(result, summary, band=None) -> dict:
     """A run's summary for the JSON document, without the host's wall-clock time (it is on stderr): the same
     trace, config and seed give a byte-identical document. `history_evictions` only where a live AgentSpec
-    history passed the simulator's memory bound (the run's drafts are then an approximation)."""
-    return {**{k: v for k, v in summary.to_dict().items() if k != "wall_s"}, **result.extra}
+    history passed the simulator's memory bound (the run's drafts are then an approximation).
+    `mean_acceptance_length_band`, `goodput_tok_s_band`, `speedup_band`: [low, high], the values of the runs at
+    the acceptance model's low and high bound (`band`, agentspec_sim/band.py); null without one."""
+    from agentspec_sim.band import empty_fields
+
+    return {**{k: v for k, v in summary.to_dict().items() if k != "wall_s"},
+            **(empty_fields() if band is None else band.fields()), **result.extra}
 
 
 def _config_dict(config) -> dict:
@@ -257,11 +280,11 @@ def _write_steps(path: Path, results) -> None:
         frame.write_parquet(out)
 
 
-def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
-    return "—" if value is None else f"{value:{spec}}{suffix}"
+def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None, bands=None) -> None:
+    from agentspec_sim.band import format_interval
 
-
-def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None) -> None:
+    bands = bands or [None] * len(runs)
+    banded = any(b is not None for b in bands)
     console = Console()
     first = runs[0][1]
     limits = first.limits
@@ -270,16 +293,24 @@ def _render(path: Path, runs, note: str | None = None, cost_note: str | None = N
         "goodput: output tok/s of simulated time · TTFT, TPOT: p50 · query: p99 latency · times in seconds, "
         f"as in --json\n{REJECTION_LEGEND}\n"
         f"max_num_seqs {limits['max_num_seqs']} · max_num_batched_tokens {limits['max_num_batched_tokens']} · "
-        f"max_model_len {limits['max_model_len']:,} · KV blocks {limits['num_kv_blocks']:,}×{limits['block_size']}"))
+        f"max_model_len {limits['max_model_len']:,} · KV blocks {limits['num_kv_blocks']:,}×{limits['block_size']}"
+        + ("\n\\[low–high] under a value: the runs at the low and high bound of the acceptance model's "
+           "uncertainty band (eagle3/mtp; --no-band skips them)" if banded else "")))
     table.add_column("drafter", no_wrap=True)
     # Short headers keep the table inside an 80-column terminal; the caption defines each.
     for name in ("goodput", "speedup", "rej.tok", "rej.call", "acc.len", "TTFT s", "TPOT s", "query s"):
         table.add_column(name, justify="right", no_wrap=True)
-    for _, s in runs:
+    for (_, s), b in zip(runs, bands, strict=True):
+        def band(metric: str, b=b) -> list | None:
+            return None if b is None else b.values(metric)
+
+        # A band goes on a second line of its cell, so the table stays about as narrow as without one.
         table.add_row(
-            s.drafter, f"{s.goodput_tok_s:,.0f}", _fmt(s.speedup, ".3f", "×"), percent(s.rejection_rate_tokens),
-            percent(s.rejection_rate), _fmt(s.mean_acceptance_length, ".2f"), seconds(s.ttft.p50),
-            seconds(s.tpot.p50), seconds(s.query_latency.p99),
+            s.drafter, format_interval(s.goodput_tok_s, band("goodput_tok_s"), ",.0f", sep="\n"),
+            format_interval(s.speedup, band("speedup"), ".3f", "×", sep="\n"), percent(s.rejection_rate_tokens),
+            percent(s.rejection_rate),
+            format_interval(s.mean_acceptance_length, band("mean_acceptance_length"), sep="\n"),
+            seconds(s.ttft.p50), seconds(s.tpot.p50), seconds(s.query_latency.p99),
         )
     console.print(table)
     if note:

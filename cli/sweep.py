@@ -45,6 +45,7 @@ def sweep(
     think_time: float | None = shared.think_time_option(),
     no_prefix_caching: bool = shared.no_prefix_caching_option(),
     skip_bad_lines: bool = shared.skip_bad_lines_option(),
+    no_band: bool = shared.no_band_option(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no speedup table."),
 ) -> None:
     """Simulate every drafter configuration at every max batch size (× hardware × model × seed); write a
@@ -54,7 +55,8 @@ def sweep(
     frame = shared.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                           max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds, engine=engine,
                           output=output, resume=resume, jobs=jobs, executor=executor, address=address,
-                          skip_bad_lines=skip_bad_lines, show_progress=not quiet, max_cells=max_cells)
+                          skip_bad_lines=skip_bad_lines, show_progress=not quiet, max_cells=max_cells,
+                          band=not no_band)
     if not quiet:
         _render(frame, output)
 
@@ -65,15 +67,21 @@ def _render(frame, output: Path) -> None:
     console = Console()
     sizes = sorted(frame["max_num_seqs"].unique().to_list())
     for (hardware, model), part in frame.group_by(["hardware", "model"], maintain_order=True):
+        banded = "speedup_low" in part.columns and part["speedup_low"].null_count() < part.height
         table = Table(title=f"speedup · {hardware} · {model}", box=box.SIMPLE_HEAD, pad_edge=False,
-                      caption="vs normal, by max_num_seqs; mean over seeds")
+                      caption="vs normal, by max_num_seqs; mean over seeds"
+                      + ("\n* an acceptance-model uncertainty band: its low/high-bound runs are the results' "
+                         "*_low / *_high columns (`report` shows the interval)" if banded else ""))
         table.add_column("drafter", no_wrap=True)
         for size in sizes:
             table.add_column(str(size), justify="right", no_wrap=True)
         means = part.group_by(["drafter", "max_num_seqs"], maintain_order=True).agg(pl.col("speedup").mean())
         lookup = {(r["drafter"], r["max_num_seqs"]): r["speedup"] for r in means.to_dicts()}
+        with_band = (set(part.filter(pl.col("speedup_low").is_not_null())["drafter"].to_list()) if banded
+                     else set())
         for label in dict.fromkeys(part["drafter"].to_list()):
             cells = [lookup.get((label, size)) for size in sizes]
-            table.add_row(label, *("—" if v is None else f"{v:.2f}" for v in cells))
+            table.add_row(label + (" *" if label in with_band else ""),
+                          *("—" if v is None else f"{v:.2f}" for v in cells))
         console.print(table)
     console.print(f"{frame.height} cells in {output}")

@@ -113,6 +113,12 @@ def no_prefix_caching_option():
     return typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache.")
 
 
+def no_band_option():
+    return typer.Option(False, "--no-band", help="Skip the two extra runs per eagle3/mtp cell whose acceptance "
+                        "parameters have an uncertainty band (its low and high bound; their *_low/*_high columns "
+                        "are then null).")
+
+
 def skip_bad_lines_option():
     return typer.Option(False, "--skip-bad-lines", help="Skip malformed trace lines (and count them).")
 
@@ -145,7 +151,7 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
 def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[str], grid: list[str],
                   max_num_seqs: str, hardware: str, model: str, seeds: int, engine, output: Path | None,
                   resume: bool, jobs: int | None, executor: str, address: str | None, skip_bad_lines: bool,
-                  show_progress: bool = True, max_cells: int = 10_000):
+                  show_progress: bool = True, max_cells: int = 10_000, band: bool = True):
     """`run_sweep` with a progress bar; bad options → UsageError. On Ctrl-C or SIGTERM (`Interrupted`, see
     cli/errors.py) `run_sweep` writes the finished cells; the note says how many, and the exit code is
     130 or 143."""
@@ -188,7 +194,7 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
     try:
         return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                          address=address, skip_bad_lines=skip_bad_lines, progress=progress, max_cells=max_cells,
-                         **options)
+                         band=band, **options)
     except (SweepError, SpecConfigError, EngineConfigError, SimulationError) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # a bad hardware/model profile name or file

@@ -101,6 +101,11 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
               "ways: the paper's (Table 1), the mean over calls of a call's rejected / drafted tokens, and "
               "token-level, rejected / drafted tokens over the run = 1 − vLLM's draft acceptance rate "
               "(`vllm:spec_decode_num_accepted_tokens` / `num_draft_tokens`); times are simulated GPU time.", ""]
+    if _has_band(results):
+        lines += ["Drafters whose acceptance model has an uncertainty band (eagle3/mtp parameter files with a `band`) "
+                  "were also run at its low and high bound, with the same trace, engine and seed: the plots shade "
+                  "the band between those runs and the tables give it after the value as [low–high], the low "
+                  "bound's run first.", ""]
     batches: dict[tuple[str, str, str], int] = {}
     for trace, hardware, model in settings:
         setting = means.filter((pl.col("trace") == trace) & (pl.col("hardware") == hardware)
@@ -159,6 +164,10 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
     with atomic_text(report.markdown) as handle:
         handle.write("\n".join(lines).rstrip() + "\n")
     return report
+
+
+def _has_band(results: pl.DataFrame) -> bool:
+    return "speedup_low" in results.columns and results["speedup_low"].null_count() < results.height
 
 
 def _latency_lines(setting: pl.DataFrame, drafters: Sequence[str], batch: int) -> str:

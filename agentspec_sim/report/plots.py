@@ -76,6 +76,7 @@ def speedup_vs_batch(setting: pl.DataFrame, style: Style, title: str, path: Path
             continue
         ax.plot(rows["max_num_seqs"], rows["speedup"], marker=style.marker(drafter), color=style.color(drafter),
                 label=drafter)
+        _band(ax, rows, style.color(drafter), f"{drafter}: acceptance band")
     _batch_axis(ax, sizes)
     ax.set_ylabel("speedup in goodput (× normal)")
     ax.set_title(title)
@@ -83,6 +84,19 @@ def speedup_vs_batch(setting: pl.DataFrame, style: Style, title: str, path: Path
     _outside_legend(ax)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _band(ax, rows: pl.DataFrame, color: str, label: str) -> None:
+    """A drafter's uncertainty band (its runs at the acceptance model's low and high bound, agentspec_sim.band),
+    shaded between them at the batch sizes that have one; nothing for a drafter without a band."""
+    if "speedup_low" not in rows.columns or "speedup_high" not in rows.columns:
+        return
+    banded = rows.filter(pl.col("speedup_low").is_not_null() & pl.col("speedup_high").is_not_null())
+    if banded.height == 0:
+        return
+    low, high = banded["speedup_low"].to_numpy(), banded["speedup_high"].to_numpy()
+    ax.fill_between(banded["max_num_seqs"].to_numpy(), np.minimum(low, high), np.maximum(low, high), color=color,
+                    alpha=0.15, linewidth=0, label=label)
 
 
 def drafts_vs_budget(setting: pl.DataFrame, style: Style, title: str, path: Path) -> Path:

@@ -182,8 +182,11 @@ def seed_means(frame: pl.DataFrame) -> pl.DataFrame:
     averages five), query latencies pooled; `seeds` counts them. Settings and drafters in the order they
     first appear, batch sizes ascending (deterministic for the same input)."""
     numeric = [c for c in METRIC_COLUMNS if c != "query_latencies_s"]
+    from agentspec_sim.band import COLUMNS as BAND_COLUMNS
+
+    # The band columns (agentspec_sim.band) only in results written since they were recorded.
     extra = [c for c in ("rejection_rate_tokens", "mean_acceptance_length", "budget_utilisation", "output_tokens",
-                         "makespan_s", "running_max") if c in frame.columns]
+                         "makespan_s", "running_max", *BAND_COLUMNS) if c in frame.columns]
     keys = [*SETTING, "drafter", "max_num_seqs"]
     indexed = frame.with_row_index("_order")
     order = indexed.group_by("drafter").agg(pl.col("_order").min().alias("_first"))

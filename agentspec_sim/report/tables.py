@@ -1,6 +1,8 @@
 """The report's Markdown tables, laid out as the paper's Tables 1, 2 and 5 (plus the numbers behind Figure 1).
 
-Inputs are seed-averaged results (`results.seed_means`); every function returns Markdown text.
+Inputs are seed-averaged results (`results.seed_means`); every function returns Markdown text. A drafter with
+an uncertainty band (its runs at the acceptance model's low and high bound, agentspec_sim.band) shows its
+interval after the value: `1.52× [1.40–1.61×]`.
 """
 
 from __future__ import annotations
@@ -9,12 +11,23 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from agentspec_sim.band import format_interval
 from agentspec_sim.report.results import workload_name
 
 
 def _cell(frame: pl.DataFrame, drafter: str, batch: int, column: str) -> float | None:
     row = frame.filter((pl.col("drafter") == drafter) & (pl.col("max_num_seqs") == batch))
     return None if row.height == 0 else row[column][0]
+
+
+def _band(frame: pl.DataFrame, drafter: str, batch: int, metric: str) -> list[float] | None:
+    """[low, high] of `metric` at one cell from its band columns (agentspec_sim.band); None without a band."""
+    if f"{metric}_low" not in frame.columns:
+        return None
+    from agentspec_sim.band import row_values
+
+    rows = frame.filter((pl.col("drafter") == drafter) & (pl.col("max_num_seqs") == batch))
+    return None if rows.height == 0 else row_values(rows.row(0, named=True), metric)
 
 
 def _pct(value: float | None) -> str:
@@ -50,7 +63,8 @@ def speedup_table(setting: pl.DataFrame, drafters: Sequence[str]) -> str:
         if drafter == "normal" or setting.filter(pl.col("drafter") == drafter).height == 0:
             continue
         values = [_cell(setting, drafter, b, "speedup") for b in sizes]
-        rows.append([drafter, *("—" if v is None else f"{v:.2f}×" for v in values)])
+        rows.append([drafter, *(format_interval(v, _band(setting, drafter, b, "speedup"), ".2f", "×")
+                                for v, b in zip(values, sizes, strict=True))])
     normal = [_cell(setting, "normal", b, "goodput_tok_s") for b in sizes]
     rows.append(["*normal goodput (tok/s)*", *("—" if v is None else f"{v:,.0f}" for v in normal)])
     if "running_max" in setting.columns:
@@ -92,8 +106,13 @@ def goodput_table(frame: pl.DataFrame, batches: dict[tuple[str, str, str], int],
                     continue
                 goodput, speedup = sub["goodput_tok_s"][0], sub["speedup"][0]
                 text = f"{goodput:,.1f}"
-                row += [f"**{text}**" if goodput == best.get(trace) else text,
-                        "—" if speedup is None else f"×{speedup:.2f}"]
+                batch = batches[key]
+                goodput_band = _band(sub, drafter, batch, "goodput_tok_s")
+                speedup_band = _band(sub, drafter, batch, "speedup")
+                row += [(f"**{text}**" if goodput == best.get(trace) else text)
+                        + (f" [{goodput_band[0]:,.1f}–{goodput_band[1]:,.1f}]" if goodput_band else ""),
+                        "—" if speedup is None else f"×{speedup:.2f}"
+                        + (f" [×{speedup_band[0]:.2f}–×{speedup_band[1]:.2f}]" if speedup_band else "")]
             rows.append(row)
     return _table(header, rows, ["---", "---", *["---:"] * (2 * len(traces))])
 

@@ -13,6 +13,9 @@ Rules (docs/sweep-and-plan.md):
 - The vLLM flags: `--max-num-seqs`, the engine settings the sweep was given that vLLM would not pick by itself
   (`vllm_engine_args`), and the winner's `--speculative-config` with vLLM's keys only; an EAGLE-3 winner
   names its draft head ("model", which vLLM requires), or a marked field to fill in.
+- The uncertainty band: where the chosen goodput lies inside another drafter's band (the runs at the low and
+  high bound of its acceptance model, agentspec_sim.band), or another's goodput inside the chosen one's, the
+  plan names those drafters (`band_overlaps`, `band_note`): the simulation does not tell them apart.
 - The `num_speculative_tokens_per_batch_size` schedule: for each swept batch size up to the chosen
   one, the k of the winner's method (its configurations that differ only in k, and `normal` as
   k = 0) with the highest goodput at that max_num_seqs; each range runs from the previous swept
@@ -95,6 +98,10 @@ class Choice:
     ttft_p99_s: float | None
     tpot_p99_s: float | None
     preemptions: int
+    # [low, high]: the runs at the acceptance model's low and high bound (agentspec_sim.band), averaged over
+    # seeds as the point values are; None for a configuration without a band (or results without the columns).
+    goodput_tok_s_band: list[float] | None = None
+    speedup_band: list[float] | None = None
 
     @property
     def k(self) -> int:
@@ -125,6 +132,10 @@ class Plan:
     vllm_note: str | None = None  # what the flags cannot say: a method vLLM does not ship, a field to fill in…
     vllm_model: str | None = None  # the `vllm serve` model argument (the profile's Hugging Face repo)
     engine: dict[str, Any] | None = None  # the sweep's shared engine settings (None: the results predate them)
+    # The drafters the choice is not told apart from by the acceptance model's uncertainty band (the chosen
+    # goodput inside one's band, or one's goodput inside the chosen band), and the sentence that says so.
+    band_overlaps: list[str] = field(default_factory=list)
+    band_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,8 +148,11 @@ def aggregate(results: pl.DataFrame) -> pl.DataFrame:
     missing = [c for c in needed if c not in results.columns]
     if missing:
         raise SweepError(f"results lack column(s) {', '.join(missing)}")
+    bands = [f"{m}_{b}" for m in ("goodput_tok_s", "speedup") for b in ("low", "high")]
+    # Results from before bands were recorded: the band columns null.
+    results = results.with_columns(pl.lit(None, dtype=pl.Float64).alias(c) for c in bands if c not in results.columns)
     return (results.group_by(list(_CELL), maintain_order=True)
-            .agg(pl.col("goodput_tok_s").mean(), pl.col("speedup").mean(),
+            .agg(pl.col("goodput_tok_s").mean(), pl.col("speedup").mean(), pl.col(*bands).cast(pl.Float64).mean(),
                  pl.col("query_latency_p99", "ttft_p99", "tpot_p99").max(),
                  pl.col("preemptions", "incomplete_queries").max(),
                  (pl.col("limits_num_kv_blocks") * pl.col("limits_block_size")).min().alias("kv_tokens"))
@@ -204,10 +218,44 @@ def vllm_engine_args(engine: dict[str, Any]) -> list[str]:
 
 
 def _choice(row: dict[str, Any]) -> Choice:
+    from agentspec_sim.band import row_values
+
     return Choice(drafter=row["drafter"], speculative_config=json.loads(row["speculative_config"]),
                   max_num_seqs=int(row["max_num_seqs"]), goodput_tok_s=float(row["goodput_tok_s"]),
                   speedup=row["speedup"], query_latency_p99_s=row["query_latency_p99"], ttft_p99_s=row["ttft_p99"],
-                  tpot_p99_s=row["tpot_p99"], preemptions=int(row["preemptions"]))
+                  tpot_p99_s=row["tpot_p99"], preemptions=int(row["preemptions"]),
+                  goodput_tok_s_band=row_values(row, "goodput_tok_s"), speedup_band=row_values(row, "speedup"))
+
+
+def band_overlaps(winner: DrafterPlan, others: list[DrafterPlan]) -> tuple[list[str], str | None]:
+    """The drafters (of `others`, each at its own best batch size) that the chosen configuration is not told
+    apart from by the acceptance model's uncertainty band: the chosen goodput lies inside one's goodput band,
+    or one's goodput inside the chosen one's band (agentspec_sim.band). (names, the sentence saying so)."""
+    from agentspec_sim.band import span
+
+    best = winner.best
+    assert best is not None
+    own = span(best.goodput_tok_s_band)
+    names, parts = [], []
+    for other in others:
+        b = other.best
+        if b is None:
+            continue
+        theirs = span(b.goodput_tok_s_band)
+        found = []
+        if theirs is not None and theirs[0] <= best.goodput_tok_s <= theirs[1]:
+            found.append(f"the chosen goodput ({best.goodput_tok_s:,.0f} tok/s) lies inside {other.drafter}'s band "
+                         f"at max_num_seqs {b.max_num_seqs} ({theirs[0]:,.0f}–{theirs[1]:,.0f} tok/s)")
+        if own is not None and own[0] <= b.goodput_tok_s <= own[1]:
+            found.append(f"{other.drafter}'s goodput at max_num_seqs {b.max_num_seqs} ({b.goodput_tok_s:,.0f} tok/s) "
+                         f"lies inside the chosen one's band ({own[0]:,.0f}–{own[1]:,.0f} tok/s)")
+        if found:
+            names.append(other.drafter)
+            parts += found
+    if not names:
+        return [], None
+    return names, (f"within the acceptance model's uncertainty band, {winner.drafter} is not told apart from "
+                   f"{', '.join(names)}: {'; '.join(parts)}")
 
 
 def _plan_drafter(label: str, rows: list[dict[str, Any]], slo: SLO) -> DrafterPlan:
@@ -279,8 +327,9 @@ def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo:
         args += ["--speculative-config", json.dumps(config, sort_keys=True)]
         if method in _NOT_IN_VLLM or method.startswith("test-"):
             notes.insert(0, f"{method} is simulated here; vLLM 0.33 has no such method")
+    overlaps, band_note = band_overlaps(winner, ranked[1:])
     return Plan(trace, hardware, model, slo, drafters, best, reason, config, args, env, "; ".join(notes) or None,
-                served_model_name(model) or model, engine)
+                served_model_name(model) or model, engine, overlaps, band_note)
 
 
 def _draft_model(config: dict[str, Any], model: str) -> str | None:

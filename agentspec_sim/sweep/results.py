@@ -1,10 +1,12 @@
 """The sweep results file: its schema, the journal that makes it resumable, and its reader.
 
 Schema (one row per cell; docs/sweep-and-plan.md): the cell's key columns `KEY_COLUMNS`, then every
-field of `RunSummary.to_row()` in its order, then `engine_config` (the engine settings every cell
-shares, as JSON) and `query_latencies_s` (every completed query's latency). `speedup` is goodput
-over the goodput of the `normal` cell of the same (trace, engine config) group, filled in when the
-rows are written (null while that cell is missing).
+field of `RunSummary.to_row()` in its order, then the band columns (`agentspec_sim.band.COLUMNS`:
+`mean_acceptance_length_low`, `…_high`, `goodput_tok_s_low`, …, `speedup_high`; null but for an eagle3/mtp
+cell with an acceptance band; absent in files written before bands were recorded), then `engine_config`
+(the engine settings every cell shares, as JSON) and `query_latencies_s` (every completed query's
+latency). `speedup` (and `speedup_low` / `_high`) is goodput over the goodput of the `normal` cell of the
+same (trace, engine config) group, filled in when the rows are written (null while that cell is missing).
 
 Durability: each finished cell is appended to a journal beside the results, `<results>.partial`
 (one JSON line, written with one `write` and fsynced), so a killed sweep loses at most the cells in
@@ -59,12 +61,19 @@ def journal_path(path: str | Path) -> Path:
 
 def fill_speedups(rows: Sequence[Row], baseline_of: Mapping[str, str]) -> list[Row]:
     """Rows with `speedup` = goodput / goodput of their group's `normal` row (None where that row is
-    missing or its goodput is 0). `baseline_of` maps each cell_id to its group's normal cell_id."""
+    missing or its goodput is 0), and likewise `speedup_low` / `speedup_high` from `goodput_tok_s_low` /
+    `_high` (the band's runs, agentspec_sim.band) in rows that have those columns. `baseline_of` maps each
+    cell_id to its group's normal cell_id."""
     goodput = {row["cell_id"]: row["goodput_tok_s"] for row in rows}
     out = []
     for row in rows:
         base = goodput.get(baseline_of.get(row["cell_id"], ""))
-        out.append({**row, "speedup": (row["goodput_tok_s"] / base) if base else None})
+        filled = {**row, "speedup": (row["goodput_tok_s"] / base) if base else None}
+        for bound in ("low", "high"):
+            if f"goodput_tok_s_{bound}" in row:
+                value = row[f"goodput_tok_s_{bound}"]
+                filled[f"speedup_{bound}"] = value / base if base and value is not None else None
+        out.append(filled)
     return out
 
 

@@ -9,6 +9,7 @@ workers finish in, so `-j 2` writes what `-j 1` writes (only `wall_s` is a wall-
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,9 +37,12 @@ from agentspec_sim.trace.schema import Workload
 Progress = Callable[[int, int, Row | None], None]
 
 
-def run_cell(workload: Workload, cell: Cell) -> Row:
+def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     """Simulate one cell; its row: key columns, `RunSummary.to_row()` (speedup left to the sweep,
-    which knows the group's `normal` goodput), the shared engine settings, then every completed query's latency."""
+    which knows the group's `normal` goodput), the band columns (`agentspec_sim.band.COLUMNS`: with `band`, a
+    banded eagle3/mtp cell's runs at its acceptance model's low and high bound — two more simulations —,
+    else null), the shared engine settings, then every completed query's latency."""
+    from agentspec_sim.band import empty_columns, run_band
     from agentspec_sim.engine.run import simulate
     from agentspec_sim.metrics import summarize
 
@@ -46,6 +50,8 @@ def run_cell(workload: Workload, cell: Cell) -> Row:
     row = cell.key_columns()
     for key, value in summarize(result).to_row().items():
         row.setdefault(key, value)  # drafter, speculative_config: the cell's (as given to vLLM, unbound)
+    bounds = run_band(workload, cell.spec, cell.config) if band else None  # speedups: filled in by the sweep
+    row.update(empty_columns() if bounds is None else bounds.columns())
     row[ENGINE_CONFIG] = cell.engine_config
     row[LATENCIES] = [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
     return row
@@ -72,7 +78,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
               output: str | Path | None = None, resume: bool = False, jobs: int | None = 1,
               executor: str = "process", address: str | None = None, workload: Workload | None = None,
               skip_bad_lines: bool = False, progress: Progress | None = None,
-              max_cells: int | None = MAX_CELLS) -> pl.DataFrame:
+              max_cells: int | None = MAX_CELLS, band: bool = True) -> pl.DataFrame:
     """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
 
     `trace`: a trace path (`-`: standard input; default: the bundled coding-agent trace); `workload`: the
@@ -90,6 +96,10 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     `progress(done, total, row)` is called once when the workers are up (row None) and after every cell.
     Refused before any cell starts (`ResourceError`): more than `max_cells` cells (None: no limit), or a
     cell whose run, times the local workers running at once, needs more memory than is available.
+    `band`: an eagle3/mtp cell whose acceptance parameters have an uncertainty band also runs at the band's low
+    and high bound (three simulations instead of one), recorded in its `<metric>_low` / `<metric>_high`
+    columns (`agentspec_sim.band`); False leaves those columns null. A resumed banded cell whose earlier row
+    lacks them (a file from before bands, or a run with band=False) runs again.
     """
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import STDIN_NAME, is_stdin
@@ -122,7 +132,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         store.lock()  # a second sweep of this output is refused here, before it reads or runs anything
         try:
             if resume:
-                done = {cid: row for cid, row in store.previous().items() if cid in order}
+                done = _kept_rows(store.previous(), cells, band)
             store.open(done[c.cell_id] for c in cells if c.cell_id in done)
         except BaseException:
             store.release()  # an earlier run's parquet and journal stay as they were
@@ -138,7 +148,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
 
         jobs = min(jobs or os.cpu_count() or 1, max(1, len(todo)))  # no idle workers to start
     try:
-        with make_executor(executor, jobs, source, run_cell, address) as pool:
+        with make_executor(executor, jobs, source, functools.partial(run_cell, band=band), address) as pool:
             # Loaded here, not before: local workers start (~1 s each, imports and their own load) meanwhile.
             loaded = source.load()
             _check_memory(loaded, todo, limits, jobs if executor == "process" else 1)
@@ -158,6 +168,29 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     if store is not None:
         return store.close(ordered())
     return to_frame(ordered())
+
+
+def _kept_rows(previous: Mapping[str, Row], cells: Sequence[Cell], band: bool) -> dict[str, Row]:
+    """The finished rows of an earlier run that a resumed sweep keeps, by cell_id: those of the current grid,
+    except a banded cell's row without its band (it runs again); with `band` off, their band columns null, as
+    a fresh run would leave them."""
+    from agentspec_sim.band import COLUMNS, empty_columns, has_band
+
+    kept = {}
+    for cell in cells:
+        row = previous.get(cell.cell_id)
+        if row is None:
+            continue
+        if band and any(row.get(c) is None for c in COLUMNS if not c.startswith("speedup_")) \
+                and has_band(cell.spec, cell.config.model):
+            continue
+        # The band columns where `run_cell` puts them (before the engine settings), so a resumed sweep's
+        # columns come in a fresh one's order.
+        values = {c: row.get(c) for c in COLUMNS} if band else empty_columns()
+        rest = [k for k in row if k not in COLUMNS]
+        at = next((i for i, k in enumerate(rest) if k in (ENGINE_CONFIG, LATENCIES)), len(rest))
+        kept[cell.cell_id] = {**{k: row[k] for k in rest[:at]}, **values, **{k: row[k] for k in rest[at:]}}
+    return kept
 
 
 def _check_configs(cells: Sequence[Cell]) -> dict[EngineConfig, ResolvedLimits]:
