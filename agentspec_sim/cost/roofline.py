@@ -142,7 +142,7 @@ class Calibration:
         "prefill_attention_layer_floor_s": (
             "attention time per layer of a step that holds prefill chunks, beyond the decode floor: the "
             "prefill path's own kernels (QK-norm, RoPE, KV-cache write, the varlen kernel's launch); "
-            "~40 µs a layer in AIConfigurator's vLLM prices; 0 in the defaults"),
+            "~20 µs a layer in AIConfigurator's vLLM prices, ~45 µs with Qwen3's QK-norm; 0 in the defaults"),
         "prefill_only_attention_layer_floor_s": (
             "None: every step pays attention_layer_floor_s; a number: a step of prefill chunks only (no decode "
             "row) pays this per layer instead. AIConfigurator prices such a step with its context-attention "
