@@ -65,6 +65,30 @@ def test_new_terms_off_by_default_leave_prices_unchanged():
         layer_token_overhead_s=0.0, moe_layer_floor_s=0.0))
     assert plain.step_time(batch) == zeros.step_time(batch)
     assert plain.step_time(batch).moe_s == 0.0  # experts stay in the dense p-norm unless priced on their own
+    assert Calibration().prefill_only_attention_layer_floor_s is None and Calibration().attention_query_layer_s == 0.0
+
+
+def test_prefill_attention_terms_price_chunks_over_a_prefix_in_the_expected_direction():
+    base = Calibration(attention_layer_floor_s=12e-6, prefill_attention_layer_floor_s=30e-6)
+    layers = load_model("qwen3-8b").num_layers
+    chunk = BatchShape.of([64], [8192], [True])          # a prefill step: one chunk after 8k cached
+    mixed = BatchShape.of([64, 1, 1], [8192, 900, 3000], [True, False, False])
+    long = BatchShape.of([4096], [8192], [True])        # compute-bound in attention
+    plain = RooflineCostModel("h200", "qwen3-8b", 1, base)
+    # No decode kernel in a step of prefill chunks only: its decode floor goes, a mixed step keeps it.
+    alone = RooflineCostModel("h200", "qwen3-8b", 1, base.replace(prefill_only_attention_layer_floor_s=0.0))
+    assert alone.step_time(chunk).attention_s == pytest.approx(plain.step_time(chunk).attention_s - layers * 12e-6)
+    assert alone.step_time(mixed) == plain.step_time(mixed)
+    # The per-query kernel time adds q · layers · t to a compute-bound chunk, and nothing to a decode batch.
+    query = RooflineCostModel("h200", "qwen3-8b", 1, base.replace(attention_query_layer_s=2e-8))
+    assert query.step_time(long).attention_s == pytest.approx(plain.step_time(long).attention_s + 4096 * layers * 2e-8)
+    decode = BatchShape.decode(64, 4096, 4)
+    assert query.step_time(decode) == plain.step_time(decode)
+    for cost in (alone, query):
+        steps = [chunk, mixed, long, decode]
+        offsets = np.cumsum([0] + [b.num_calls for b in steps])
+        flat = [np.concatenate([getattr(b, f) for b in steps]) for f in ("query_lens", "context_lens", "is_prefill")]
+        assert cost.step_times(*flat, offsets).tolist() == [cost.step_time(b).total_s for b in steps]
 
 
 @pytest.mark.parametrize(("hw", "model"), [("h200", "qwen3-8b"), ("h100-80g", "gpt-oss-20b"), ("a100-80g", "mimo-7b")])

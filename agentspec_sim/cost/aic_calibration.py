@@ -8,7 +8,10 @@ by part on the rest, each part against the kernels AIC prices for it:
   linear_s    ↔ AIC's dense GEMMs        memory_efficiency, compute_efficiency, combine_p
   moe_s       ↔ AIC's MoE kernels        moe_memory_efficiency, moe_compute_efficiency, moe_layer_floor_s
   attention_s ↔ AIC's attention kernels  attention_bandwidth_efficiency, attention_compute_efficiency,
-                                         attention_layer_floor_s, attention_call_layer_s
+                                         attention_layer_floor_s, attention_call_layer_s,
+                                         prefill_attention_layer_floor_s, attention_query_layer_s
+                                         (prefill_only_attention_layer_floor_s = 0: a step of prefill
+                                         chunks only pays no decode-kernel floor, as AIC prices it)
   overhead_s  ↔ AIC's norms, activations, embedding: layer_overhead_s, layer_token_overhead_s
 
 Part by part, because each part's factors then describe that part's kernels (the split `cost --json`
@@ -48,7 +51,7 @@ _GROUPS: dict[str, tuple[tuple[str, float, float], ...]] = {  # part → (factor
             ("moe_layer_floor_s", 0.0, 1e-3), ("moe_combine_p", 1.0, 8.0), ("moe_routing_spread", 0.01, 1.0)),
     "attention": (("attention_bandwidth_efficiency", 0.05, 1.2), ("attention_compute_efficiency", 0.05, 1.2),
                   ("attention_layer_floor_s", 0.0, 2e-4), ("attention_call_layer_s", 0.0, 1e-6),
-                  ("prefill_attention_layer_floor_s", 0.0, 2e-4)),
+                  ("prefill_attention_layer_floor_s", 0.0, 2e-4), ("attention_query_layer_s", 0.0, 1e-6)),
     "other": (("layer_overhead_s", 0.0, 1e-3), ("layer_token_overhead_s", 0.0, 1e-6)),
 }
 _PART_OF = {"weights": "linear_s", "moe": "moe_s", "attention": "attention_s", "other": "overhead_s"}
@@ -179,7 +182,9 @@ def fit_to_aic(hardware: str, model: str, pricer: AicPricer | None = None) -> Ai
     fitted_idx, held_idx = split_holdout(shapes)
     measured = aic_parts(prices)
     train = [shapes[i] for i in fitted_idx]
-    start = Calibration()
+    # AIC prices a step of prefill chunks with its context-attention kernel alone: no decode kernel's floor
+    # (left free, the fit puts prefill_only_attention_layer_floor_s at its bound 0 on every covered pair).
+    start = Calibration(prefill_only_attention_layer_floor_s=0.0)
     is_moe = load_model(m).is_moe
     if is_moe:
         start = start.replace(moe_memory_efficiency=start.memory_efficiency,

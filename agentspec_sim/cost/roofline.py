@@ -8,13 +8,14 @@ Per step with T tokens over n calls (docs/cost-model.md has the derivation and t
   attention  per call i: KV bytes over its context_len + query_len tokens, read once per layer,
              and 2·heads·(d_qk + d_v) FLOPs per (query, key) pair (= 4·q·ctx·heads·head_dim for
              GQA), sliding-window layers capped at the window;
-             t_att = Σ_i max(bytes_i / (BW·η_att), flops_i / (F·η_att_cmp))
+             t_att = Σ_i max(bytes_i / (BW·η_att), flops_i / (F·η_att_cmp) + q_i·t_query)
   tp > 1     weights and FLOPs split over ranks, plus 2 all-reduces per layer of T·hidden BF16
              values: 2·(tp − 1)/tp · T·hidden·2 bytes / (link BW·η_link) + latency each
   overhead   fixed per step + per layer (small-kernel latency floor) + per call, and per token per layer
              (the norms' and activations' traffic)
   floors     optional, from a kernel-table calibration (docs/cost-model.md, "Grounded in measured
-             kernels"): an attention kernel floor per layer and per call per layer; routed experts priced
+             kernels"): an attention kernel floor per layer and per call per layer (a step of prefill chunks
+             only may have its own), a prefill-step floor, a per-query compute time t_query; routed experts priced
              on their own with their own efficiencies and a per-layer floor (the MoE kernel's)
 
 The p-norm is why the transition is smooth: max(a, b) (p = ∞) under-predicts a step whose memory
@@ -75,6 +76,8 @@ class Calibration:
     attention_layer_floor_s: float = 0.0
     attention_call_layer_s: float = 0.0
     prefill_attention_layer_floor_s: float = 0.0
+    prefill_only_attention_layer_floor_s: float | None = None
+    attention_query_layer_s: float = 0.0
     layer_token_overhead_s: float = 0.0
     moe_memory_efficiency: float | None = None
     moe_compute_efficiency: float | None = None
@@ -139,7 +142,16 @@ class Calibration:
         "prefill_attention_layer_floor_s": (
             "attention time per layer of a step that holds prefill chunks, beyond the decode floor: the "
             "prefill path's own kernels (QK-norm, RoPE, KV-cache write, the varlen kernel's launch); "
-            "~40 µs a layer in AIConfigurator's vLLM prices; 0 in the defaults"),
+            "~20 µs a layer in AIConfigurator's vLLM prices, ~45 µs with Qwen3's QK-norm; 0 in the defaults"),
+        "prefill_only_attention_layer_floor_s": (
+            "None: every step pays attention_layer_floor_s; a number: a step of prefill chunks only (no decode "
+            "row) pays this per layer instead. AIConfigurator prices such a step with its context-attention "
+            "kernel alone, whose fixed time prefill_attention_layer_floor_s holds: its fits find 0"),
+        "attention_query_layer_s": (
+            "compute time per query token per layer of a call beyond its (query, key) pairs: the attention "
+            "kernel's per-row work that does not grow with the keys (Q load, O store, softmax epilogue, masked "
+            "diagonal tiles), which makes a short prefill chunk's kernel less efficient than a long one's; "
+            "0 in the defaults, fitted from measured kernel tables"),
         "layer_token_overhead_s": (
             "per token per layer: the norms', activation's and residual adds' memory traffic, which "
             "grows with the step's tokens; 0 in the defaults, fitted from measured kernel tables"),
@@ -173,7 +185,7 @@ class Calibration:
                     raise ValueError("Calibration.source: expected a string")
                 continue
             if value is None and f.name in ("ridge_tokens", "moe_memory_efficiency", "moe_compute_efficiency",
-                                             "moe_combine_p"):
+                                             "moe_combine_p", "prefill_only_attention_layer_floor_s"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ValueError(f"Calibration.{f.name}: expected a finite number, got {value!r}")
@@ -252,9 +264,10 @@ _SCALAR_EXCESS_MAX = 16
 
 
 @njit(cache=True, nogil=True)
-def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, excess_terms):
+def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, cq, excess_terms):
     """One pass over a step's calls: (tokens, prefill query tokens, prefill calls, Σ context,
     Σ min(context, window), compute-bound calls, their attention compute excess summed in order).
+    cq: attention compute seconds per query token (`Calibration.attention_query_layer_s`, all layers).
 
     The excess terms max(0, d) of the compute-bound calls go to `excess_terms` (the caller sums them
     with numpy when there are more than `_SCALAR_EXCESS_MAX`, as `_compute_excess` does); each d and
@@ -282,6 +295,8 @@ def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, excess_terms):
             d = qi * keys * cf - (ci + qi) * mf
             if ms:
                 d += qi * min(keys, np.float64(window)) * cs - (min(ci, window) + qi) * ms
+            if cq:
+                d += qi * cq
             excess_terms[n_heavy] = d if d > 0.0 else 0.0
             n_heavy += 1
             if d > 0.0:
@@ -290,11 +305,12 @@ def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, excess_terms):
 
 
 @njit(cache=True, nogil=True)
-def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_slide, cmp_slide, excess_max):
+def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_slide, cmp_slide, cmp_query,
+                excess_max):
     """Per step of a run (rows offsets[k]:offsets[k + 1]): tokens, logit rows, and the attention time with
     its compute excess, in `step_time`'s IEEE order (integer sums exact, the excess summed row by row).
     A step with more than `excess_max` compute-bound rows gets its excess from `_compute_excess` (its
-    numpy sum): flagged in `many`, its attention left without it."""
+    numpy sum): flagged in `many`, its attention left without it. cmp_query: as `_step_sums`'s cq."""
     num_steps = offsets.shape[0] - 1
     tokens = np.empty(num_steps, dtype=np.int64)
     logit_rows = np.empty(num_steps, dtype=np.int64)
@@ -336,6 +352,8 @@ def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_
                 d = qi * keys * cmp_full - (ci + qi) * mem_full
                 if mem_slide:
                     d += qi * min(keys, window) * cmp_slide - (min(ci, window) + qi) * mem_slide
+                if cmp_query:
+                    d += qi * cmp_query
                 if d > 0.0:
                     excess += d
             a += excess
@@ -383,8 +401,8 @@ class RooflineCostModel:
     """
 
     __slots__ = (
-        "_attn_cmp_full", "_attn_cmp_slide", "_attn_fixed", "_attn_mem_full", "_attn_mem_slide", "_attn_per_call",
-        "_attn_prefill",
+        "_attn_cmp_full", "_attn_cmp_slide", "_attn_fixed", "_attn_fixed_prefill_only", "_attn_mem_full",
+        "_attn_mem_slide", "_attn_per_call", "_attn_prefill", "_attn_prefill_only", "_attn_query",
         "_calc_ridge", "_check", "_comm_fixed", "_comm_token", "_decode_linear", "_default_draft", "_dense_bytes",
         "_drafts", "_flops_logit", "_flops_token", "_inv_attn_bw", "_inv_bw", "_inv_flops", "_inv_moe_bw",
         "_inv_moe_flops", "_linear_memo", "_moe_bytes", "_moe_fixed", "_moe_flops_token", "_moe_miss",
@@ -443,12 +461,14 @@ class RooflineCostModel:
         self._attn_cmp_full = m.num_full_layers * pair_flops / attn_f
         self._attn_cmp_slide = m.num_sliding_layers * pair_flops / attn_f
         self._window = int(m.sliding_window or 0)
+        self._attn_query = m.num_layers * cal.attention_query_layer_s  # compute per query token, all layers
         # A call with q ≤ this many query tokens is memory-bound in attention for any context
-        # (q·(c + (q+1)/2)·cmp ≤ (c + q)·mem whenever q ≤ mem/cmp), so decode-only batches skip
-        # the per-call maximum exactly.
-        ratios = [mem / cmp for mem, cmp in ((self._attn_mem_full, self._attn_cmp_full),
-                                             (self._attn_mem_slide, self._attn_cmp_slide)) if cmp > 0]
-        self._q_mem_bound = int(min(ratios)) if ratios else 0
+        # (q·(c + (q+1)/2)·cmp + q·cq ≤ (c + q)·mem whenever q ≤ (mem − cq)/cmp), so decode-only
+        # batches skip the per-call maximum exactly.
+        ratios = [(mem - self._attn_query) / cmp for mem, cmp in ((self._attn_mem_full, self._attn_cmp_full),
+                                                                  (self._attn_mem_slide, self._attn_cmp_slide))
+                  if cmp > 0]
+        self._q_mem_bound = max(0, int(min(ratios))) if ratios else 0
 
         # Tensor parallel: 2 all-reduces per layer (after attention and after the MLP).
         if tp > 1:
@@ -464,6 +484,10 @@ class RooflineCostModel:
         self._attn_fixed = m.num_layers * cal.attention_layer_floor_s
         self._attn_per_call = m.num_layers * cal.attention_call_layer_s
         self._attn_prefill = m.num_layers * cal.prefill_attention_layer_floor_s
+        # A step of prefill chunks only: its own attention floor (off: attention_layer_floor_s, as every step).
+        self._attn_prefill_only = cal.prefill_only_attention_layer_floor_s is not None
+        self._attn_fixed_prefill_only = (m.num_layers * cal.prefill_only_attention_layer_floor_s
+                                         if self._attn_prefill_only else self._attn_fixed)
 
         drafts: dict[str, _DraftConsts] = {}
         for kind, spec in (("eagle3", m.eagle3 or default_eagle3(m)), ("mtp", m.mtp)):
@@ -498,7 +522,7 @@ class RooflineCostModel:
         terms = np.empty(n, dtype=np.float64)
         tokens, q_prefill, n_prefill, sum_c, sum_cw, n_heavy, excess = _step_sums(
             q, c, pf, self._window, self._q_mem_bound, self._attn_mem_full, self._attn_cmp_full,
-            self._attn_mem_slide, self._attn_cmp_slide, terms)
+            self._attn_mem_slide, self._attn_cmp_slide, self._attn_query, terms)
         logit_rows = tokens - q_prefill + n_prefill if n_prefill else tokens
         key = (tokens, logit_rows)
         linear = self._linear_memo.get(key)
@@ -512,8 +536,9 @@ class RooflineCostModel:
             attention += (sum_cw + tokens) * self._attn_mem_slide
         if n_heavy:
             attention += float(_sum(terms[:n_heavy])) if n_heavy > _SCALAR_EXCESS_MAX else excess
-        if self._attn_fixed or self._attn_per_call:
-            attention += self._attn_fixed + self._attn_per_call * n
+        if self._attn_fixed or self._attn_per_call or self._attn_prefill_only:
+            fixed = self._attn_fixed_prefill_only if n_prefill == n else self._attn_fixed
+            attention += fixed + self._attn_per_call * n
         if n_prefill and self._attn_prefill:
             attention += self._attn_prefill
 
@@ -570,13 +595,16 @@ class RooflineCostModel:
             raise ValueError("step_times: every step needs ≥ 1 call with query_len ≥ 1 and context_len ≥ 0")
         tokens, logit_rows, attention, many = _step_parts(
             q, c, pf, offsets, self._window, self._q_mem_bound, self._attn_mem_full, self._attn_cmp_full,
-            self._attn_mem_slide, self._attn_cmp_slide, _SCALAR_EXCESS_MAX)
+            self._attn_mem_slide, self._attn_cmp_slide, self._attn_query, _SCALAR_EXCESS_MAX)
         if many.any():
             for k in many.nonzero()[0].tolist():
                 lo, hi = int(offsets[k]), int(offsets[k + 1])
                 attention[k] += self._compute_excess(q[lo:hi].astype(np.int64), c[lo:hi].astype(np.int64))
-        if self._attn_fixed or self._attn_per_call:
-            attention += self._attn_fixed + self._attn_per_call * n
+        if self._attn_fixed or self._attn_per_call or self._attn_prefill_only:
+            fixed = self._attn_fixed
+            if self._attn_prefill_only:  # steps of prefill chunks only
+                fixed = np.where(np.logical_and.reduceat(pf, offsets[:-1]), self._attn_fixed_prefill_only, fixed)
+            attention += fixed + self._attn_per_call * n
         if self._attn_prefill:
             attention += np.where(np.logical_or.reduceat(pf, offsets[:-1]), self._attn_prefill, 0.0)
         linear = self._linear_of(tokens, logit_rows)
@@ -620,8 +648,8 @@ class RooflineCostModel:
     def _compute_excess(self, q: np.ndarray, c: np.ndarray) -> float:
         """Σ max(0, compute time − memory time) over calls with more than `_q_mem_bound` query tokens."""
         idx = (q > self._q_mem_bound).nonzero()[0]
-        mf, cf, ms, cs, w = (self._attn_mem_full, self._attn_cmp_full, self._attn_mem_slide,
-                             self._attn_cmp_slide, self._window)
+        mf, cf, ms, cs, w, cq = (self._attn_mem_full, self._attn_cmp_full, self._attn_mem_slide,
+                                 self._attn_cmp_slide, self._window, self._attn_query)
         if idx.shape[0] <= _SCALAR_EXCESS_MAX:  # the usual case (a few prefill chunks): scalars beat tiny arrays
             excess = 0.0
             for qi, ci in zip(q[idx].tolist(), c[idx].tolist(), strict=True):
@@ -629,6 +657,8 @@ class RooflineCostModel:
                 d = qi * keys * cf - (ci + qi) * mf
                 if ms:
                     d += qi * min(keys, w) * cs - (min(ci, w) + qi) * ms
+                if cq:
+                    d += qi * cq
                 if d > 0.0:
                     excess += d
             return excess
@@ -637,6 +667,8 @@ class RooflineCostModel:
         d = (q * keys) * cf - (c + q) * mf
         if ms:
             d += (q * np.minimum(keys, w)) * cs - (np.minimum(c, w) + q) * ms
+        if cq:
+            d += q * cq
         return float(_sum(np.maximum(d, 0.0)))
 
     def draft_model_time(self, num_calls: int, draft_len: int, context_lens: np.ndarray | None = None,
