@@ -117,6 +117,7 @@ def replay(
         raise UsageError(str(exc)) from None
 
     document = {"trace": str(path), "config": _config_dict(config), "cost_model": _cost_note(config),
+                "acceptance_models": _acceptance_notes(specs, config),
                 "runs": [_run_dict(r, s, b) for (r, s), b in zip(runs, bands, strict=True)]}
     if steps is not None:
         _write_steps(steps, [r for r, _ in runs])
@@ -127,7 +128,22 @@ def replay(
     if as_json:
         typer.echo(json.dumps(document, indent=2))
         return
-    _render(path, runs, burst_note(workload, config), document["cost_model"], bands)
+    _render(path, runs, burst_note(workload, config), document["cost_model"], bands,
+            document["acceptance_models"])
+
+
+def _acceptance_notes(specs, config) -> dict[str, str]:
+    """What each model-based drafter's acceptance rests on: its parameter file's source (MEASURED, or an
+    ASSUMPTION, or the published figures it was solved for), keyed by drafter label."""
+    from agentspec_sim.band import resolved_params
+
+    notes = {}
+    for spec in specs:
+        params = resolved_params(spec, config.model)
+        if params is not None:
+            name = Path(params.path).name if params.path else params.model
+            notes[spec.name] = f"{name}: {params.source}"
+    return notes
 
 
 def _cost_note(config) -> str:
@@ -280,7 +296,8 @@ def _write_steps(path: Path, results) -> None:
         frame.write_parquet(out)
 
 
-def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None, bands=None) -> None:
+def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None, bands=None,
+            acceptance_notes: dict[str, str] | None = None) -> None:
     from agentspec_sim.band import format_interval
 
     bands = bands or [None] * len(runs)
@@ -320,6 +337,8 @@ def _render(path: Path, runs, note: str | None = None, cost_note: str | None = N
              "token_budget": "calls waited mostly on the per-step token budget"}[first.bound_by]
     if cost_note:
         console.print(cost_note, highlight=False, markup=False)
+    for label, text in (acceptance_notes or {}).items():
+        console.print(f"acceptance model of {label}: {text}", highlight=False, markup=False)
     console.print(f"batch (normal): mean {first.batch_size_mean:.1f}, max {first.batch_size_max}; {bound}; "
                   f"preemptions {first.preemptions}; refused calls {first.refused_calls} (prompt over "
                   f"max_model_len; {first.skipped_calls} later calls of their queries skipped)")

@@ -48,12 +48,16 @@ def test_replay_json_and_table_show_the_band(trace, env, tmp_path):
     # Speedup against the same normal run as the point value.
     assert eagle["speedup_band"] == pytest.approx([g_low / normal["goodput_tok_s"], g_high / normal["goodput_tok_s"]])
     assert json.loads(run(*args, "--json", env=env).stdout) == document  # deterministic
+    # What each model-based drafter's acceptance rests on: its file and that file's source.
+    assert list(document["acceptance_models"]) == ["eagle3"]
+    assert document["acceptance_models"]["eagle3"].startswith("p.json: ")
 
     skipped = json.loads(run(*args, "--json", "--no-band", env=env).stdout)["runs"][2]
     assert skipped["speedup_band"] is None and skipped["goodput_tok_s"] == eagle["goodput_tok_s"]
 
     table = run(*args, env=env).stdout
     assert f"[{low:.2f}–{high:.2f}]" in table and "uncertainty band" in table
+    assert "acceptance model of eagle3: p.json" in table
 
 
 def test_sweep_plan_and_report_carry_the_band(trace, env, tmp_path):
