@@ -1185,10 +1185,42 @@ def regenerate_bundled(spec_bench_answers: str | Path, out_dir: str | Path = ACC
                          "model_cumulative": [round(float(x), 4) for x in achieved],
                          "stream": REFERENCE_STREAM,
                          "regenerate": "agentspec_sim.calibrate_acceptance.regenerate_bundled(<spec-bench answers>)"})
+        params = replace(params, band=borrowed_band(params, stream, ks[-1]))
         path = Path(out_dir) / f"{method}.{model}.json"
         write_json_atomic(path, params.to_json())
         written.append(path)
     return written
+
+
+def borrowed_band(params: AcceptanceParams, stream: Streams, k: int,
+                  measured: AcceptanceParams | None = None) -> dict[str, Any]:
+    """A band for a file solved for published figures, which has no error spread of its own: the measured
+    EAGLE-3 fit's (`measured`, default the bundled Llama-3.1-8B file) observed / expected ratio quantiles,
+    applied as a logit shift of every intercept that scales this file's expected mean acceptance length on
+    `stream` at draft length k by each ratio. An assumption, and the band's source says so."""
+    from scipy.optimize import brentq
+
+    from agentspec_sim.drafters.model_based import load_params
+
+    measured = measured or load_params("eagle3", "llama-3.1-8b")
+    lo, hi = measured.band["ratio"]
+    base = 1.0 + float(model_rates(stream, params, k).sum())
+    out: dict[str, Any] = {
+        "source": (f"ASSUMPTION: borrowed from the measured EAGLE-3 fit ({measured.model}: observed / expected mean "
+                   f"acceptance length {lo:.4f}–{hi:.4f} over samples of its training data); each bound shifts "
+                   f"every intercept by the δ that scales this file's expected length on the reference stream at "
+                   f"k = {k} by that ratio. A file solved for one published figure has no error spread of its "
+                   "own; its real uncertainty is likely wider"),
+        "ratio": [lo, hi]}
+    for bound, ratio in (("low", lo), ("high", hi)):
+        def gap(delta: float, target: float = base * ratio) -> float:
+            return 1.0 + float(model_rates(stream, _shifted(params, delta), k).sum()) - target
+
+        delta = brentq(gap, -4.0, 4.0, xtol=1e-6)
+        out[bound] = {"positions": [round(a + delta, 6) for a in params.positions],
+                      "coefficients": {f: round(params.coefficient(f), 6) for f in FEATURES},
+                      "logit_shift": round(float(delta), 6)}
+    return out
 
 
 __all__ = [
@@ -1201,6 +1233,7 @@ __all__ = [
     "Observation",
     "Replay",
     "Streams",
+    "borrowed_band",
     "build_streams",
     "calibrate_file",
     "calibrate_specdecode_bench",

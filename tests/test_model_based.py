@@ -80,9 +80,11 @@ def test_bundled_files_exist_with_sources():
             assert params.source and {"positions", "coefficients", "data"} <= set(params.sources)
             assert params.has_band and params.calibration["held_out"] and params.calibration["train"]
             assert {r["split"] for r in params.calibration["report"]} == {"train", "held-out"}
-        else:  # solved for published per-position figures
+        else:  # solved for published per-position figures; the band borrowed from the measured fit, and says so
             assert params.source and {"positions", "coefficients", "targets"} <= set(params.sources)
             assert len(params.calibration["targets_cumulative"]) == len(params.positions)
+            assert params.has_band and params.band["source"].startswith("ASSUMPTION")
+            assert params.band["ratio"] == load_params("eagle3", "llama-3.1-8b").band["ratio"]
 
 
 def test_eagle3_files_rest_on_the_measured_llama_fit_and_say_so():
