@@ -31,6 +31,15 @@ def banded_file(path, shift: float = 0.5, method: str = "eagle3"):
     return path
 
 
+def _plain(tmp_path):
+    """A parameter file without a band."""
+    body = json.loads((ACCEPTANCE_DIR / "eagle3.llama-3.1-8b.json").read_text())
+    body.pop("band")
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
 def _spec(**kw) -> SpeculativeConfig:
     return SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 4, **kw})
 
@@ -39,7 +48,8 @@ def test_which_configs_have_a_band(tmp_path):
     path = banded_file(tmp_path / "p.json")
     assert band.has_band(_spec(acceptance_params=str(path)))
     assert band.has_band(_spec(acceptance_params=str(path)), model="qwen3-8b")  # the file wins over the model
-    assert not band.has_band(_spec())  # no bundled file has a band (yet)
+    assert band.has_band(_spec())  # the bundled default file has one
+    assert not band.has_band(_spec(acceptance_params=str(_plain(tmp_path))))
     assert not band.has_band(_spec(acceptance_params=str(path), acceptance_bound="low"))  # one end of it already
     ngram = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3})
     assert band.resolved_params(ngram) is None and not band.has_band(ngram) and band.bound_configs(ngram) is None
@@ -129,7 +139,8 @@ def swept(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("band-sweep")
     trace = write_trace(root / "tiny.jsonl", queries=3, calls=2, out_len=24)
-    params = banded_file(root / "p.json", 0.3)
+    # ±1 in logit: wide enough that goodput orders with acceptance on a trace this small
+    params = banded_file(root / "p.json", 1.0)
     eagle = json.dumps({"method": "eagle3", "num_speculative_tokens": 3, "acceptance_params": str(params)})
     args = dict(drafters=["ngram"], speculative_configs=[eagle], max_num_seqs=[1, 4], jobs=1)
     frame = run_sweep(trace, output=root / "r.parquet", **args)
