@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -265,18 +265,24 @@ def _read_lines_text(path: str | Path) -> str:
         raise CalibrationError(f"{path}: {exc.message}") from None
 
 
+def _records(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of every non-blank line of a JSONL file; a line that is not JSON is a
+    `CalibrationError` naming file and line."""
+    for line_no, line in enumerate(_read_lines_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield line_no, strict_json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CalibrationError(f"{path}:{line_no}: not JSON ({exc.msg})") from None
+
+
 def load_vllm_metrics(path: str | Path) -> list[Observation]:
     """vLLM 0.33 per-request metrics JSONL: one object per request with `per_step_drafted` and
     `per_step_accepted` (top level or under `spec_decode_metrics`), optional `id` / `request_id` /
     `call_id` (a trace call id) and `category`."""
     out = []
-    for line_no, line in enumerate(_read_lines_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = strict_json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CalibrationError(f"{path}:{line_no}: not JSON ({exc.msg})") from None
+    for line_no, rec in _records(path):
         metrics = rec.get("spec_decode_metrics", rec) if isinstance(rec, dict) else None
         if not isinstance(metrics, dict) or "per_step_accepted" not in metrics:
             raise CalibrationError(f"{path}:{line_no}: per_step_accepted: missing (need per_step_drafted and "
@@ -312,13 +318,7 @@ def load_spec_bench(path: str | Path, k: int | None = None) -> list[Observation]
     concatenated; each length includes the bonus token) split by `decoding_steps`. Tree drafting of
     depth k (default: the largest accepted count seen) is recorded as k drafts per step. Call ids
     are the bundled trace's `spec-bench/<question_id>/<turn>`."""
-    rows = []
-    for line_no, line in enumerate(_read_lines_text(path).splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append((line_no, strict_json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise CalibrationError(f"{path}:{line_no}: not JSON ({exc.msg})") from None
+    rows = list(_records(path))
     per_turn = []
     for line_no, rec in rows:
         choices = rec.get("choices") if isinstance(rec, dict) else None
@@ -410,13 +410,7 @@ def load_specdecode_bench(path: str | Path, *, proposer: str = "acc_eagle", k: i
     the file. `limit`: the first requests only. Bad input: `CalibrationError` naming file, line, field."""
     group = group or specdecode_bench_group(path)
     rows: list[tuple[int, dict]] = []
-    for line_no, line in enumerate(_read_lines_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = strict_json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CalibrationError(f"{path}:{line_no}: not JSON ({exc.msg})") from None
+    for line_no, rec in _records(path):
         if not isinstance(rec, dict):
             raise CalibrationError(f"{path}:{line_no}: expected an object per request")
         rows.append((line_no, rec))
