@@ -297,6 +297,8 @@ def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, cq, excess_terms):
                 d += qi * min(keys, np.float64(window)) * cs - (min(ci, window) + qi) * ms
             if cq:
                 d += qi * cq
+                if not d > 0.0:  # with a per-query term every row is a candidate: count the compute-bound ones
+                    continue
             excess_terms[n_heavy] = d if d > 0.0 else 0.0
             n_heavy += 1
             if d > 0.0:
@@ -333,6 +335,14 @@ def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_
             sum_c += ci
             sum_cw += min(ci, window)
             if qi > q_mem_bound:
+                if cmp_query:  # as `_step_sums`: only the rows that are compute-bound count
+                    keys = ci + (qi + 1) * 0.5
+                    d = qi * keys * cmp_full - (ci + qi) * mem_full
+                    if mem_slide:
+                        d += qi * min(keys, window) * cmp_slide - (min(ci, window) + qi) * mem_slide
+                    d += qi * cmp_query
+                    if not d > 0.0:
+                        continue
                 heavy += 1
         tokens[k] = t
         logit_rows[k] = t - tq_prefill + n_prefill if n_prefill > 0 else t
@@ -650,6 +660,16 @@ class RooflineCostModel:
         idx = (q > self._q_mem_bound).nonzero()[0]
         mf, cf, ms, cs, w, cq = (self._attn_mem_full, self._attn_cmp_full, self._attn_mem_slide,
                                  self._attn_cmp_slide, self._window, self._attn_query)
+        if cq:
+            # A per-query term makes every row a candidate (`_q_mem_bound` is 0): keep the compute-bound
+            # ones, as the compiled sums count them, so decode batches stay on the scalar path.
+            qq, cc = q[idx], c[idx]
+            keys = cc + (qq + 1) * 0.5
+            d = (qq * keys) * cf - (cc + qq) * mf
+            if ms:
+                d += (qq * np.minimum(keys, w)) * cs - (np.minimum(cc, w) + qq) * ms
+            d += qq * cq
+            idx = idx[d > 0.0]
         if idx.shape[0] <= _SCALAR_EXCESS_MAX:  # the usual case (a few prefill chunks): scalars beat tiny arrays
             excess = 0.0
             for qi, ci in zip(q[idx].tolist(), c[idx].tolist(), strict=True):
