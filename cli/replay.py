@@ -257,10 +257,16 @@ def _run(workload, specs, config, show_progress: bool, on_result=None, band: boo
             if lines is not None:
                 lines.update(name, done, total)
 
-        runs = compare(workload, specs, config, progress=report, on_result=on_result)
+        from agentspec_sim.cost import build_cost_model
+
+        # One cost model for every run: its memo of linear-layer times is filled once, not per band.
+        cost = build_cost_model(hardware=config.hardware, model=config.model,
+                                tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+        runs = compare(workload, specs, config, cost_model=cost, progress=report, on_result=on_result)
         bands = []
         for result, _ in runs:
-            got = run_band(workload, result.spec, config, runs[0][0], progress=report) if band else None
+            got = run_band(workload, result.spec, config, runs[0][0], cost_model=cost, progress=report) if band \
+                else None
             if got is not None and on_band is not None:
                 on_band(got.low)
                 on_band(got.high)
