@@ -263,6 +263,19 @@ _max = np.maximum.reduce
 _SCALAR_EXCESS_MAX = 16
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _excess_d(qi, ci, window, mf, cf, ms, cs, cq):
+    """A call's attention compute time minus its memory time (q query tokens over c cached): the same IEEE
+    operations as `_compute_excess`'s scalar path."""
+    keys = ci + (qi + 1) * 0.5
+    d = qi * keys * cf - (ci + qi) * mf
+    if ms:
+        d += qi * min(keys, np.float64(window)) * cs - (min(ci, window) + qi) * ms
+    if cq:
+        d += qi * cq
+    return d
+
+
 @njit(cache=True, nogil=True)
 def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, cq, excess_terms):
     """One pass over a step's calls: (tokens, prefill query tokens, prefill calls, Σ context,
@@ -291,14 +304,9 @@ def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, cq, excess_terms):
             q_prefill += qi
             n_prefill += 1
         if qi > q_mem_bound:
-            keys = ci + (qi + 1) * 0.5
-            d = qi * keys * cf - (ci + qi) * mf
-            if ms:
-                d += qi * min(keys, np.float64(window)) * cs - (min(ci, window) + qi) * ms
-            if cq:
-                d += qi * cq
-                if not d > 0.0:  # with a per-query term every row is a candidate: count the compute-bound ones
-                    continue
+            d = _excess_d(qi, ci, window, mf, cf, ms, cs, cq)
+            if cq and not d > 0.0:  # with a per-query term every row is a candidate: count the compute-bound ones
+                continue
             excess_terms[n_heavy] = d if d > 0.0 else 0.0
             n_heavy += 1
             if d > 0.0:
@@ -312,7 +320,8 @@ def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_
     """Per step of a run (rows offsets[k]:offsets[k + 1]): tokens, logit rows, and the attention time with
     its compute excess, in `step_time`'s IEEE order (integer sums exact, the excess summed row by row).
     A step with more than `excess_max` compute-bound rows gets its excess from `_compute_excess` (its
-    numpy sum): flagged in `many`, its attention left without it. cmp_query: as `_step_sums`'s cq."""
+    numpy sum): flagged in `many`, its attention left without it. cmp_query: as `_step_sums`'s cq.
+    One pass per step: the excess is summed in row order as the rows are counted."""
     num_steps = offsets.shape[0] - 1
     tokens = np.empty(num_steps, dtype=np.int64)
     logit_rows = np.empty(num_steps, dtype=np.int64)
@@ -325,6 +334,7 @@ def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_
         sum_c = np.int64(0)
         sum_cw = np.int64(0)
         heavy = 0
+        excess = 0.0
         for i in range(offsets[k], offsets[k + 1]):
             qi = np.int64(q[i])
             ci = np.int64(c[i])
@@ -335,15 +345,12 @@ def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_
             sum_c += ci
             sum_cw += min(ci, window)
             if qi > q_mem_bound:
-                if cmp_query:  # as `_step_sums`: only the rows that are compute-bound count
-                    keys = ci + (qi + 1) * 0.5
-                    d = qi * keys * cmp_full - (ci + qi) * mem_full
-                    if mem_slide:
-                        d += qi * min(keys, window) * cmp_slide - (min(ci, window) + qi) * mem_slide
-                    d += qi * cmp_query
-                    if not d > 0.0:
-                        continue
+                d = _excess_d(qi, ci, window, mem_full, cmp_full, mem_slide, cmp_slide, cmp_query)
+                if cmp_query and not d > 0.0:  # as `_step_sums`: only the rows that are compute-bound count
+                    continue
                 heavy += 1
+                if d > 0.0:
+                    excess += d
         tokens[k] = t
         logit_rows[k] = t - tq_prefill + n_prefill if n_prefill > 0 else t
         a = (sum_c + t) * mem_full
@@ -352,20 +359,6 @@ def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_
         if heavy > excess_max:
             many[k] = True
         elif heavy:
-            excess = 0.0
-            for i in range(offsets[k], offsets[k + 1]):
-                qi = np.int64(q[i])
-                if qi <= q_mem_bound:
-                    continue
-                ci = np.int64(c[i])
-                keys = ci + (qi + 1) * 0.5
-                d = qi * keys * cmp_full - (ci + qi) * mem_full
-                if mem_slide:
-                    d += qi * min(keys, window) * cmp_slide - (min(ci, window) + qi) * mem_slide
-                if cmp_query:
-                    d += qi * cmp_query
-                if d > 0.0:
-                    excess += d
             a += excess
         attention[k] = a
     return tokens, logit_rows, attention, many
