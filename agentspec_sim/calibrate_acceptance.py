@@ -302,15 +302,16 @@ def load_vllm_metrics(path: str | Path) -> list[Observation]:
     return out
 
 
-def _step_counts(value: object, where: str) -> np.ndarray:
-    """A list of per-step token counts as int64: integers only (np.asarray would truncate 1.5 to 1 and turn
-    true into 1), each fitting in 64 bits."""
+def _step_counts(value: object, where: str, what: str = "integers (token counts per step)",
+                 item: str = "count") -> np.ndarray:
+    """A list of integers (per-step token counts, or `what`) as int64: integers only (np.asarray would truncate
+    1.5 to 1 and turn true into 1), each fitting in 64 bits."""
     if not isinstance(value, list) or not all(type(v) is int for v in value):
-        raise CalibrationError(f"{where}: expected a list of integers (token counts per step)")
+        raise CalibrationError(f"{where}: expected a list of {what}")
     try:
         return np.asarray(value, dtype=np.int64)
     except OverflowError:
-        raise CalibrationError(f"{where}: a count does not fit in 64 bits") from None
+        raise CalibrationError(f"{where}: a {item} does not fit in 64 bits") from None
 
 
 def load_spec_bench(path: str | Path, k: int | None = None) -> list[Observation]:
@@ -339,44 +340,41 @@ def load_spec_bench(path: str | Path, k: int | None = None) -> list[Observation]
             for cid, cat, a in per_turn]
 
 
-def looks_like_spec_bench(path: str | Path) -> bool:
+def _first_record(path: str | Path) -> Any:
+    """The value on a JSONL file's first non-blank line; None when there is none or it is not JSON (the
+    format's reader then says why)."""
     with open(path, "rb") as f:
         # Lines read with a bound: a file with no line breaks (a device, a binary file) must not fill memory.
         while line := f.readline(strict_json.MAX_DOCUMENT_BYTES):
             if line.strip():
                 try:
-                    rec = strict_json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):  # not this format; the reader says why
-                    return False
-                return isinstance(rec, dict) and "choices" in rec and "question_id" in rec
-    return False
+                    return strict_json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    return None
+    return None
+
+
+def looks_like_spec_bench(path: str | Path) -> bool:
+    rec = _first_record(path)
+    return isinstance(rec, dict) and "choices" in rec and "question_id" in rec
 
 
 def looks_like_specdecode_bench(path: str | Path) -> bool:
     """A SpecDecode-Bench request file: JSONL objects with prompt and generated token ids and `acc_*`
     objects holding `acc_len` lists (data/<model>/combined_<dataset>.jsonl)."""
-    with open(path, "rb") as f:
-        while line := f.readline(strict_json.MAX_DOCUMENT_BYTES):
-            if line.strip():
-                try:
-                    rec = strict_json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    return False
-                return isinstance(rec, dict) and "generated_token_ids" in rec and any(
-                    isinstance(v, dict) and "acc_len" in v for k, v in rec.items() if k.startswith("acc"))
-    return False
+    rec = _first_record(path)
+    return isinstance(rec, dict) and "generated_token_ids" in rec and any(
+        isinstance(v, dict) and "acc_len" in v for k, v in rec.items() if k.startswith("acc"))
 
 
 SPECDECODE_BENCH_PROPOSERS = {"eagle3": "acc_eagle", "mtp": "acc_mtp", "ngram": "acc_ngram"}
 
 
 def _token_ids(value: object, where: str) -> np.ndarray:
-    if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
+    ids = _step_counts(value, where, "non-negative integer token ids", "token id")
+    if ids.size and ids.min() < 0:
         raise CalibrationError(f"{where}: expected a list of non-negative integer token ids")
-    try:
-        return np.asarray(value, dtype=np.int64)
-    except OverflowError:
-        raise CalibrationError(f"{where}: a token id does not fit in 64 bits") from None
+    return ids
 
 
 def walk_positions(per_position: np.ndarray) -> np.ndarray:
@@ -908,8 +906,6 @@ def _band(params: AcceptanceParams, observations: Sequence[Observation], streams
     dataset's samples, set the bounds: all intercepts shifted by the one δ that scales the expected mean
     acceptance length over the training requests by that ratio. So the band holds the dataset-to-dataset
     differences the features do not explain and the request-to-request spread of a sample that size."""
-    from scipy.optimize import brentq
-
     index = streams.index()
     rows = [index[o.call_id] for o in observations]
     sub = streams.subset(rows)
@@ -929,19 +925,26 @@ def _band(params: AcceptanceParams, observations: Sequence[Observation], streams
             predicted = 1.0 + exp_tokens[pick].sum() / expected[pick, 0].sum()
             ratios.append(observed / predicted)
     lo, hi = np.quantile(ratios, BAND_QUANTILES)
-    base = 1.0 + float(model_rates(sub, params, k).sum())
-    out: dict[str, Any] = {
-        "source": (f"the fit's own error spread: {BAND_DRAWS} seeded samples of {requests} requests from each "
-                   f"training dataset ({', '.join(groups)}); observed / expected mean acceptance length "
-                   f"{BAND_QUANTILES[0]:.1%} quantile {lo:.4f}, {BAND_QUANTILES[1]:.1%} quantile {hi:.4f}; each "
-                   "bound shifts every intercept by the δ that scales the expected length over the training "
-                   "requests by that ratio"),
-        "ratio": [round(float(lo), 4), round(float(hi), 4)]}
-    for bound, ratio in (("low", lo), ("high", hi)):
-        target = base * ratio
+    source = (f"the fit's own error spread: {BAND_DRAWS} seeded samples of {requests} requests from each training "
+              f"dataset ({', '.join(groups)}); observed / expected mean acceptance length "
+              f"{BAND_QUANTILES[0]:.1%} quantile {lo:.4f}, {BAND_QUANTILES[1]:.1%} quantile {hi:.4f}; each bound "
+              "shifts every intercept by the δ that scales the expected length over the training requests by "
+              "that ratio")
+    return _ratio_band(params, sub, k, round(float(lo), 4), round(float(hi), 4), source, exact_ratios=(lo, hi))
 
-        def gap(delta: float, target: float = target) -> float:
-            return 1.0 + float(model_rates(sub, _shifted(params, delta), k).sum()) - target
+
+def _ratio_band(params: AcceptanceParams, stream: Streams, k: int, lo: float, hi: float, source: str,
+                exact_ratios: tuple[float, float] | None = None) -> dict[str, Any]:
+    """A band whose bounds shift every intercept of `params` by the δ (scipy brentq) that scales its
+    expected mean acceptance length on `stream` at draft length k by the ratio lo (low) and hi (high);
+    `exact_ratios`, when given, are the unrounded ratios solved for (the band records lo, hi)."""
+    from scipy.optimize import brentq
+
+    base = 1.0 + float(model_rates(stream, params, k).sum())
+    out: dict[str, Any] = {"source": source, "ratio": [lo, hi]}
+    for bound, ratio in zip(("low", "high"), exact_ratios or (lo, hi), strict=True):
+        def gap(delta: float, target: float = base * ratio) -> float:
+            return 1.0 + float(model_rates(stream, _shifted(params, delta), k).sum()) - target
 
         delta = 0.0 if abs(ratio - 1.0) < 1e-12 else brentq(gap, -4.0, 4.0, xtol=1e-6)
         out[bound] = {"positions": [round(a + delta, 6) for a in params.positions],
@@ -970,15 +973,14 @@ def calibrate_specdecode_bench(paths: Sequence[str | Path], *, method: str = "ea
     proposer = proposer or SPECDECODE_BENCH_PROPOSERS.get(method, f"acc_{method}")
     observations: list[Observation] = []
     calls: list[Call] = []
-    depth = k
-    if depth is None:  # one k for every file: the largest any of them shows
-        depth = max(max(int(o.drafted.max(initial=1)) for o in load_specdecode_bench(p, proposer=proposer,
-                                                                                        limit=limit)[0])
-                    for p in paths)
     for path in paths:
-        obs, cs = load_specdecode_bench(path, proposer=proposer, k=depth, limit=limit)
+        obs, cs = load_specdecode_bench(path, proposer=proposer, k=k, limit=limit)
         observations += obs
         calls += cs
+    depth = k
+    if depth is None:  # one k for every file: the largest any of them shows (no step accepted more in any)
+        depth = max(int(o.drafted.max(initial=1)) for o in observations)
+        observations = [replace(o, drafted=np.full_like(o.drafted, depth)) for o in observations]
     groups = sorted({o.group for o in observations})
     train_set = set(train) if train else set(groups)
     unknown = sorted(train_set - set(groups))
@@ -1018,18 +1020,6 @@ def _constant_tail(first: float, total: float, k: int) -> list[float]:
         lo, hi = (r, hi) if s < total else (lo, r)
     r = 0.5 * (lo + hi)
     return [first * r**i for i in range(k)]
-
-
-def _llama_targets() -> list[float]:
-    # 12,208 accepted / 4,816 drafts = 2.5349 accepted per draft at k = 7; constant conditional rate r
-    # (EAGLE-3's n-α is roughly flat in depth) with Σ r^i = 2.5349 → P(≥ i+1) = r^(i+1).
-    total = 12208 / 4816
-    lo, hi = 0.3, 0.99
-    for _ in range(200):
-        r = 0.5 * (lo + hi)
-        lo, hi = (r, hi) if sum(r**i for i in range(1, 8)) < total else (lo, r)
-    r = 0.5 * (lo + hi)
-    return [r**i for i in range(1, 8)]
 
 
 def _deepseek_targets() -> list[float]:
@@ -1192,29 +1182,16 @@ def borrowed_band(params: AcceptanceParams, stream: Streams, k: int,
     EAGLE-3 fit's (`measured`, default the bundled Llama-3.1-8B file) observed / expected ratio quantiles,
     applied as a logit shift of every intercept that scales this file's expected mean acceptance length on
     `stream` at draft length k by each ratio. An assumption, and the band's source says so."""
-    from scipy.optimize import brentq
-
     from agentspec_sim.drafters.model_based import load_params
 
     measured = measured or load_params("eagle3", "llama-3.1-8b")
     lo, hi = measured.band["ratio"]
-    base = 1.0 + float(model_rates(stream, params, k).sum())
-    out: dict[str, Any] = {
-        "source": (f"ASSUMPTION: borrowed from the measured EAGLE-3 fit ({measured.model}: observed / expected mean "
-                   f"acceptance length {lo:.4f}–{hi:.4f} over samples of its training data); each bound shifts "
-                   f"every intercept by the δ that scales this file's expected length on the reference stream at "
-                   f"k = {k} by that ratio. A file solved for one published figure has no error spread of its "
-                   "own; its real uncertainty is likely wider"),
-        "ratio": [lo, hi]}
-    for bound, ratio in (("low", lo), ("high", hi)):
-        def gap(delta: float, target: float = base * ratio) -> float:
-            return 1.0 + float(model_rates(stream, _shifted(params, delta), k).sum()) - target
-
-        delta = brentq(gap, -4.0, 4.0, xtol=1e-6)
-        out[bound] = {"positions": [round(a + delta, 6) for a in params.positions],
-                      "coefficients": {f: round(params.coefficient(f), 6) for f in FEATURES},
-                      "logit_shift": round(float(delta), 6)}
-    return out
+    source = (f"ASSUMPTION: borrowed from the measured EAGLE-3 fit ({measured.model}: observed / expected mean "
+              f"acceptance length {lo:.4f}–{hi:.4f} over samples of its training data); each bound shifts every "
+              f"intercept by the δ that scales this file's expected length on the reference stream at k = {k} by "
+              "that ratio. A file solved for one published figure has no error spread of its own; its real "
+              "uncertainty is likely wider")
+    return _ratio_band(params, stream, k, lo, hi, source)
 
 
 __all__ = [
