@@ -104,8 +104,8 @@ def replay(
                 f"finished {summary.drafter}: {summary.calls:,} calls in {result.wall_s:.1f} s", markup=False)
 
     try:
-        runs, bands = _run(workload, specs, config, show_progress=not as_json, on_result=keep, band=not no_band,
-                           on_band=None if as_json else _say_band_finished)
+        runs, bands, cost = _run(workload, specs, config, show_progress=not as_json, on_result=keep,
+                                 band=not no_band, on_band=None if as_json else _say_band_finished)
     except KeyboardInterrupt as exc:
         exc.note = _write_finished(path, config, finished, output, steps)  # type: ignore[attr-defined]
         raise
@@ -116,7 +116,9 @@ def replay(
             raise
         raise UsageError(str(exc)) from None
 
-    document = {"trace": str(path), "config": _config_dict(config), "cost_model": _cost_note(config),
+    from agentspec_sim.cost.profiles import calibration_note
+
+    document = {"trace": str(path), "config": _config_dict(config), "cost_model": calibration_note(cost),
                 "acceptance_models": _acceptance_notes(specs, config),
                 "runs": [_run_dict(r, s, b) for (r, s), b in zip(runs, bands, strict=True)]}
     if steps is not None:
@@ -144,15 +146,6 @@ def _acceptance_notes(specs, config) -> dict[str, str]:
             name = Path(params.path).name if params.path else params.model
             notes[spec.name] = f"{name}: {params.source}"
     return notes
-
-
-def _cost_note(config) -> str:
-    """What the run's step costs rest on (a bundled measured-kernel calibration, a file, or the defaults)."""
-    from agentspec_sim.cost import build_cost_model
-    from agentspec_sim.cost.profiles import calibration_note
-
-    return calibration_note(build_cost_model(config.hardware, config.model, config.tensor_parallel_size,
-                                             config.calibration))
 
 
 def _check_options(seed: int, rate: float | None, think_time: float | None) -> None:
@@ -236,7 +229,8 @@ def _say_band_finished(summary) -> None:
 
 def _run(workload, specs, config, show_progress: bool, on_result=None, band: bool = True, on_band=None):
     """`compare`'s runs, then (`band`) each banded configuration's two bound runs (agentspec_sim/band.py):
-    (runs, bands), a band or None per run. `on_band(summary)` sees each bound run as it completes."""
+    (runs, bands, the cost model they all priced with), a band or None per run. `on_band(summary)` sees each
+    bound run as it completes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentspec_sim.band import run_band
@@ -271,7 +265,7 @@ def _run(workload, specs, config, show_progress: bool, on_result=None, band: boo
                 on_band(got.low)
                 on_band(got.high)
             bands.append(got)
-        return runs, bands
+        return runs, bands, cost
 
 
 def _run_dict(result, summary, band=None) -> dict:
