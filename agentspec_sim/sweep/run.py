@@ -43,14 +43,20 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     banded eagle3/mtp cell's runs at its acceptance model's low and high bound — two more simulations —,
     else null), the shared engine settings, then every completed query's latency."""
     from agentspec_sim.band import empty_columns, run_band
+    from agentspec_sim.cost import build_cost_model
     from agentspec_sim.engine.run import simulate
     from agentspec_sim.metrics import summarize
 
-    result = simulate(workload, cell.spec, cell.config)
+    config = cell.config
+    # One cost model for the cell's runs (its memo of linear-layer times is filled once, not per bound).
+    cost = build_cost_model(hardware=config.hardware, model=config.model,
+                            tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+    result = simulate(workload, cell.spec, config, cost)
     row = cell.key_columns()
     for key, value in summarize(result).to_row().items():
         row.setdefault(key, value)  # drafter, speculative_config: the cell's (as given to vLLM, unbound)
-    bounds = run_band(workload, cell.spec, cell.config) if band else None  # speedups: filled in by the sweep
+    # speedups: filled in by the sweep
+    bounds = run_band(workload, cell.spec, config, cost_model=cost) if band else None
     row.update(empty_columns() if bounds is None else bounds.columns())
     row[ENGINE_CONFIG] = cell.engine_config
     row[LATENCIES] = [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
