@@ -33,7 +33,10 @@ def inspect(
     stats = trace_stats(workload, max_model_len)
     stats["trace"] = str(path)
     if repetition:
+        from agentspec_sim.analysis.repetition import isolation_premise
+
         stats["repetition"] = _repetition(workload)
+        stats["isolation_premise"] = isolation_premise(stats["repetition"])
     if as_json:
         typer.echo(json.dumps(stats, indent=2))
         return
@@ -77,3 +80,8 @@ def _render(stats: dict) -> None:
             t.add_row(str(k), *(f"{100 * row[c]:.1f}%" for c in
                                 ("same_block", "same_query_other_block", "other_query", "total")))
         console.print(t)
+        premise = stats["isolation_premise"]
+        verdict = {"holds": "holds", "partly": "holds only partly", "fails": "does not hold"}[premise["verdict"]]
+        console.print(f"AgentSpec's premise (paper Figure 5) {verdict} at k = {premise['k']}: "
+                      f"{100 * premise['same_block']:.1f}% same block vs {100 * premise['elsewhere']:.1f}% "
+                      f"elsewhere; {premise['reason']}.")

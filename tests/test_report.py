@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -83,6 +84,16 @@ def test_report_writes_markdown_linking_non_trivial_pngs(results, tmp_path):
     assert text.count("| test-oracle | 0.0% | 0.0% | 0.0% | 0.0% |") == 2
     assert "Token rejection rate (1 − vLLM's draft acceptance rate)" in text
     assert "| ngram |" in text and "b=8" in text
+
+
+def test_report_gives_each_traces_figure_5_premise(results, tmp_path):
+    text = write_report(results, tmp_path / "missing").markdown.read_text()
+    assert "### Where repeated output comes from (paper Figure 5)" in text
+    assert "Not computed: `tiny.jsonl` is not a file here" in text
+    trace = str(Path(__file__).resolve().parents[1] / "traces" / "deep-research.jsonl.zst")
+    text = write_report(results.with_columns(pl.lit(trace).alias("trace")), tmp_path / "real").markdown.read_text()
+    assert "| 4 | 41.2% | 0.4% | 0.0% | 41.6% |" in text  # `inspect`'s numbers for the bundled trace
+    assert "AgentSpec's premise holds at k = 4: 41.2% same block vs 0.4% elsewhere" in text
 
 
 def test_report_is_deterministic(results, tmp_path):

@@ -224,4 +224,35 @@ def repetition_profile(
     }
 
 
-__all__ = ["CATEGORIES", "DEFAULT_KS", "repetition_profile"]
+PREMISE_K = 4  # the span length the verdict reads: AgentSpec's lookups match from a few tokens
+
+
+def isolation_premise(profile: dict, k: int = PREMISE_K) -> dict:
+    """Whether the paper's Figure-5 premise holds on a profile (`repetition_profile`): that repeated text
+    comes overwhelmingly from the same block of the same query, the only text AgentSpec drafts from.
+
+    At span length `k` (the smallest profiled length ≥ k, else the largest): `same_block` s against
+    `elsewhere` x = same query other block + other query. "holds": s ≥ 2x — isolation gives up little
+    reusable text (and keeps out what would be rejected); "partly": x ≤ s < 2x; "fails": s < x — most
+    reusable text lies outside the call's block, where agentspec cannot draft from by design while
+    suffix, agentspec-r and agentspec+ (other queries' outputs) can. `same_block` also bounds the
+    output share agentspec can draft at all (before acceptance). Returns {"k", "same_block",
+    "elsewhere", "verdict", "reason"}."""
+    ks = sorted(int(x) for x in profile["by_k"])
+    if not ks:
+        raise ValueError("isolation_premise: the profile has no span lengths")
+    at = next((x for x in ks if x >= k), ks[-1])
+    row = profile["by_k"][at]
+    same, elsewhere = row["same_block"], row["same_query_other_block"] + row["other_query"]
+    if same >= 2 * elsewhere:
+        verdict, reason = "holds", "repeats come mostly from the same block: isolation loses little reusable text"
+    elif same >= elsewhere:
+        verdict, reason = "partly", ("a third or more of the repeats are outside the call's block (other blocks or "
+                                     "queries): isolation gives them up")
+    else:
+        verdict, reason = "fails", ("most repeats are outside the call's block (other queries/blocks): AgentSpec "
+                                    "cannot draft them by design; suffix, agentspec-r and agentspec+ can")
+    return {"k": at, "same_block": same, "elsewhere": elsewhere, "verdict": verdict, "reason": reason}
+
+
+__all__ = ["CATEGORIES", "DEFAULT_KS", "PREMISE_K", "isolation_premise", "repetition_profile"]

@@ -107,6 +107,7 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
                   "the band between those runs and the tables give it after the value as [low–high], the low "
                   "bound's run first.", ""]
     batches: dict[tuple[str, str, str], int] = {}
+    premises: dict[str, list[str]] = {}  # trace → its Figure-5 lines (one analysis per trace, not per setting)
     for trace, hardware, model in settings:
         setting = means.filter((pl.col("trace") == trace) & (pl.col("hardware") == hardware)
                                & (pl.col("model") == model))
@@ -129,7 +130,7 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
              plots.time_breakdown(setting, style, chosen, f"Time breakdown, max batch {chosen} — {label}",
                                   out / f"time-breakdown-{slug}.png")),
         ]
-        lines += [f"## {label}", "", f"Trace `{trace}`.", ""]
+        lines += [f"## {label}", "", f"Trace `{trace}`.", "", *_premise_lines(trace, premises)]
         for caption, path in figures:
             report.figures.append(path)
             lines += [f"### {caption}", "", f"![{caption}]({path.name})", ""]
@@ -164,6 +165,40 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
     with atomic_text(report.markdown) as handle:
         handle.write("\n".join(lines).rstrip() + "\n")
     return report
+
+
+def _premise_lines(trace: str, memo: dict[str, list[str]]) -> list[str]:
+    """The trace's repeated-span profile (paper Figure 5) and AgentSpec's premise verdict
+    (`analysis.repetition.isolation_premise`), when the trace file is where the results say."""
+    if trace in memo:
+        return memo[trace]
+    from agentspec_sim.analysis.repetition import isolation_premise, repetition_profile
+    from agentspec_sim.trace.io import load_trace
+    from agentspec_sim.trace.tokenizer import load_tokenizer
+
+    head = "### Where repeated output comes from (paper Figure 5)"
+    path = Path(trace)
+    if not path.is_file():
+        memo[trace] = [head, "", f"Not computed: `{trace}` is not a file here (run the report where the trace is).", ""]
+        return memo[trace]
+    try:
+        workload = load_trace(path)
+        tok = load_tokenizer(workload.meta.tokenizer) if workload.meta.tokenizer else None
+    except (OSError, ValueError) as exc:  # TraceError and an unknown tokenizer are ValueErrors
+        memo[trace] = [head, "", f"Not computed: `{trace}` did not load ({exc}).", ""]
+        return memo[trace]
+    profile = repetition_profile(workload, tok.token_bytes() if tok is not None else None)
+    premise = isolation_premise(profile)
+    verdict = {"holds": "holds", "partly": "holds only partly", "fails": "does not hold"}[premise["verdict"]]
+    rows = ["| k | same block | same query, other block | other query | total |", "|---|---|---|---|---|"]
+    rows += [f"| {k} | " + " | ".join(f"{100 * row[c]:.1f}%" for c in
+                                       ("same_block", "same_query_other_block", "other_query", "total")) + " |"
+             for k, row in profile["by_k"].items()]
+    memo[trace] = [head, "", "Share of output tokens in spans of ≥ k tokens seen earlier, by where the earlier "
+                   "occurrence is (`agentspec-sim inspect`):", "", *rows, "",
+                   f"AgentSpec's premise {verdict} at k = {premise['k']}: {100 * premise['same_block']:.1f}% same "
+                   f"block vs {100 * premise['elsewhere']:.1f}% elsewhere; {premise['reason']}.", ""]
+    return memo[trace]
 
 
 def _has_band(results: pl.DataFrame) -> bool:
