@@ -175,6 +175,18 @@ def test_reflexion_folder_skips_benchmark_files(tmp_path: Path) -> None:
     assert {r["query_id"].split("/")[0] for r in calls} == {"run_a"}
 
 
+def test_reflexion_folder_skips_test_generation_logs(tmp_path: Path) -> None:
+    # LATS publishes, beside its programming runs, test-generation runs in the same row shape whose
+    # `solution` is the list of generated asserts: a folder search passes over them; named, one line.
+    tests_log = [{"task_id": "HumanEval/0", "prompt": PY_PROMPT, "solution": ["assert f(1) == 2"], "is_solved": True}]
+    write_jsonl(tmp_path / "root" / "testacc" / "log.jsonl", tests_log)
+    write_jsonl(tmp_path / "root" / "run_a" / "log.jsonl", reflexion_rows())
+    calls = check_records(convert("reflexion", [tmp_path / "root"]))
+    assert {r["query_id"].split("/")[0] for r in calls} == {"run_a"}
+    with pytest.raises(ConvertError, match=r"log\.jsonl: line 1: 'solution' must be a string"):
+        convert("reflexion", [tmp_path / "root" / "testacc" / "log.jsonl"])
+
+
 def impl(body: str) -> str:
     return PY_PROMPT + f"    {body}"
 

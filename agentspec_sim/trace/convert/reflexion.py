@@ -70,7 +70,8 @@ name), roles "generator" / "reflector"; `extra` holds task, run, language, strat
 `implementations`, so every reflection and every rewrite prompt carries stand-ins.
 
 Input: Reflexion log files, or folders searched for `*.jsonl` (there, files without a Reflexion
-result row, such as `benchmarks/*.jsonl`, are skipped). A row with neither `solution` nor
+result row, such as `benchmarks/*.jsonl`, and files whose result rows are not programming runs, such
+as LATS's test-generation logs whose `solution` is a list of asserts, are skipped). A row with neither `solution` nor
 `is_solved` is a problem that was listed but not run (logs that copy every benchmark problem but
 ran only some): it is skipped and counted, and the total is the meta line's `extra.skipped_rows`
 (present only when some were skipped). Any other defect fails with one line naming the file and
@@ -365,11 +366,15 @@ def _read_rows(path: Path) -> tuple[list[dict], int]:
 
 
 def _has_result_row(path: Path) -> bool:
+    """A programming log found in a folder: its first result row has a string `solution`. Files of
+    other runs in the same folders are passed over, e.g. LATS's test-generation logs (`solution`:
+    the list of generated asserts) beside its programming runs."""
     try:
         with path.open(encoding="utf-8") as f:
             for line in f:
-                if line.strip() and _is_result_row(strict_json.loads(line)):
-                    return True
+                row = strict_json.loads(line) if line.strip() else None
+                if _is_result_row(row):
+                    return isinstance(row["solution"], str)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False
