@@ -16,6 +16,7 @@ from simhelpers import ConstantCost, agent_query, config, workload
 from agentspec_sim import simulate
 from agentspec_sim.drafters.agentspec import (
     DEFAULT_K,
+    PAPER_PRESET,
     Candidates,
     allocate,
     batch_budget,
@@ -284,9 +285,14 @@ def _call(tok, cid, query, seq, prompt, output, structure=PY):
                 structure=structure)
 
 
+PAPER_RULES = {"budget": "alpha", "depth": "allocation", "ct_min_match": 2}  # no cost model: the drafter alone
+
+
 def drafter_of(method, **options):
-    """A drafter that matches from 2 tokens on (a short match is the harder test of isolation)."""
-    return make_drafter(parse_drafter({"method": method, "min_match_len": 2, **options}))
+    """A drafter that matches from 2 tokens on (a short match is the harder test of isolation), with the
+    paper's budget ⌊α/bz⌋ and no cost bound where the variant has a budget (these tests need no engine)."""
+    rules = PAPER_RULES if method != "agentspec-s" else {}
+    return make_drafter(parse_drafter({"method": method, "min_match_len": 2, **rules, **options}))
 
 
 def drive(drafter, calls, k=16, last=()):
@@ -359,8 +365,21 @@ def test_the_prompt_is_indexed_by_block(tok):
     assert draft_after(tok, prose, drafts, "I would define area") == ""
 
 
+def test_outputs_only_history_drafts_nothing_from_the_prompt(tok):
+    # The paper's open rule as a switch: with "prompt_history": false only emitted tokens are history, so
+    # the implementation shown in the prompt is not drafted; an earlier call's output still is.
+    prompt = "Fix this:\n```python\ndef area(radius):\n    return 3.14 * radius * radius\n```\n"
+    call = _call(tok, "o0", "q", 0, prompt, "```python\ndef area(radius):\n    return 3.14 * radius ** 2\n```")
+    spec = {"method": "agentspec-s", "prompt_history": False}
+    drafts = drive(make_drafter(parse_drafter(spec)), [call])
+    assert draft_after(tok, call, drafts, "```python\ndef area") == ""
+    again = _call(tok, "o1", "q", 1, "Once more.", "```python\ndef area(radius):\n    return 3.14 * radius ** 2\n```")
+    drafts = drive(make_drafter(parse_drafter(spec)), [call, again])
+    assert draft_after(tok, again, drafts, "```python\ndef area").startswith("(radius):\n    return")
+
+
 def test_an_extending_prompt_is_not_indexed_twice(tok):
-    drafter = make_drafter(parse_drafter("agentspec"))
+    drafter = make_drafter(parse_drafter({"method": "agentspec", **PAPER_RULES}))
     c0 = _call(tok, "e0", "q", 0, "Start.", "```python\nx = 1\n```")
     drive(drafter, [c0])
     held = drafter.history.arena.live_tokens
@@ -377,7 +396,7 @@ def test_an_extending_prompt_is_not_indexed_twice(tok):
 def test_a_finished_querys_history_is_dropped(tok):
     # When the last call of a query finishes nothing reads its history again: its blocks are freed, with
     # the appends still queued for them; a query with calls to come keeps its history.
-    drafter = make_drafter(parse_drafter("agentspec"))
+    drafter = make_drafter(parse_drafter({"method": "agentspec", **PAPER_RULES}))
     c0 = _call(tok, "f0", "q1", 0, "Start.", "```python\nx = 1\n```")
     other = _call(tok, "g0", "q2", 0, "Other.", "```python\ny = 2\n```")
     drive(drafter, [c0, other], last={"g0"})
@@ -507,11 +526,17 @@ def test_config_defaults_and_validation():
     spec = parse_drafter("agentspec")
     assert spec.num_speculative_tokens == DEFAULT_K
     opts = dict(spec.options)
-    assert opts["budget"] == "alpha" and 1 <= opts["min_match_len"] <= opts["max_match_len"]
+    assert opts["budget"] == "token_budget" and opts["depth"] == "break_even" and opts["min_match_len"] == 1
+    assert opts["ct_min_match"] == 3 and opts["single_candidate"] == "share" and opts["prompt_history"] is True
+    paper = dict(parse_drafter("agentspec-paper").options)
+    assert {key: paper[key] for key in PAPER_PRESET} == PAPER_PRESET and paper["budget"] == "alpha"
+    assert dict(parse_drafter({"method": "agentspec", "match": "pattern", "min_match_len": 4}).options)[
+        "max_match_len"] == 4  # every occurrence of the last 4 tokens
     assert parse_drafter({"method": "agentspec-r"}).num_speculative_tokens == DEFAULT_K
     assert dict(parse_drafter("agentspec-r").options)["suffix_decoding_max_tree_depth"] == 24
     for bad in ({"g_min": 1.5}, {"alpha": -1}, {"budget": "nope"}, {"min_match_len": 5, "max_match_len": 3},
-                {"max_candidates": 0}, {"prompt_lookup_min": 2}):
+                {"max_candidates": 0}, {"prompt_lookup_min": 2}, {"ct_min_match": 0}, {"depth": "deep"},
+                {"single_candidate": "all"}, {"prompt_history": 1}, {"match": "some"}):
         with pytest.raises(SpecConfigError):
             parse_drafter({"method": "agentspec", **bad})
     with pytest.raises(SpecConfigError):
@@ -530,15 +555,15 @@ def test_token_budget_mode_uses_m_of_b():
     from agentspec_sim.cost import build_cost_model
 
     assert drafter.step_budget(10) == build_cost_model("a100-80g", "qwen3-8b").token_budget(10)
-    assert make_drafter(parse_drafter({"method": "agentspec", "alpha": 100})).step_budget(8) == 12
+    assert make_drafter(parse_drafter({"method": "agentspec", "alpha": 100, "budget": "alpha"})).step_budget(8) == 12
 
 
 def test_batch_share_with_the_engine_step_size():
-    drafter = make_drafter(parse_drafter({"method": "agentspec", "alpha": 120}))
-    assert drafter.batch_share(4) == 30  # ⌊120 / 4⌋: this drafter's rows are the whole batch
+    drafter = make_drafter(parse_drafter({"method": "agentspec", "alpha": 120, **PAPER_RULES}))
+    assert drafter.batch_share(4) == (30, 4)  # ⌊120 / 4⌋: this drafter's rows are the whole batch
     drafter.begin_step(12)  # replicate: 12 calls draft in the step, 4 of them this tenant's
-    assert drafter.batch_share(4) == 10 * 4 // 12  # B_t = ⌊120 / 12⌋ = 10, this tenant's share 3
-    assert drafter.batch_share(4) == 30  # the count applies to one propose only
+    assert drafter.batch_share(4) == (10 * 4 // 12, 12)  # B_t = ⌊120 / 12⌋ = 10, this tenant's share 3
+    assert drafter.batch_share(4) == (30, 4)  # the count applies to one propose only
 
 
 def test_bind_engine_context():

@@ -267,7 +267,7 @@ def test_replicate_budget_uses_the_whole_steps_drafting_batch(method, monkeypatc
         multi += len(tenants) > 1
     assert multi > 0
     for _, step, rows, share in calls:
-        assert share == batch_budget(240, step) * rows // step
+        assert share == (batch_budget(240, step) * rows // step, step)  # (B_t share, the step's bz)
 
 
 def test_select_by_redundancy_prefers_the_corpus_with_more_agreeing_candidates(tok):

@@ -50,7 +50,9 @@ def _queries(seed=4, n=6, calls=3):
     return workload(*[agent_query(rng, f"q{i}", calls, prompt_len=40, out_len=30, vocab=4) for i in range(n)])
 
 
-@pytest.mark.parametrize("spec", [AGENTSPEC, {**AGENTSPEC, "budget": "token_budget"},
+@pytest.mark.parametrize("spec", [AGENTSPEC, {**AGENTSPEC, "budget": "alpha", "depth": "allocation"},
+                                  {**AGENTSPEC, "single_candidate": "ct_only", "prompt_history": False},
+                                  {"method": "agentspec-paper", "num_speculative_tokens": 6, "alpha": 24},
                                   {"method": "agentspec-s", "num_speculative_tokens": 4, "min_match_len": 2},
                                   {"method": "agentspec-n", "num_speculative_tokens": 5, "alpha": 12}])
 @pytest.mark.parametrize("overrides", [{}, {"max_model_len": 100}, {"max_num_batched_tokens": 16},

@@ -93,6 +93,7 @@ from agentspec_sim.drafters.block_index import (
     META_C,
     META_CT,
     META_FIELDS,
+    META_MATCH,
     META_N,
     META_P,
     OP_APPEND,
@@ -120,9 +121,29 @@ DEFAULT_K = 32
 DEFAULT_K_S = 5  # agentspec-s: fixed draft length (the paper's NGram k, A.1)
 MATCH_DEFAULTS: dict[str, Any] = {"min_match_len": 3, "max_match_len": 16, "max_candidates": 32}
 BUDGET_DEFAULTS: dict[str, Any] = {"alpha": 512, "g_min": 0.5, "budget": "alpha"}
+# Batch-aware drafting (docs/agentspec.md §3): lookups match from one token, but only a match of ≥
+# `ct_min_match` tokens drafts its CT* beyond the step's budget M(b) (shorter ones draft inside it,
+# where verification is nearly free), and every draft stops at the break-even depth ("depth":
+# token j only while g^j ≥ τ(b), `cost/break_even.py`; "allocation": the paper's L_i alone).
+BATCH_AWARE_DEFAULTS: dict[str, Any] = {"min_match_len": 1, "ct_min_match": 3, "budget": "token_budget",
+                                        "depth": "break_even"}
+# The paper's open rules, as switches (docs/agentspec.md §4): whether a one-candidate row gets a budget
+# share ("share") or only its CT* ("ct_only"); whether the call's prompt is history (else outputs only);
+# "longest": candidates follow the longest matching suffix, "pattern": every occurrence of the last
+# min_match_len tokens.
+RULE_DEFAULTS: dict[str, Any] = {"single_candidate": "share", "prompt_history": True, "match": "longest"}
 STRUCTURE_DEFAULTS: dict[str, Any] = {"tokenizer": "qwen3"}
-DEFAULTS: dict[str, Any] = {**MATCH_DEFAULTS, **BUDGET_DEFAULTS, **STRUCTURE_DEFAULTS}
+DEFAULTS: dict[str, Any] = {**MATCH_DEFAULTS, **BUDGET_DEFAULTS, **BATCH_AWARE_DEFAULTS, **RULE_DEFAULTS,
+                            **STRUCTURE_DEFAULTS}
+# `agentspec-paper`: the behaviour the paper describes, with nothing of ours on top: B_t = ⌊α/bz⌋,
+# L_i = max(|CT*|, B_t·g_i/Σg) with no cost bound, one minimum match length (3, this project's
+# measured choice: the paper names none) for lookups and CT* alike.
+PAPER_PRESET: dict[str, Any] = {"min_match_len": 3, "ct_min_match": 3, "budget": "alpha", "depth": "allocation"}
+SINGLE_CANDIDATE_RULES = ("share", "ct_only")
+MATCH_RULES = ("longest", "pattern")
 BUDGET_MODES = ("alpha", "token_budget")
+DEPTH_RULES = ("break_even", "allocation")
+BREAK_EVEN_BATCHES = 1024  # the break-even grid's reach (vLLM's largest default max_num_seqs); grown on demand
 ENGINE_KEYS = frozenset({"hardware", "model", "tensor_parallel_size", "calibration"})
 DOCS_KEPT = 4  # earlier calls of a query whose token sequences a new prompt is compared with
 MAX_LIVE_TOKENS = 8_000_000  # the live history's memory bound: arena tokens kept before idle ones are dropped (LRU)
@@ -191,13 +212,15 @@ def _allocate(n, c, ct, budget, g_min, out):
     k = n.shape[0]
     fwork = np.empty((2, k))
     iwork = np.empty((3, k), dtype=np.int64)
-    _allocate_into(n, c, ct, budget, g_min, out, fwork, iwork)
+    _allocate_into(n, c, ct, budget, g_min, out, fwork, iwork, n, 0)
 
 
 @njit(cache=True, nogil=True)
-def _allocate_into(n, c, ct, budget, g_min, out, fwork, iwork):
+def _allocate_into(n, c, ct, budget, g_min, out, fwork, iwork, match, strong_match):
     """g by equation 1 (as `redundancy_score`), shares by largest remainder; allocates nothing (the
-    engine's compiled loop calls it): fwork float64 [2, ≥ k], iwork int64 [3, ≥ k]."""
+    engine's compiled loop calls it): fwork float64 [2, ≥ k], iwork int64 [3, ≥ k]. A row whose match
+    is shorter than `strong_match` tokens (match[i]) is low-support evidence whatever its n: its
+    saturation term is the floor g_min, g = (c/n)·g_min (0: every row by equation 1)."""
     k = n.shape[0]
     g, frac = fwork[0], fwork[1]
     shares, order, tmp = iwork[0], iwork[1], iwork[2]
@@ -205,8 +228,9 @@ def _allocate_into(n, c, ct, budget, g_min, out, fwork, iwork):
     for i in range(k):
         g[i] = 0.0
         shares[i] = 0
-        if n[i] > 0:
-            g[i] = c[i] / n[i] * (g_min + (1.0 - g_min) * (1.0 - np.exp(1.0 - n[i])))
+        if n[i] > 0 and ct[i] >= 0:  # ct < 0: a row without candidates for this step (`capped_lengths`)
+            support = g_min if match[i] < strong_match else g_min + (1.0 - g_min) * (1.0 - np.exp(1.0 - n[i]))
+            g[i] = c[i] / n[i] * support
             total += g[i]
     if total > 0 and budget > 0:
         given = 0
@@ -223,7 +247,7 @@ def _allocate_into(n, c, ct, budget, g_min, out, fwork, iwork):
             for j in range(min(left, k)):
                 shares[order[j]] += 1
     for i in range(k):
-        out[i] = 0 if n[i] <= 0 else max(ct[i], shares[i])
+        out[i] = 0 if n[i] <= 0 or ct[i] < 0 else max(ct[i], shares[i])
 
 
 @njit(cache=True, nogil=True)
@@ -265,15 +289,44 @@ def _order_descending(keys, k, order, tmp):
 
 
 @njit(cache=True, nogil=True)
-def capped_lengths(meta, max_lens, budget, g_min, k, budgeted, out, fwork, iwork):
-    """`_AgentSpecBase.lengths`: out = min(allocate(n, c, |CT*|) or k, |P|, max_lens, k); fwork / iwork:
-    `_allocate_into`'s work space."""
+def break_even_depth(g, tau, k):
+    """The deepest draft position j ≤ k whose estimated acceptance g^j still pays its verification,
+    g^j ≥ τ (`cost/break_even.py`): ⌊ln τ / ln g⌋; k when τ ≤ 0 (no cost bound) or g ≥ 1; 0 when g ≤ 0."""
+    if tau <= 0.0 or g >= 1.0:
+        return k
+    if g <= 0.0 or tau >= 1.0:
+        return 0
+    return min(k, np.int64(math.floor(math.log(tau) / math.log(g) + 1e-9)))
+
+
+@njit(cache=True, nogil=True)
+def capped_lengths(meta, max_lens, budget, g_min, k, budgeted, ct_min, single_ct_only, tau, out, fwork, iwork):
+    """`_AgentSpecBase.lengths`: out = min(allocate(n, c, |CT*|) or k, |P|, max_lens, k), where a match
+    shorter than `ct_min` is weak: it counts no CT* (it drafts from its budget share alone), its g has
+    the floor g_min for saturation, and it drafts only in a loose step, τ ≤ g_min^ct_min (else it has no
+    candidates); a one-candidate row drafts only its CT* when `single_ct_only`, and with τ > 0
+    (batch-aware drafting) at most `break_even_depth(g_i, τ)`; fwork float64 [2, ≥ m], iwork int64
+    [4, ≥ m]: work space (fwork[0] holds each row's g after the allocation)."""
     if budgeted:
-        _allocate_into(meta[:, META_N], meta[:, META_C], meta[:, META_CT], budget, g_min, out, fwork, iwork)
+        m = meta.shape[0]
+        # Weak matches draft where even their best estimate, g_min, pays for a draft as long as the match
+        # a strong one needs: where verification is nearly free.
+        loose = tau <= g_min ** ct_min
+        ct = iwork[3, :m]
+        for i in range(m):
+            ct[i] = meta[i, META_CT] if meta[i, META_MATCH] >= ct_min else 0
+            if not loose and meta[i, META_MATCH] < ct_min:
+                ct[i] = -1  # a weak match in a strict step: no candidates
+        _allocate_into(meta[:, META_N], meta[:, META_C], ct, budget, g_min, out, fwork, iwork, meta[:, META_MATCH],
+                       ct_min)
     else:
         out[:] = k
     for i in range(out.shape[0]):
         out[i] = min(min(out[i], meta[i, META_P]), min(max_lens[i], k))
+        if budgeted and single_ct_only and meta[i, META_N] == 1:
+            out[i] = min(out[i], max(iwork[3, i], 0))
+        if budgeted and tau > 0.0 and out[i] > 0:
+            out[i] = min(out[i], break_even_depth(fwork[0, i], tau, k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,7 +378,7 @@ class History:
     `token_bytes=None` does the same for every call (no token→bytes map, structure unreadable)."""
 
     def __init__(self, min_n: int, max_n: int, width: int, max_candidates: int, token_bytes: Sequence[bytes] | None,
-                 structured: bool = True) -> None:
+                 structured: bool = True, index_prompts: bool = True) -> None:
         self.arena = BlockArena(match_levels(min_n, max_n))
         self.min_n = min_n
         self.max_n = max_n
@@ -333,6 +386,7 @@ class History:
         self.max_candidates = max_candidates
         self.table = token_bytes
         self.structured = structured and token_bytes is not None
+        self.index_prompts = index_prompts  # False: only emitted tokens are history (the outputs-only rule)
         self.stores: dict[tuple[Any, Any], _Store] = {}
         self.query_keys: dict[Any, list[tuple[Any, Any]]] = {}  # query id → its calls' history keys
         self.queue: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # (block, tokens, lead-in or None)
@@ -353,11 +407,12 @@ class History:
     def options(self) -> dict[str, Any]:
         """The constructor's arguments but the token→bytes map (`table_digest`)."""
         return {"min_n": self.min_n, "max_n": self.max_n, "width": self.width, "max_candidates": self.max_candidates,
-                "structured": self.structured}
+                "structured": self.structured, "index_prompts": self.index_prompts}
 
     def empty_copy(self) -> History:
         """A new, empty history with the same options."""
-        return History(self.min_n, self.max_n, self.width, self.max_candidates, self.table, self.structured)
+        return History(self.min_n, self.max_n, self.width, self.max_candidates, self.table, self.structured,
+                       self.index_prompts)
 
     def table_digest(self) -> bytes:
         """A digest of the token→bytes map (b"" without one)."""
@@ -411,7 +466,8 @@ class History:
                 labels, auto = segment_fed(prompt, table, structure)
                 labels = labels[shared:]
             cursor.prompt_clean = auto.block == ROOT and not auto.pending
-        self._queue_runs(cursor, prompt, shared, labels)
+        if self.index_prompts:
+            self._queue_runs(cursor, prompt, shared, labels)
         if output is not None:
             if cursor.automaton is not None:
                 cursor.labels, cursor.output_automaton = segment_fed(output, self.table, structure)
@@ -708,6 +764,22 @@ def _check_budget_options(opts: dict[str, Any]) -> None:
         raise SpecConfigError(f"g_min={g_min!r} must be a number in [0, 1]")
     if mode not in BUDGET_MODES:
         raise SpecConfigError(f"budget={mode!r} must be one of {', '.join(BUDGET_MODES)}")
+    depth = opts.get("depth", "allocation")
+    if depth not in DEPTH_RULES:
+        raise SpecConfigError(f"depth={depth!r} must be one of {', '.join(DEPTH_RULES)}")
+
+
+def _check_rule_options(opts: dict[str, Any]) -> None:
+    """The batch-aware and paper-rule switches, where the variant takes them."""
+    if "ct_min_match" in opts and (not _is_int(opts["ct_min_match"]) or opts["ct_min_match"] < 1):
+        raise SpecConfigError(f"ct_min_match={opts['ct_min_match']!r} must be an integer ≥ 1")
+    if opts.get("single_candidate", "share") not in SINGLE_CANDIDATE_RULES:
+        raise SpecConfigError(f"single_candidate={opts['single_candidate']!r} must be one of "
+                              f"{', '.join(SINGLE_CANDIDATE_RULES)}")
+    if not isinstance(opts.get("prompt_history", True), bool):
+        raise SpecConfigError(f"prompt_history={opts['prompt_history']!r} must be true or false")
+    if opts.get("match", "longest") not in MATCH_RULES:
+        raise SpecConfigError(f"match={opts['match']!r} must be one of {', '.join(MATCH_RULES)}")
 
 
 def engine_cost_model(opts: dict[str, Any]) -> StepCostModel | None:
@@ -727,8 +799,11 @@ class BatchBudget:
         self.alpha = float(opts["alpha"])
         self.g_min = float(opts["g_min"])
         self.mode = opts["budget"]
-        self.cost: StepCostModel | None = engine_cost_model(opts) if self.mode == "token_budget" else None
+        self.depth_rule = opts.get("depth", "allocation")
+        needs_cost = self.mode == "token_budget" or self.depth_rule == "break_even"
+        self.cost: StepCostModel | None = engine_cost_model(opts) if needs_cost else None
         self._step_rows: int | None = None  # drafting rows of the whole engine step, if the engine says
+        self._grid: np.ndarray | None = None  # the break-even grid of `cost` (`break_even_grid`)
 
     def begin_step(self, num_drafting: int) -> None:
         """Engine hook (optional): the next `propose` is part of a step in which `num_drafting` calls
@@ -737,14 +812,40 @@ class BatchBudget:
         self._step_rows = int(num_drafting)
 
     def bind_cost_model(self, cost: StepCostModel) -> None:
-        """Engine hook: the run's cost model (used by `budget: token_budget`; wins over named profiles)."""
+        """Engine hook: the run's cost model (used by `budget: token_budget` and `depth: break_even`;
+        wins over named profiles)."""
         self.cost = cost
+        self._grid = None
 
-    def batch_share(self, rows: int) -> int:
-        """B_t for this drafter's `rows` drafting calls (consumes the `begin_step` count)."""
+    def batch_share(self, rows: int) -> tuple[int, int]:
+        """(B_t for this drafter's `rows` drafting calls, the step's drafting calls bz); consumes the
+        `begin_step` count."""
         bz, self._step_rows = max(self._step_rows or rows, rows), None
         budget = self.step_budget(bz)
-        return budget if bz == rows else budget * rows // bz
+        return (budget if bz == rows else budget * rows // bz), bz
+
+    def break_even_grid(self, max_batch: int = BREAK_EVEN_BATCHES) -> np.ndarray:
+        """The cost model's τ grid (`cost/break_even.py`) when drafting is batch-aware, else an empty
+        [1, 1] grid (τ off). Its batch sizes are a prefix-stable ladder, so every grid of one cost model
+        agrees where they overlap: the engine's compiled steps and this drafter's `propose` read one τ."""
+        if self.depth_rule != "break_even":
+            return np.zeros((1, 1))
+        if self.cost is None:
+            raise SpecConfigError("depth 'break_even' needs the engine's cost model: bind the engine context "
+                                  "(agentspec.bind_engine_context) or call bind_cost_model")
+        if self._grid is None or self._grid[-1, 0] < max_batch:
+            from agentspec_sim.cost.break_even import break_even_grid
+
+            self._grid = break_even_grid(self.cost, max(max_batch, BREAK_EVEN_BATCHES))
+        return self._grid
+
+    def step_break_even(self, bz: int, mean_context: float) -> float:
+        """τ for a step of `bz` drafting calls at `mean_context` (−1: batch-aware drafting is off)."""
+        if self.depth_rule != "break_even" or bz <= 0:
+            return -1.0
+        from agentspec_sim.cost.break_even import break_even_at
+
+        return float(break_even_at(self.break_even_grid(bz), float(bz), float(mean_context)))
 
     def step_budget(self, bz: int) -> int:
         if self.mode == "alpha":
@@ -778,8 +879,11 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
         table = None
         if self.structured and opts.get("tokenizer") is not None:
             table = token_bytes_of(str(opts["tokenizer"]))
+        self.ct_min_match = int(opts.get("ct_min_match", 0))
+        self.single_ct_only = opts.get("single_candidate", "share") == "ct_only"
         self.history = History(int(opts["min_match_len"]), int(opts["max_match_len"]), max(self.k, 1),
-                               int(opts["max_candidates"]), table, structured=self.structured)
+                               int(opts["max_candidates"]), table, structured=self.structured,
+                               index_prompts=bool(opts.get("prompt_history", True)))
         self.max_n = int(opts["max_match_len"])
         self.last: tuple[np.ndarray, np.ndarray] | None = None  # (meta, lengths) of the last propose, for tools
 
@@ -795,6 +899,9 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
             raise SpecConfigError(f"max_candidates={cand!r} must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
         if opts.get("tokenizer") is not None and not isinstance(opts["tokenizer"], str):
             raise SpecConfigError(f"tokenizer={opts['tokenizer']!r} must be a tokenizer name, a path, or null")
+        _check_rule_options(opts)
+        if opts.get("match") == "pattern":
+            opts["max_match_len"] = lo  # every occurrence of the last min_match_len tokens
         k = spec.num_speculative_tokens if spec.num_speculative_tokens >= 0 else cls.default_k
         return replace(spec, num_speculative_tokens=k, options=tuple(sorted(opts.items())))
 
@@ -836,18 +943,24 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
             requests.append((history.block_of(row.drafter_state, row.num_emitted),
                              row.history[max(0, end - max_n):end]))
         out, meta = history.lookup(requests)
-        lengths = self.lengths(meta, np.asarray(max_lens, dtype=np.int64))
+        mean_context = sum(row.prompt_len + row.num_emitted for row in rows) / len(rows) if rows else 0.0
+        lengths = self.lengths(meta, np.asarray(max_lens, dtype=np.int64), mean_context)
         self.last = (meta, lengths)
         return [out[i, :lengths[i]] for i in range(len(rows))]
 
-    def lengths(self, meta: np.ndarray, max_lens: np.ndarray) -> np.ndarray:
+    def lengths(self, meta: np.ndarray, max_lens: np.ndarray, mean_context: float = 0.0) -> np.ndarray:
         """Draft lengths from the lookups' (n, c, |CT*|, |P|): the budget (`allocate`), then the caps
-        min(·, |P|, max_lens, k) — in one compiled call, a step's fixed cost at small batches."""
+        min(·, |P|, max_lens, k) and, batch-aware, the break-even depth at τ(bz, mean_context) — in one
+        compiled call, a step's fixed cost at small batches."""
         m = meta.shape[0]
         out = np.empty(m, dtype=np.int64)
-        budget = self.batch_share(m) if self.budgeted else 0
+        budget, tau = 0, -1.0
+        if self.budgeted:
+            budget, bz = self.batch_share(m)
+            tau = self.step_break_even(bz, mean_context)
         capped_lengths(meta, max_lens, int(budget), float(self.g_min) if self.budgeted else 0.0, int(self.k),
-                       self.budgeted, out, np.empty((2, m)), np.empty((3, m), dtype=np.int64))
+                       self.budgeted, self.ct_min_match, self.single_ct_only, tau, out, np.empty((2, m)),
+                       np.empty((4, m), dtype=np.int64))
         return out
 
 
@@ -862,7 +975,8 @@ class AgentSpecSDrafter(_AgentSpecBase):
 
     budgeted = False
     default_k = DEFAULT_K_S
-    option_defaults: ClassVar[dict[str, Any]] = {**MATCH_DEFAULTS, **STRUCTURE_DEFAULTS}
+    option_defaults: ClassVar[dict[str, Any]] = {**MATCH_DEFAULTS, "prompt_history": True, "match": "longest",
+                                                 **STRUCTURE_DEFAULTS}
     config_keys = frozenset(option_defaults)
 
 
@@ -871,8 +985,17 @@ class AgentSpecNDrafter(_AgentSpecBase):
     """AgentSpec (N): no structure input — one history per (agent, query), plus the budget."""
 
     structured = False
-    option_defaults: ClassVar[dict[str, Any]] = {**MATCH_DEFAULTS, **BUDGET_DEFAULTS}
+    option_defaults: ClassVar[dict[str, Any]] = {**MATCH_DEFAULTS, **BUDGET_DEFAULTS, **BATCH_AWARE_DEFAULTS,
+                                                 **RULE_DEFAULTS}
     config_keys = frozenset(option_defaults) | ENGINE_KEYS
+
+
+@register_drafter("agentspec-paper")
+class AgentSpecPaperDrafter(_AgentSpecBase):
+    """AgentSpec as the paper describes it (`PAPER_PRESET`: ⌊α/bz⌋, L_i = max(|CT*|, share), one minimum
+    match length, no cost bound), beside the batch-aware defaults of `agentspec`."""
+
+    option_defaults: ClassVar[dict[str, Any]] = {**DEFAULTS, **PAPER_PRESET}
 
 
 # --------------------------------------------------------------------------------------------
@@ -938,7 +1061,7 @@ class AgentSpecRDrafter(BatchBudget, BaseDrafter):
                               np.concatenate(ctxs).astype(np.int32, copy=False),
                               ctx_off, np.concatenate(drs).astype(np.int32, copy=False), draft_off, meta)
         cands = Candidates.of(meta[:, META_N], meta[:, META_C], meta[:, META_CT])
-        lengths = np.minimum(allocate(cands, self.batch_share(len(rows)), self.g_min), meta[:, META_P])
+        lengths = np.minimum(allocate(cands, self.batch_share(len(rows))[0], self.g_min), meta[:, META_P])
         self.last = (meta, lengths)
         return [d[:lengths[i]] for i, d in enumerate(drafts)]
 
@@ -965,7 +1088,7 @@ AgentSpecRDrafter.config_keys = _r_keys()
 # --------------------------------------------------------------------------------------------
 # Engine context.
 
-AGENTSPEC_METHODS = ("agentspec", "agentspec-s", "agentspec-n", "agentspec-r", "agentspec+")
+AGENTSPEC_METHODS = ("agentspec", "agentspec-s", "agentspec-n", "agentspec-r", "agentspec+", "agentspec-paper")
 
 
 _UNSET: Any = object()
@@ -994,7 +1117,8 @@ def bind_engine_context(spec: SpeculativeConfig, *, hardware: str | None = None,
 
 
 __all__ = [
-    "AGENTSPEC_METHODS", "DEFAULTS", "DEFAULT_K", "DEFAULT_K_S", "AgentSpecDrafter", "AgentSpecNDrafter",
-    "AgentSpecRDrafter", "AgentSpecSDrafter", "Candidates", "History", "allocate", "batch_budget",
-    "bind_engine_context", "redundancy_score", "saturation",
+    "AGENTSPEC_METHODS", "DEFAULTS", "DEFAULT_K", "DEFAULT_K_S", "PAPER_PRESET", "AgentSpecDrafter",
+    "AgentSpecNDrafter", "AgentSpecPaperDrafter", "AgentSpecRDrafter", "AgentSpecSDrafter", "Candidates", "History",
+    "allocate", "batch_budget", "bind_engine_context", "break_even_depth", "capped_lengths", "redundancy_score",
+    "saturation",
 ]

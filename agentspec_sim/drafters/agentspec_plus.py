@@ -308,7 +308,7 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
             # CT* drafts beyond the budget only after a match of ≥ ct_min_match tokens; shorter matches
             # draft from their budget share alone (which vanishes at large batches, where M(b) → 0).
             ct = np.where(meta[:, META_MATCH] >= self.ct_min, meta[:, META_CT], 0)
-            wanted = allocate(Candidates.of(n, meta[:, META_C], ct), self.batch_share(meta.shape[0]), self.g_min)
+            wanted = allocate(Candidates.of(n, meta[:, META_C], ct), self.batch_share(meta.shape[0])[0], self.g_min)
         else:
             self._step_rows = None  # the step's batch size only sizes B
             wanted = np.full(meta.shape[0], self.k, dtype=np.int64)

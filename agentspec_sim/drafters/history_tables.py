@@ -35,14 +35,15 @@ from agentspec_sim.drafters.block_index import META_P
 from agentspec_sim.drafters.table_cache import Arrays, PathPool, cached_arrays
 from agentspec_sim.trace.schema import Call
 
-FORMAT = 2  # bump when the table's layout changes (the code's own bytes are in the key too)
-TABLE_FIELDS = 4  # meta columns kept: n, c, |CT*|, |P| (block_index META_N … META_P)
+FORMAT = 3  # bump when the table's layout changes (the code's own bytes are in the key too)
+TABLE_FIELDS = 5  # meta columns kept: n, c, |CT*|, |P|, match length (block_index META_N … META_MATCH)
 
 
 @dataclass(frozen=True)
 class HistoryTables:
     """Every engine call's lookups: call i's positions are at[i] … at[i + 1] − 1, one per output token
-    (the lookup before it). meta int32 [positions, 4]: n, c, |CT*|, |P|; P = pool[path[j]:path[j] + |P|]."""
+    (the lookup before it). meta int32 [positions, 5]: n, c, |CT*|, |P|, match length;
+    P = pool[path[j]:path[j] + |P|]."""
 
     at: np.ndarray  # int64 [calls + 1]
     meta: np.ndarray  # int32 [positions, TABLE_FIELDS]

@@ -81,7 +81,8 @@ _TYPICAL_SEQS, _TYPICAL_CONTEXT = 1024, 131072
 # suffix 139 and 338. Drafters not listed (agspec, agentspec+, the ablations) are taken as agentspec's live.
 DRAFTER_BYTES_PER_TOKEN: dict[str, tuple[float, float]] = {
     "normal": (0, 0), "ngram": (36, 8), "ngram-v2": (36, 8), "eagle3": (26, 8), "mtp": (26, 8),
-    "agentspec": (32, 170), "agentspec-s": (32, 170), "agentspec-n": (32, 170), "suffix": (112, 220),
+    "agentspec": (32, 170), "agentspec-s": (32, 170), "agentspec-n": (32, 170), "agentspec-paper": (32, 170),
+    "suffix": (112, 220),
 }
 _OTHER_DRAFTER = (170, 170)
 # Per running-call slot and draft token of the longest draft (k): the slot's row of scheduled drafts, int32

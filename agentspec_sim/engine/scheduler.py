@@ -37,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from agentspec_sim.cost import roofline
+from agentspec_sim.cost.break_even import break_even_at
 from agentspec_sim.cost.roofline import draft_seconds
 from agentspec_sim.drafters import agentspec, block_index, model_based, ngram_v2, suffix, suffix_tree
 from agentspec_sim.drafters.agentspec import capped_lengths
@@ -129,7 +130,7 @@ class StepBuf(NamedTuple):
 IN_ON, IN_MIN_N, IN_MAX_N, IN_K_MAX, IN_SKIP_UNFIT, IN_RULE, IN_NGRAM_TABLE = range(7)
 RULE_V1, RULE_V2, RULE_MODEL, RULE_HISTORY, RULE_SUFFIX, RULE_TABLE = 0, 1, 2, 3, 4, 5
 # TableDrafts.par fields.
-TB_K, TB_BUDGETED = range(2)
+TB_K, TB_BUDGETED, TB_CT_MIN, TB_SINGLE_CT = range(4)
 
 
 class TableDrafts(NamedTuple):
@@ -137,23 +138,24 @@ class TableDrafts(NamedTuple):
     `HistoryTables`), and the work space `propose_table_rows` drafts from them with."""
 
     at: np.ndarray  # int64 [table rows]: the row's first position (its lookup before output token 0)
-    meta: np.ndarray  # int32 [positions, 4]: n, c, |CT*|, |P|
+    meta: np.ndarray  # int32 [positions, 5]: n, c, |CT*|, |P|, match length
     path: np.ndarray  # int64 [positions]: where P starts in `pool`
     pool: np.ndarray  # int32
-    par: np.ndarray  # int64: [k, budgeted]
+    par: np.ndarray  # int64: [k, budgeted, ct_min_match, single_ct_only]
     g_min: np.ndarray  # float64 [1]
     budget_of: np.ndarray  # int64 [max_num_seqs + 1]: B_t for that many drafting calls
-    lookups: np.ndarray  # int64 [max_num_seqs, 4] work space: the drafting calls' meta rows
+    lookups: np.ndarray  # int64 [max_num_seqs, 5] work space: the drafting calls' meta rows
     lens: np.ndarray  # int64 [max_num_seqs]: their draft lengths
     fwork: np.ndarray  # float64 [2, max_num_seqs]: the budget's work space (`capped_lengths`)
-    iwork: np.ndarray  # int64 [3, max_num_seqs]
+    iwork: np.ndarray  # int64 [4, max_num_seqs]
+    break_even: np.ndarray  # float64: the drafter's τ grid (cost/break_even.py); [1, 1] when drafting ignores τ
 
     @classmethod
     def off(cls) -> TableDrafts:
         one = np.zeros(1, dtype=np.int64)
-        return cls(one, np.zeros((1, 4), dtype=np.int32), one, np.zeros(1, dtype=np.int32), np.zeros(2, dtype=np.int64),
-                   np.zeros(1), one, np.zeros((1, 4), dtype=np.int64), one, np.zeros((2, 1)),
-                   np.zeros((3, 1), dtype=np.int64))
+        return cls(one, np.zeros((1, 5), dtype=np.int32), one, np.zeros(1, dtype=np.int32), np.zeros(4, dtype=np.int64),
+                   np.zeros(1), one, np.zeros((1, 5), dtype=np.int64), one, np.zeros((2, 1)),
+                   np.zeros((4, 1), dtype=np.int64), np.zeros((1, 1)))
 
 
 class InlineDrafts(NamedTuple):
@@ -205,7 +207,7 @@ class InlineDrafts(NamedTuple):
 
 
 # InlineHistory.par fields.
-AH_MAX_N, AH_MAX_CAND, AH_MAX_SCAN, AH_MIN_SUPPORT, AH_K, AH_BUDGETED = range(6)
+AH_MAX_N, AH_MAX_CAND, AH_MAX_SCAN, AH_MIN_SUPPORT, AH_K, AH_BUDGETED, AH_CT_MIN, AH_SINGLE_CT = range(8)
 
 
 class InlineHistory(NamedTuple):
@@ -216,7 +218,8 @@ class InlineHistory(NamedTuple):
     the caps) for a step in which no call started or finished; any other step goes to the event loop.
     """
 
-    par: np.ndarray  # int64: [max_n, max_candidates, max_scan, min_support, k, budgeted]
+    par: np.ndarray  # int64: [max_n, max_candidates, max_scan, min_support, k, budgeted, ct_min_match,
+    #                    single_ct_only]
     g_min: np.ndarray  # float64 [1]
     budget_of: np.ndarray  # int64 [max_num_seqs + 1]: B_t for that many drafting calls
     pool: np.ndarray  # the `BlockArena` arrays
@@ -238,20 +241,21 @@ class InlineHistory(NamedTuple):
     meta: np.ndarray  # int64 [max_num_seqs, 5]
     lens: np.ndarray  # int64 [max_num_seqs]
     fwork: np.ndarray  # float64 [2, max_num_seqs]: the budget's work space (`capped_lengths`)
-    iwork: np.ndarray  # int64 [3, max_num_seqs]
+    iwork: np.ndarray  # int64 [4, max_num_seqs]
     cands: np.ndarray  # int64 [3, max_candidates]: the lookups' work space (`run_ops_into`)
     keys: np.ndarray  # uint64 [levels]
     hooked: np.ndarray  # int8 [max_num_seqs]: batch rows the event loop ran the drafter's hooks for (0 in runs)
+    break_even: np.ndarray  # float64: the drafter's τ grid (cost/break_even.py); [1, 1] when drafting ignores τ
 
     @classmethod
     def off(cls) -> InlineHistory:
         one = np.zeros(1, dtype=np.int64)
-        return cls(np.zeros(6, dtype=np.int64), np.zeros(1), one, np.zeros(1, dtype=np.int32),
+        return cls(np.zeros(8, dtype=np.int64), np.zeros(1), one, np.zeros(1, dtype=np.int32),
                    np.zeros((1, 1), dtype=np.int32), np.zeros((1, 5), dtype=np.int64), np.zeros(1, dtype=np.uint64),
                    np.zeros(1, dtype=np.int32), one, one, np.zeros(2, dtype=np.int64), one, one, one, one, one, one,
                    np.zeros((1, 8), dtype=np.int64), np.zeros((1, 1), dtype=np.int32), np.zeros((1, 5), dtype=np.int64),
-                   one, np.zeros((2, 1)), np.zeros((3, 1), dtype=np.int64), np.zeros((3, 1), dtype=np.int64),
-                   np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.int8))
+                   one, np.zeros((2, 1)), np.zeros((4, 1), dtype=np.int64), np.zeros((3, 1), dtype=np.int64),
+                   np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.int8), np.zeros((1, 1)))
 
 
 # InlineSuffix.par fields.
@@ -803,10 +807,11 @@ def propose_table_rows(c, rows, max_lens, dr):
         return 0.0
     for i in range(m):
         j = tb.at[rows[i]] + c.calls.num_emitted[rows[i]]
-        for f in range(4):
+        for f in range(5):
             tb.lookups[i, f] = tb.meta[j, f]
     capped_lengths(tb.lookups[:m], max_lens, tb.budget_of[m], tb.g_min[0], tb.par[TB_K], tb.par[TB_BUDGETED] != 0,
-                   tb.lens[:m], tb.fwork, tb.iwork)
+                   tb.par[TB_CT_MIN], tb.par[TB_SINGLE_CT] != 0, _step_break_even(c, rows, tb.break_even), tb.lens[:m],
+                   tb.fwork, tb.iwork)
     for i in range(m):
         r = rows[i]
         start = tb.path[tb.at[r] + c.calls.num_emitted[r]]
@@ -816,6 +821,18 @@ def propose_table_rows(c, rows, max_lens, dr):
             c.slot_drafts[slot, t] = tb.pool[start + t]
         _verify_drafts(c, r, slot, length)
     return dr.draft_s[m]
+
+
+@kernel
+def _step_break_even(c, rows, grid):
+    """τ for a step whose drafting calls are `rows` (their mean context), or −1 when `grid` is off."""
+    m = rows.shape[0]
+    if grid.shape[0] < 2 or m == 0:
+        return -1.0
+    ctx = 0
+    for i in range(m):
+        ctx += c.calls.prompt_len[rows[i]] + c.calls.num_emitted[rows[i]]
+    return break_even_at(grid, float(m), ctx / m)
 
 
 @kernel
@@ -942,6 +959,7 @@ def propose_history_inline(c, sb, dr, ah, max_model_len):
     if m == 0:
         return 0.0
     capped_lengths(ah.meta[:m], dr.max_lens[:m], ah.budget_of[m], ah.g_min[0], ah.par[AH_K], ah.par[AH_BUDGETED] != 0,
+                   ah.par[AH_CT_MIN], ah.par[AH_SINGLE_CT] != 0, _step_break_even(c, dr.rows[:m], ah.break_even),
                    ah.lens[:m], ah.fwork, ah.iwork)
     _drafts_from_out(c, dr.rows, ah.out, ah.lens, m)
     return dr.draft_s[m]

@@ -55,6 +55,7 @@ from agentspec_sim.drafters.agentspec import (
     MIN_SUPPORT,
     AgentSpecDrafter,
     AgentSpecNDrafter,
+    AgentSpecPaperDrafter,
     AgentSpecSDrafter,
     History,
 )
@@ -110,8 +111,10 @@ from agentspec_sim.engine.scheduler import (
 from agentspec_sim.trace.schema import Workload
 
 ARRIVE, STEP, DONE = 0, 1, 2
+
+
 # Drafters whose every lookup a workload table can give (`Simulator._table_drafts`).
-TABLE_DRAFTERS = (AgentSpecDrafter, AgentSpecSDrafter, AgentSpecNDrafter)
+TABLE_DRAFTERS = (AgentSpecDrafter, AgentSpecSDrafter, AgentSpecNDrafter, AgentSpecPaperDrafter)
 __all__ = ["SimulationError", "Simulator"]
 
 
@@ -293,12 +296,13 @@ class Simulator:
         self.table.reserve_draft_width(max(k, 1))
         td = TableDrafts(
             at=tables.at[:n].copy(), meta=tables.meta, path=tables.path, pool=tables.pool,
-            par=np.array([k, int(budgeted)], dtype=np.int64),
+            par=np.array([k, int(budgeted), drafter.ct_min_match, int(drafter.single_ct_only)], dtype=np.int64),
             g_min=np.array([drafter.g_min if budgeted else 0.0]),
             budget_of=np.array([drafter.step_budget(b) if budgeted and b else 0 for b in range(seqs + 1)],
                                dtype=np.int64),
-            lookups=np.zeros((seqs, 4), dtype=np.int64), lens=np.zeros(seqs, dtype=np.int64),
-            fwork=np.zeros((2, seqs)), iwork=np.zeros((3, seqs), dtype=np.int64))
+            lookups=np.zeros((seqs, 5), dtype=np.int64), lens=np.zeros(seqs, dtype=np.int64),
+            fwork=np.zeros((2, seqs)), iwork=np.zeros((4, seqs), dtype=np.int64),
+            break_even=drafter.break_even_grid(seqs) if budgeted else np.zeros((1, 1)))
         return self._inline_base(RULE_TABLE, True, self._k_of_batch(), self._model_free_draft_s(), tables=td)
 
     def _history_tables(self, history: History) -> HistoryTables:
@@ -318,7 +322,8 @@ class Simulator:
         RULE_HISTORY; the history's arrays come with each run, `_inline_history`), or None where the
         event loop drafts: replicate copies (a drafter each), draft lengths not fixed, k = 0."""
         drafter = self.drafters[0]
-        if (type(drafter) is not AgentSpecDrafter or len(self.drafters) > 1 or self.spec.num_speculative_tokens <= 0
+        if (type(drafter) not in (AgentSpecDrafter, AgentSpecPaperDrafter) or len(self.drafters) > 1
+                or self.spec.num_speculative_tokens <= 0
                 or self.per_step or type(self.policy) is not FixedK):
             return None
         self.table.reserve_draft_width(max(drafter.k, 1))
@@ -413,8 +418,8 @@ class Simulator:
             seqs, k = self.limits.max_num_seqs, drafter.k
             budgeted = bool(drafter.budgeted)
             last = self._history_last = InlineHistory(
-                par=np.array([history.max_n, history.max_candidates, MAX_SCAN, MIN_SUPPORT, k, int(budgeted)],
-                             dtype=np.int64),
+                par=np.array([history.max_n, history.max_candidates, MAX_SCAN, MIN_SUPPORT, k, int(budgeted),
+                              drafter.ct_min_match, int(drafter.single_ct_only)], dtype=np.int64),
                 g_min=np.array([drafter.g_min if budgeted else 0.0]),
                 budget_of=np.array([drafter.step_budget(n) if budgeted and n else 0 for n in range(seqs + 1)],
                                    dtype=np.int64),
@@ -423,10 +428,10 @@ class Simulator:
                 ops=np.zeros((seqs * (k + 3) + 8, 8), dtype=np.int64),
                 out=np.zeros((seqs, history.width), dtype=np.int32), meta=np.zeros((seqs, 5), dtype=np.int64),
                 lens=np.zeros(seqs, dtype=np.int64), fwork=np.zeros((2, seqs)),
-                iwork=np.zeros((3, seqs), dtype=np.int64),
+                iwork=np.zeros((4, seqs), dtype=np.int64),
                 cands=np.zeros((3, max(history.max_candidates, 1)), dtype=np.int64),
                 keys=np.zeros(arena.levels.shape[0], dtype=np.uint64), hooked=np.zeros(seqs, dtype=np.int8),
-                **current)
+                break_even=drafter.break_even_grid(seqs) if budgeted else np.zeros((1, 1)), **current)
         elif _replaced(last, current):
             need = last.need if last.need.shape[0] >= arena.bk.shape[0] else np.zeros(arena.bk.shape[0], dtype=np.int64)
             last = self._history_last = last._replace(need=need, **current)

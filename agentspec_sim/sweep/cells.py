@@ -275,8 +275,8 @@ def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: S
 # Methods whose runs first build a workload table (drafters/history_tables.py, suffix_tables.py,
 # ngram_tables.py; eagle3/mtp's code(n) segments), shared by the cells of one drafter configuration, trace
 # and model through the disk cache.
-TABLE_METHODS = frozenset({"suffix", "agentspec", "agentspec-s", "agentspec-n", "ngram", "ngram-v2", "eagle3",
-                           "mtp"})
+TABLE_METHODS = frozenset({"suffix", "agentspec", "agentspec-s", "agentspec-n", "agentspec-paper", "ngram", "ngram-v2",
+                           "eagle3", "mtp"})
 
 
 def start_order(cells: Sequence[Cell], output_tokens: int, num_queries: int) -> list[Cell]:

@@ -39,7 +39,7 @@ _GROUP = ("trace", "hardware", "model")
 # and AgSpec are research drafters vLLM does not ship.
 _VLLM_METHOD = {"ngram-v2": "ngram"}
 _VLLM_ENV = {"ngram": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
-_NOT_IN_VLLM = frozenset({"agentspec", "agentspec-s", "agentspec-r", "agentspec-n", "agspec"})
+_NOT_IN_VLLM = frozenset({"agentspec", "agentspec-s", "agentspec-r", "agentspec-n", "agentspec-paper", "agspec"})
 _CELL = (*_GROUP, "drafter", "speculative_config", "max_num_seqs")
 # The vLLM 0.33 SpeculativeConfig fields (vllm/config/speculative.py) a simulated configuration can carry.
 # vLLM forbids any other key, so the simulator's own (target_model, acceptance_params, seed, tokenizer…) are
