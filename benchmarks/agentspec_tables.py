@@ -2,6 +2,8 @@
 
     python benchmarks/agentspec_tables.py run DIR [--traces reflexion,gaia] [--sets base,plus,ablate] [--dry-run]
     python benchmarks/agentspec_tables.py tables DIR > tables.md
+    python benchmarks/agentspec_tables.py run DIR --sets as,switches   (issue 26's grid)
+    python benchmarks/agentspec_tables.py as-tables DIR
 
 `run` calls `agentspec-sim replay TRACE --drafter … --max-num-seqs B --replicate R --json -o
 DIR/TRACE_bB_rR_SET.json` for every grid point whose file is missing (so an interrupted grid
@@ -24,6 +26,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+from agentspec_sim.drafters.base import parse_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = {"reflexion": 965, "gaia": 8, "deep-research": 1, "swe-agent": 3, "default-12th": 21, "default": 252}
@@ -54,6 +58,20 @@ ABLATIONS: dict[str, dict] = {
     "− short matches (min 3)": {"min_match_len": 3},
     "− redundancy select": {"select": "priority"},
 }
+# Issue 26's grid: the batch-aware defaults beside the paper's preset and the model-free baselines at every
+# batch size (set `as`), and the switches of docs/agentspec.md §4 at a small and a large batch (set `switches`).
+AS_DRAFTERS = ("ngram", "suffix", "agspec", "agentspec", "agentspec-paper")
+AS_SWITCHES: dict[str, dict] = {
+    "− break-even depth": {"depth": "allocation"},
+    "− M(b) (α budget)": {"budget": "alpha"},
+    "− loose lookups (min 3)": {"min_match_len": 3},
+    "single candidate: CT* only": {"single_candidate": "ct_only"},
+    "outputs only (no prompt history)": {"prompt_history": False},
+    "all matches of 3 tokens": {"match": "pattern", "min_match_len": 3},
+}
+SWITCH_BATCHES = {"reflexion": (16, 256), "gaia": (16, 128), "swe-agent": (2, 128), "deep-research": (16,),
+                  "default-12th": (1, 32), "default": ()}
+AS_BATCHES = {"default": (256,), "deep-research": (1, 2, 4, 8, 16)}
 PAPER_TABLE1 = {"eagle3": 0.533, "ngram": 0.887, "suffix": 0.659, "agentspec": 0.264}
 
 
@@ -69,6 +87,12 @@ def grid(traces: list[str]) -> list[tuple[str, int, int]]:
             # reflexion (965 queries) and default (252) fill 256 alone; replicate only what cannot.
             points.append((trace, b, 1 if queries >= 0.9 * b else math.ceil(b / queries)))
     return points
+
+
+def as_grid(traces: list[str]) -> list[tuple[str, int, int]]:
+    """Issue 26's points: every power of two to 256 (deep-research to 16, the whole coding trace at 256)."""
+    return [(t, b, 1 if TRACES[t] >= 0.9 * b else math.ceil(b / TRACES[t]))
+            for t in traces for b in AS_BATCHES.get(t, BATCHES)]
 
 
 def trace_path(trace: str, out_dir: Path) -> Path:
@@ -93,6 +117,13 @@ def replay_args(trace: str, b: int, r: int, which: str, out: Path) -> list[str]:
         return [*cmd, "--drafter", ",".join(BASE_FOR.get(trace, BASE))]
     if which == "plus":
         return [*cmd, "--drafter", "agentspec+"]
+    if which == "as":
+        return [*cmd, "--drafter", ",".join(AS_DRAFTERS)]
+    if which == "switches":
+        cmd += ["--drafter", "agentspec"]
+        for opts in AS_SWITCHES.values():
+            cmd += ["--speculative-config", json.dumps({"method": "agentspec", **opts})]
+        return cmd
     if which == "ablate":
         cmd += ["--drafter", "agentspec+"]
         for opts in ABLATIONS.values():
@@ -105,9 +136,12 @@ def run(args: argparse.Namespace) -> None:
     out_dir = Path(args.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for which in args.sets.split(","):
-        for trace, b, r in grid(args.traces.split(",")):
+        points = as_grid(args.traces.split(",")) if which in ("as", "switches") else grid(args.traces.split(","))
+        for trace, b, r in points:
             if which == "ablate" and b not in ABLATE_BATCHES[trace]:
                 continue  # the coding trace's ablation runs on its subset
+            if which == "switches" and b not in SWITCH_BATCHES[trace]:
+                continue
             out = out_dir / f"{trace}_b{b}_r{r}_{which}.json"
             if out.exists():
                 continue
@@ -120,12 +154,19 @@ def run(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------
 # Tables
 
-_NAME = re.compile(r"(?P<trace>.+)_b(?P<b>\d+)_r(?P<r>\d+)_(?P<set>base|plus|ablate)\.json$")
+_NAME = re.compile(r"(?P<trace>.+)_b(?P<b>\d+)_r(?P<r>\d+)_(?P<set>base|plus|ablate|as|switches)\.json$")
 
 
 def _label(run: dict) -> str:
     """The row name of a run: its shorthand, or the ablation whose switches its config carries."""
     cfg = run["speculative_config"]
+    if cfg.get("method") == "agentspec" and len(run["drafter"]) > len("agentspec"):
+        defaults = json.loads(json.dumps(dict(parse_drafter("agentspec").options)))
+        changed = {k for k, v in cfg.items() if k in defaults and defaults[k] != v} - {"max_match_len"}
+        for name, opts in AS_SWITCHES.items():
+            wanted = {k for k, v in opts.items() if defaults.get(k) != v}
+            if changed == wanted and all(cfg[k] == opts[k] for k in changed):
+                return f"agentspec {name}"
     if cfg.get("method") != "agentspec+":
         return run["drafter"]
     for name, opts in ABLATIONS.items():
@@ -271,6 +312,65 @@ def tables(args: argparse.Namespace) -> None:
                                          *[f"agentspec+ {n}" for n in ABLATIONS]]))
 
 
+BASELINES = ("ngram", "suffix")  # the paper's model-free baselines (vLLM's n-gram and SuffixDecoding)
+
+
+def as_tables(args: argparse.Namespace) -> None:
+    """Issue 26's tables: the grid per trace (speedup / per-call / per-token rejection), the acceptance
+    checks against the model-free baselines and the previous defaults (= `agentspec-paper`), the switches."""
+    results = load(Path(args.dir))
+    traces = [t for t in TRACES if any(k[0] == t for k in results)]
+    names = ["ngram", "suffix", "agspec", "agentspec-paper", "agentspec"]
+    for t in traces:
+        keys = sorted((k for k in results if k[0] == t and "agentspec-paper" in results[k]), key=lambda k: k[1])
+        print(f"\n#### {t}: speedup / rejection per call / per token\n")
+        print("| drafter | " + " | ".join(_point(*k) for k in keys) + " |")
+        print("|" + "---|" * (1 + len(keys)))
+        for name in names:
+            cells = []
+            for k in keys:
+                run = results[k].get(name)
+                cells.append("–" if run is None else f"{run['speedup']:.3f} / {run['rejection_rate'] or 0:.2f} / "
+                             f"{run['rejection_rate_tokens'] or 0:.2f}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        print("| mean batch (normal) | " + " | ".join(
+            _fmt(results[k].get("normal", {}).get("batch_size_mean"), 1) for k in keys) + " |")
+    print("\n#### Acceptance checks (agentspec = the new defaults; before = agentspec-paper, the previous defaults)\n")
+    print("| trace | b | agentspec | before | Δ vs before | best baseline | Δ vs best | checks |")
+    print("|---|---|---|---|---|---|---|---|")
+    for t in traces:
+        for k in sorted((k for k in results if k[0] == t and "agentspec-paper" in results[k]), key=lambda k: k[1]):
+            runs = results[k]
+            new, old = runs["agentspec"]["speedup"], runs["agentspec-paper"]["speedup"]
+            best = max(BASELINES, key=lambda n: runs[n]["speedup"])
+            gap = new / runs[best]["speedup"] - 1
+            checks = ["≥ 1.0 ✓" if new >= 1.0 else "≥ 1.0 ✗"]
+            if k[1] >= 128:
+                checks.append("within 1 % of best ✓" if gap >= -0.01 else "within 1 % of best ✗")
+            elif new / old - 1 < -0.02:
+                checks.append("small batch −2 % ✗")
+            if t == "reflexion" and k[1] == 256:
+                rej = runs["agentspec"]["rejection_rate"]
+                checks.append(f"rejection {rej:.3f} {'✓' if rej <= 0.30 else '✗'}")
+            print(f"| {t} | {_point(*k)} | {new:.3f} | {old:.3f} | {(new / old - 1) * 100:+.1f}% | {best} "
+                  f"{runs[best]['speedup']:.3f} | {gap * 100:+.1f}% | {', '.join(checks)} |")
+    points = sorted((k for k, runs in results.items() if any(n.startswith("agentspec ") for n in runs)),
+                    key=lambda k: (list(TRACES).index(k[0]), k[1]))
+    print("\n#### Switches: speedup change from the defaults (rejection per call after the arrow)\n")
+    print("| switch | " + " | ".join(f"{t} {_point(t, b, r)}" for t, b, r in points) + " |")
+    print("|" + "---|" * (1 + len(points)))
+    print("| none: agentspec | " + " | ".join(
+        f"{results[k]['agentspec']['speedup']:.3f} / {results[k]['agentspec']['rejection_rate']:.2f}"
+        for k in points) + " |")
+    for name in AS_SWITCHES:
+        cells = []
+        for k in points:
+            full, cut = results[k].get("agentspec"), results[k].get(f"agentspec {name}")
+            cells.append("–" if not (full and cut) else
+                         f"{(cut['speedup'] / full['speedup'] - 1) * 100:+.1f}% → {cut['rejection_rate'] or 0:.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -283,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("tables", help="Markdown tables from the result files")
     p.add_argument("dir")
     p.set_defaults(func=tables)
+    p = sub.add_parser("as-tables", help="issue 26's tables (sets as, switches): grid, acceptance checks, switches")
+    p.add_argument("dir")
+    p.set_defaults(func=as_tables)
     args = parser.parse_args(argv)
     args.func(args)
 
