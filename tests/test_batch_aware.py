@@ -14,7 +14,7 @@ from agentspec_sim.cost import build_cost_model
 from agentspec_sim.cost.base import BatchShape
 from agentspec_sim.cost.break_even import batch_grid, break_even, break_even_at, break_even_grid
 from agentspec_sim.drafters.agentspec import break_even_depth, capped_lengths
-from agentspec_sim.drafters.base import make_drafter, parse_drafter
+from agentspec_sim.drafters.base import SpecConfigError, make_drafter, parse_drafter
 from agentspec_sim.drafters.block_index import META_FIELDS
 
 COST = build_cost_model("a100-80g", "qwen3-8b")
@@ -73,8 +73,13 @@ def test_short_matches_draft_only_inside_the_budget():
     strong, short = (4, 4, 10, 20, 5), (4, 4, 10, 20, 2)  # the same candidates after a 5- and a 2-token match
     # no budget (a batch past the ridge): CT* only after a match of ≥ ct_min tokens
     assert _lengths([strong, short], budget=0, tau=-1.0) == [10, 0]
-    # a budget: the short match drafts its share (here the whole budget over two equal rows)
-    assert _lengths([strong, short], budget=24, tau=-1.0) == [12, 12]
+    # a budget: the short match drafts its share, its g at the saturation floor g_min = 0.5 against the
+    # strong row's 0.975: 24 · 0.5 / 1.475 ≈ 8
+    assert _lengths([strong, short], budget=24, tau=-1.0) == [16, 8]
+    # batch-aware: a loose step (τ ≤ g_min³ = 0.125) lets the weak row draft to its break-even depth
+    # ⌊ln 0.1 / ln 0.5⌋ = 3; a strict one gives it no candidates, and its share goes to the strong row
+    assert _lengths([strong, short], budget=24, tau=0.1) == [16, 3]
+    assert _lengths([strong, short], budget=24, tau=0.2) == [20, 0]  # 24, capped by |P| = 20
     assert _lengths([strong, short], budget=24, tau=-1.0, ct_min=1) == [12, 12]
     assert _lengths([strong, short], budget=0, tau=-1.0, ct_min=1) == [10, 10]
 
@@ -94,7 +99,7 @@ def test_the_break_even_depth_bounds_every_row():
 
 def test_agentspec_needs_the_engine_cost_model_and_says_so():
     drafter = make_drafter(parse_drafter("agentspec"))
-    with pytest.raises(Exception, match="cost model"):
+    with pytest.raises(SpecConfigError, match="cost model"):
         drafter.break_even_grid()
     drafter.bind_cost_model(COST)
     assert drafter.step_break_even(16, 1024) == pytest.approx(_tau(COST, 16, 1024), rel=1e-9)

@@ -53,10 +53,20 @@ node the context matches, c_j = the count of the node after j draft tokens (suff
 include the context's own occurrence, so a context seen once before has c/n ≤ 1/2, as the
 tree's own probabilities say), CT* and L_i as above, the draft truncated to L_i.
 
+**Batch-aware drafting (the defaults of `agentspec` and `agentspec-n`; docs/agentspec.md §3b).** Per
+step, τ = t_V(bz)/t_A(bz) at the drafting calls' mean context, from the engine's cost model
+(`cost/break_even.py`): every draft stops at the break-even depth ⌊ln τ / ln g⌋ (token j only while
+g^j ≥ τ, `depth: break_even`); B = M(bz) (`budget: token_budget`); lookups match from one token, but a
+match shorter than `ct_min_match` is weak — no CT* beyond its budget share, g with the saturation floor
+g_min, and drafted only in a loose step, τ ≤ g_min^ct_min_match. `agentspec-paper` is the paper's
+behaviour (`PAPER_PRESET`: ⌊α/bz⌋, no depth bound, one minimum match length 3), the defaults before.
+
 Config keys: `num_speculative_tokens` k (the per-call cap and the candidate length; default
-`DEFAULT_K`), `alpha`, `g_min`, `budget`, `min_match_len`, `max_match_len`, `max_candidates`,
-`tokenizer` (the trace's; null: no structure is read), and the engine context for
-`token_budget`: `hardware`, `model`, `tensor_parallel_size`, `calibration`. `agentspec-r` takes
+`DEFAULT_K`), `alpha`, `g_min`, `budget`, `depth`, `min_match_len`, `ct_min_match`, `max_match_len`,
+`max_candidates`, the paper's open rules `single_candidate` ("share" / "ct_only"), `prompt_history`
+(true / false: outputs only) and `match` ("longest" / "pattern"), `tokenizer` (the trace's; null: no
+structure is read), and the engine context for `token_budget` and `break_even`: `hardware`, `model`,
+`tensor_parallel_size`, `calibration`. `agentspec-r` takes
 the suffix keys instead of the match keys; `agentspec-s` takes no budget keys, `agentspec-n` no
 tokenizer. The defaults and the sweeps behind them are in docs/agentspec.md.
 
