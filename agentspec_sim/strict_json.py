@@ -23,7 +23,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MAX_DEPTH = 100  # real inputs nest < 10 deep (chat content parts, tool arguments); 100 keeps every walk safe
@@ -102,6 +102,19 @@ def read_document(path: str | os.PathLike[str], limit: int = MAX_DOCUMENT_BYTES)
 def load_path(path: str | os.PathLike[str], limit: int = MAX_DOCUMENT_BYTES) -> Any:
     """`loads(read_document(path))`."""
     return loads(read_document(path, limit))
+
+
+def json_lines(text: str, refuse: Callable[[int, StrictJSONError], Exception]) -> Iterator[tuple[int, Any]]:
+    """(line number from 1, value) for each non-blank line of the JSON-lines `text`, parsed by `loads`; a line
+    it refuses raises `refuse(number, error)`: the caller's one-line message, naming its file."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = loads(line)
+        except StrictJSONError as exc:
+            raise refuse(number, exc) from None
+        yield number, value
 
 
 def loads(data: str | bytes | bytearray) -> Any:

@@ -538,3 +538,19 @@ def test_an_endless_device_as_a_json_input_is_refused(tmp_path, monkeypatch, cap
     code, _, err = run_cli(argv.format(d=tmp_path, zero=zero).split(), monkeypatch, capsys)
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert str(zero) in err and "too large" in err, err
+
+
+def test_json_lines_numbers_lines_skips_blanks_and_refuses_with_the_callers_message():
+    from agentspec_sim.strict_json import json_lines
+
+    class Refused(Exception):
+        pass
+
+    text = '{"a": 1}\n\n   \n[2]\n{"a": 1, "a": 2}\n{"b": 3}\n'
+    got = []
+    with pytest.raises(Refused, match=r"^f\.jsonl:5: a: the key is given twice") as info:
+        for number, value in json_lines(text, lambda n, e: Refused(f"f.jsonl:{n}: {e.msg}")):
+            got.append((number, value))
+    assert got == [(1, {"a": 1}), (4, [2])]  # blank lines keep their numbers; nothing past the refusal
+    assert info.value.__suppress_context__  # one line, no chained traceback
+    assert list(json_lines("", lambda n, e: Refused())) == []

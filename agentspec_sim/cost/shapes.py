@@ -156,13 +156,7 @@ def read_shapes(path: str | Path) -> list[StepShape]:
     except UnicodeDecodeError:
         raise ShapeError(f"{path}: not UTF-8 text") from None
     shapes = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = strict_json.loads(line)
-        except strict_json.StrictJSONError as exc:
-            raise ShapeError(f"{path}:{number}: {exc.msg}") from None
+    for number, record in strict_json.json_lines(text, lambda n, exc: ShapeError(f"{path}:{n}: {exc.msg}")):
         try:
             shapes.append(StepShape.from_dict(record))
         except ShapeError as exc:

@@ -90,13 +90,7 @@ def _read_one(path: Path) -> pl.DataFrame:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise ResultsError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = strict_json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ResultsError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        for number, row in strict_json.json_lines(text, lambda n, e: ResultsError(f"{path}:{n}: not JSON ({e.msg})")):
             if not isinstance(row, dict):
                 raise ResultsError(f"{path}:{number}: a result row must be a JSON object")
             rows.append(row)

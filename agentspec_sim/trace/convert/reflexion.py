@@ -333,13 +333,11 @@ def _read_rows(path: Path) -> tuple[list[dict], int]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     rows, skipped = [], 0
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = strict_json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConvertError(path, f"line {n}: not JSON ({exc.msg}); expected a Reflexion log row") from None
+
+    def not_json(n: int, exc: strict_json.StrictJSONError) -> ConvertError:
+        return ConvertError(path, f"line {n}: not JSON ({exc.msg}); expected a Reflexion log row")
+
+    for n, row in strict_json.json_lines(text, not_json):
         if not isinstance(row, dict):
             raise ConvertError(path, f"line {n}: not a JSON object; expected a Reflexion log row")
         if _is_no_run_row(row):

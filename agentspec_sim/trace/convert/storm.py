@@ -43,7 +43,6 @@ On the bundled run (topic "CRW telesystem"): 48 calls in one query.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -112,13 +111,10 @@ def _read_history(path: Path) -> list[tuple[int, dict, list[dict], str, str | No
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     out = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = strict_json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConvertError(path, f"line {n}: not JSON ({exc.msg}); expected a STORM call record") from None
+    def not_json(n: int, exc: strict_json.StrictJSONError) -> ConvertError:
+        return ConvertError(path, f"line {n}: not JSON ({exc.msg}); expected a STORM call record")
+
+    for n, row in strict_json.json_lines(text, not_json):
         if not isinstance(row, dict) or "response" not in row or not ("prompt" in row or "messages" in row):
             raise ConvertError(path, f"line {n}: not a STORM call record (needs 'prompt' and 'response')")
         if isinstance(row.get("prompt"), str) and row["prompt"]:
