@@ -33,23 +33,14 @@ def inspect(
     stats = trace_stats(workload, max_model_len)
     stats["trace"] = str(path)
     if repetition:
-        from agentspec_sim.analysis.repetition import isolation_premise
+        from agentspec_sim.analysis.repetition import isolation_premise, workload_repetition
 
-        stats["repetition"] = _repetition(workload)
+        stats["repetition"] = workload_repetition(workload)
         stats["isolation_premise"] = isolation_premise(stats["repetition"])
     if as_json:
         typer.echo(json.dumps(stats, indent=2))
         return
     _render(stats)
-
-
-def _repetition(workload) -> dict:
-    from agentspec_sim.analysis.repetition import repetition_profile
-    from agentspec_sim.trace.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(workload.meta.tokenizer) if workload.meta.tokenizer else None
-    table = tok.token_bytes() if tok is not None else None
-    return repetition_profile(workload, table)
 
 
 def _render(stats: dict) -> None:
@@ -80,8 +71,6 @@ def _render(stats: dict) -> None:
             t.add_row(str(k), *(f"{100 * row[c]:.1f}%" for c in
                                 ("same_block", "same_query_other_block", "other_query", "total")))
         console.print(t)
-        premise = stats["isolation_premise"]
-        verdict = {"holds": "holds", "partly": "holds only partly", "fails": "does not hold"}[premise["verdict"]]
-        console.print(f"AgentSpec's premise (paper Figure 5) {verdict} at k = {premise['k']}: "
-                      f"{100 * premise['same_block']:.1f}% same block vs {100 * premise['elsewhere']:.1f}% "
-                      f"elsewhere; {premise['reason']}.")
+        from agentspec_sim.analysis.repetition import premise_sentence
+
+        console.print(f"AgentSpec's premise (paper Figure 5) {premise_sentence(stats['isolation_premise'])}")

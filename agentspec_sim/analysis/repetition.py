@@ -224,7 +224,17 @@ def repetition_profile(
     }
 
 
+def workload_repetition(workload: Workload, ks: Sequence[int] = DEFAULT_KS) -> dict:
+    """`repetition_profile` with the blocks read by the trace's own tokenizer (none named: no blocks).
+    Raises ValueError (`UnknownTokenizerError`) for a tokenizer that does not load."""
+    from agentspec_sim.trace.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(workload.meta.tokenizer) if workload.meta.tokenizer else None
+    return repetition_profile(workload, tok.token_bytes() if tok is not None else None, ks)
+
+
 PREMISE_K = 4  # the span length the verdict reads: AgentSpec's lookups match from a few tokens
+VERDICT_WORDS = {"holds": "holds", "partly": "holds only partly", "fails": "does not hold"}
 
 
 def isolation_premise(profile: dict, k: int = PREMISE_K) -> dict:
@@ -255,4 +265,11 @@ def isolation_premise(profile: dict, k: int = PREMISE_K) -> dict:
     return {"k": at, "same_block": same, "elsewhere": elsewhere, "verdict": verdict, "reason": reason}
 
 
-__all__ = ["CATEGORIES", "DEFAULT_KS", "PREMISE_K", "isolation_premise", "repetition_profile"]
+def premise_sentence(premise: dict) -> str:
+    """`isolation_premise`'s result in words: "holds at k = 4: 41.2% same block vs 0.4% elsewhere; …"."""
+    return (f"{VERDICT_WORDS[premise['verdict']]} at k = {premise['k']}: {100 * premise['same_block']:.1f}% same "
+            f"block vs {100 * premise['elsewhere']:.1f}% elsewhere; {premise['reason']}.")
+
+
+__all__ = ["CATEGORIES", "DEFAULT_KS", "PREMISE_K", "isolation_premise", "premise_sentence", "repetition_profile",
+           "workload_repetition"]

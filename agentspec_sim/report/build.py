@@ -130,7 +130,9 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
              plots.time_breakdown(setting, style, chosen, f"Time breakdown, max batch {chosen} — {label}",
                                   out / f"time-breakdown-{slug}.png")),
         ]
-        lines += [f"## {label}", "", f"Trace `{trace}`.", "", *_premise_lines(trace, premises)]
+        if trace not in premises:
+            premises[trace] = ["### Where repeated output comes from (paper Figure 5)", "", *_premise_lines(trace), ""]
+        lines += [f"## {label}", "", f"Trace `{trace}`.", "", *premises[trace]]
         for caption, path in figures:
             report.figures.append(path)
             lines += [f"### {caption}", "", f"![{caption}]({path.name})", ""]
@@ -167,38 +169,25 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
     return report
 
 
-def _premise_lines(trace: str, memo: dict[str, list[str]]) -> list[str]:
+def _premise_lines(trace: str) -> list[str]:
     """The trace's repeated-span profile (paper Figure 5) and AgentSpec's premise verdict
     (`analysis.repetition.isolation_premise`), when the trace file is where the results say."""
-    if trace in memo:
-        return memo[trace]
-    from agentspec_sim.analysis.repetition import isolation_premise, repetition_profile
+    from agentspec_sim.analysis.repetition import isolation_premise, premise_sentence, workload_repetition
     from agentspec_sim.trace.io import load_trace
-    from agentspec_sim.trace.tokenizer import load_tokenizer
 
-    head = "### Where repeated output comes from (paper Figure 5)"
-    path = Path(trace)
-    if not path.is_file():
-        memo[trace] = [head, "", f"Not computed: `{trace}` is not a file here (run the report where the trace is).", ""]
-        return memo[trace]
+    if not Path(trace).is_file():
+        return [f"Not computed: `{trace}` is not a file here (run the report where the trace is)."]
     try:
-        workload = load_trace(path)
-        tok = load_tokenizer(workload.meta.tokenizer) if workload.meta.tokenizer else None
+        profile = workload_repetition(load_trace(trace))
     except (OSError, ValueError) as exc:  # TraceError and an unknown tokenizer are ValueErrors
-        memo[trace] = [head, "", f"Not computed: `{trace}` did not load ({exc}).", ""]
-        return memo[trace]
-    profile = repetition_profile(workload, tok.token_bytes() if tok is not None else None)
-    premise = isolation_premise(profile)
-    verdict = {"holds": "holds", "partly": "holds only partly", "fails": "does not hold"}[premise["verdict"]]
+        return [f"Not computed: `{trace}` did not load ({exc})."]
     rows = ["| k | same block | same query, other block | other query | total |", "|---|---|---|---|---|"]
     rows += [f"| {k} | " + " | ".join(f"{100 * row[c]:.1f}%" for c in
                                        ("same_block", "same_query_other_block", "other_query", "total")) + " |"
              for k, row in profile["by_k"].items()]
-    memo[trace] = [head, "", "Share of output tokens in spans of ≥ k tokens seen earlier, by where the earlier "
-                   "occurrence is (`agentspec-sim inspect`):", "", *rows, "",
-                   f"AgentSpec's premise {verdict} at k = {premise['k']}: {100 * premise['same_block']:.1f}% same "
-                   f"block vs {100 * premise['elsewhere']:.1f}% elsewhere; {premise['reason']}.", ""]
-    return memo[trace]
+    return ["Share of output tokens in spans of ≥ k tokens seen earlier, by where the earlier occurrence is "
+            "(`agentspec-sim inspect`):", "", *rows, "",
+            f"AgentSpec's premise {premise_sentence(isolation_premise(profile))}"]
 
 
 def _has_band(results: pl.DataFrame) -> bool:
