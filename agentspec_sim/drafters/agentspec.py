@@ -324,9 +324,10 @@ def capped_lengths(meta, max_lens, budget, g_min, k, budgeted, ct_min, single_ct
         loose = tau <= g_min ** ct_min
         ct = iwork[3, :m]
         for i in range(m):
-            ct[i] = meta[i, META_CT] if meta[i, META_MATCH] >= ct_min else 0
-            if not loose and meta[i, META_MATCH] < ct_min:
-                ct[i] = -1  # a weak match in a strict step: no candidates
+            if meta[i, META_MATCH] >= ct_min:
+                ct[i] = meta[i, META_CT]
+            else:  # weak: no CT* beyond its share, and in a strict step no candidates at all (ct < 0)
+                ct[i] = 0 if loose else -1
         _allocate_into(meta[:, META_N], meta[:, META_C], ct, budget, g_min, out, fwork, iwork, meta[:, META_MATCH],
                        ct_min)
     else:
