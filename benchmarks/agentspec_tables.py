@@ -20,6 +20,7 @@ A100-80G, Qwen3-8B, vLLM defaults otherwise (the replay command's defaults).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -157,11 +158,17 @@ def run(args: argparse.Namespace) -> None:
 _NAME = re.compile(r"(?P<trace>.+)_b(?P<b>\d+)_r(?P<r>\d+)_(?P<set>base|plus|ablate|as|switches)\.json$")
 
 
+@functools.cache
+def _agentspec_defaults() -> dict:
+    """`agentspec`'s resolved options as a run's JSON config spells them (lists, not tuples)."""
+    return json.loads(json.dumps(dict(parse_drafter("agentspec").options)))
+
+
 def _label(run: dict) -> str:
     """The row name of a run: its shorthand, or the ablation whose switches its config carries."""
     cfg = run["speculative_config"]
     if cfg.get("method") == "agentspec" and len(run["drafter"]) > len("agentspec"):
-        defaults = json.loads(json.dumps(dict(parse_drafter("agentspec").options)))
+        defaults = _agentspec_defaults()
         changed = {k for k, v in cfg.items() if k in defaults and defaults[k] != v} - {"max_match_len"}
         for name, opts in AS_SWITCHES.items():
             wanted = {k for k, v in opts.items() if defaults.get(k) != v}
@@ -259,33 +266,48 @@ def coverage_table(results, traces: list[str]) -> str:
 _results_dir = "."
 
 
-def speedup_table(results, trace: str, names: list[str]) -> str:
-    keys = sorted((k for k in results if k[0] == trace), key=lambda k: k[1])
+def _speedup_cell(run: dict) -> str:
+    return f"{run['speedup']:.3f} / {run['rejection_rate'] or 0:.2f}"
+
+
+def _speedup_token_cell(run: dict) -> str:
+    return f"{_speedup_cell(run)} / {run['rejection_rate_tokens'] or 0:.2f}"
+
+
+def speedup_table(results, trace: str, names: list[str], cell=_speedup_cell, keys=None) -> str:
+    """Drafters × the trace's grid points (`keys`, default all), `cell(run)` in each, the batch reached last."""
+    keys = sorted(keys if keys is not None else (k for k in results if k[0] == trace), key=lambda k: k[1])
     out = ["| drafter | " + " | ".join(_point(*k) for k in keys) + " |", "|" + "---|" * (1 + len(keys))]
     for name in names:
         cells = [name]
         for k in keys:
             run = results[k].get(name)
-            cells.append("–" if run is None else f"{run['speedup']:.3f} / {run['rejection_rate'] or 0:.2f}")
+            cells.append("–" if run is None else cell(run))
         out.append("| " + " | ".join(cells) + " |")
     out.append("| mean batch (normal) | " + " | ".join(
         _fmt(results[k].get("normal", {}).get("batch_size_mean"), 1) for k in keys) + " |")
     return "\n".join(out)
 
 
-def ablation_delta_table(results) -> str:
-    """Speedup change when each agentspec+ part is removed, at every point the ablation ran."""
-    points = sorted((k for k, runs in results.items() if any(n.startswith("agentspec+ ") for n in runs)),
+def ablation_delta_table(results, base: str = "agentspec+", parts=ABLATIONS, with_rejection: bool = False) -> str:
+    """Speedup change when each part of `base` is switched (`parts`: the run labels "<base> <name>"), at every
+    point the ablation ran; `with_rejection`: the switched run's per-call rejection after an arrow."""
+    points = sorted((k for k, runs in results.items() if any(n.startswith(f"{base} ") for n in runs)),
                     key=lambda k: (list(TRACES).index(k[0]), k[1]))
-    out = ["| part removed | " + " | ".join(f"{t} {_point(t, b, r)}" for t, b, r in points) + " |",
+    head = "switch" if with_rejection else "part removed"
+    out = [f"| {head} | " + " | ".join(f"{t} {_point(t, b, r)}" for t, b, r in points) + " |",
            "|" + "---|" * (1 + len(points))]
-    out.append("| none: agentspec+ speedup | " + " | ".join(
-        f"{results[k]['agentspec+']['speedup']:.3f}" for k in points) + " |")
-    for name in ABLATIONS:
+    if with_rejection:
+        out.append(f"| none: {base} | " + " | ".join(_speedup_cell(results[k][base]) for k in points) + " |")
+    else:
+        out.append(f"| none: {base} speedup | " + " | ".join(f"{results[k][base]['speedup']:.3f}" for k in points)
+                   + " |")
+    for name in parts:
         cells = []
         for k in points:
-            full, cut = results[k].get("agentspec+"), results[k].get(f"agentspec+ {name}")
-            cells.append("–" if not (full and cut) else f"{(cut['speedup'] / full['speedup'] - 1) * 100:+.1f}%")
+            full, cut = results[k].get(base), results[k].get(f"{base} {name}")
+            delta = "–" if not (full and cut) else f"{(cut['speedup'] / full['speedup'] - 1) * 100:+.1f}%"
+            cells.append(f"{delta} → {cut['rejection_rate'] or 0:.2f}" if with_rejection and full and cut else delta)
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -321,25 +343,16 @@ def as_tables(args: argparse.Namespace) -> None:
     results = load(Path(args.dir))
     traces = [t for t in TRACES if any(k[0] == t for k in results)]
     names = ["ngram", "suffix", "agspec", "agentspec-paper", "agentspec"]
+    grid = {t: sorted((k for k in results if k[0] == t and "agentspec-paper" in results[k]), key=lambda k: k[1])
+            for t in traces}
     for t in traces:
-        keys = sorted((k for k in results if k[0] == t and "agentspec-paper" in results[k]), key=lambda k: k[1])
         print(f"\n#### {t}: speedup / rejection per call / per token\n")
-        print("| drafter | " + " | ".join(_point(*k) for k in keys) + " |")
-        print("|" + "---|" * (1 + len(keys)))
-        for name in names:
-            cells = []
-            for k in keys:
-                run = results[k].get(name)
-                cells.append("–" if run is None else f"{run['speedup']:.3f} / {run['rejection_rate'] or 0:.2f} / "
-                             f"{run['rejection_rate_tokens'] or 0:.2f}")
-            print(f"| {name} | " + " | ".join(cells) + " |")
-        print("| mean batch (normal) | " + " | ".join(
-            _fmt(results[k].get("normal", {}).get("batch_size_mean"), 1) for k in keys) + " |")
+        print(speedup_table(results, t, names, _speedup_token_cell, grid[t]))
     print("\n#### Acceptance checks (agentspec = the new defaults; before = agentspec-paper, the previous defaults)\n")
     print("| trace | b | agentspec | before | Δ vs before | best baseline | Δ vs best | checks |")
     print("|---|---|---|---|---|---|---|---|")
     for t in traces:
-        for k in sorted((k for k in results if k[0] == t and "agentspec-paper" in results[k]), key=lambda k: k[1]):
+        for k in grid[t]:
             runs = results[k]
             new, old = runs["agentspec"]["speedup"], runs["agentspec-paper"]["speedup"]
             best = max(BASELINES, key=lambda n: runs[n]["speedup"])
@@ -354,21 +367,8 @@ def as_tables(args: argparse.Namespace) -> None:
                 checks.append(f"rejection {rej:.3f} {'✓' if rej <= 0.30 else '✗'}")
             print(f"| {t} | {_point(*k)} | {new:.3f} | {old:.3f} | {(new / old - 1) * 100:+.1f}% | {best} "
                   f"{runs[best]['speedup']:.3f} | {gap * 100:+.1f}% | {', '.join(checks)} |")
-    points = sorted((k for k, runs in results.items() if any(n.startswith("agentspec ") for n in runs)),
-                    key=lambda k: (list(TRACES).index(k[0]), k[1]))
     print("\n#### Switches: speedup change from the defaults (rejection per call after the arrow)\n")
-    print("| switch | " + " | ".join(f"{t} {_point(t, b, r)}" for t, b, r in points) + " |")
-    print("|" + "---|" * (1 + len(points)))
-    print("| none: agentspec | " + " | ".join(
-        f"{results[k]['agentspec']['speedup']:.3f} / {results[k]['agentspec']['rejection_rate']:.2f}"
-        for k in points) + " |")
-    for name in AS_SWITCHES:
-        cells = []
-        for k in points:
-            full, cut = results[k].get("agentspec"), results[k].get(f"agentspec {name}")
-            cells.append("–" if not (full and cut) else
-                         f"{(cut['speedup'] / full['speedup'] - 1) * 100:+.1f}% → {cut['rejection_rate'] or 0:.2f}")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(ablation_delta_table(results, "agentspec", AS_SWITCHES, with_rejection=True))
 
 
 def main(argv: list[str] | None = None) -> None:
