@@ -801,8 +801,8 @@ def replay_drafter(calls: Iterable[Call], spec, k: int | None = None) -> Replay:
     after the first token, propose / greedy verify / observe each step, finish_call), with a fixed
     k (default: the config's). No batching, scheduling or cost: the acceptance model alone."""
     from agentspec_sim.drafters.base import make_drafter, parse_drafter
+    from agentspec_sim.engine.drafts import verify
     from agentspec_sim.engine.request import CallState
-    from agentspec_sim.engine.scheduler import verify
 
     spec = parse_drafter(spec)
     drafter = make_drafter(spec)

@@ -46,6 +46,17 @@ def clear_if_changed(module_file: str, dependencies: Sequence[str]) -> None:
         return
 
 
+def package_sources(package: str) -> list[str]:
+    """The source files of `package` (a dotted name), sorted: the dependencies of a kernel that compiles in
+    whichever of its modules' functions a run picks (engine/scheduler.py `run_steps` and the drafters)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return []
+    return sorted(str(path) for path in Path(spec.origin).parent.glob("*.py"))
+
+
 def is_compiled(dispatcher: object) -> bool | None:
     """Whether numba's on-disk cache holds a current compiled version of `dispatcher` (an `njit(cache=True)`
     function): True, False, or None when that cannot be told (not a caching dispatcher, another numba).

@@ -59,40 +59,41 @@ FIGURE1_SEQS = "1,2,4,8,16,32,64,128,256"
 # -- child side ---------------------------------------------------------------------------------------
 class DrafterClock:
     """Wraps a drafter class's own hooks (only those it overrides: the engine skips the others) and the
-    engine's batched proposer for it (the n-gram index; eagle3/mtp's acceptance tables), summing seconds
-    and rows per hook. Proposals the scheduler makes inside its compiled loop (`ngram`, `ngram-v2`,
-    `eagle3`, `mtp`: engine/scheduler.py `InlineDrafts`) are not seen here: they are part of the engine's
-    time, and "propose" counts only those made by the event loop."""
+    event loop's proposals through its fast path (drafters/protocol.py `EngineDrafting.propose`: the
+    n-gram index or table, eagle3/mtp's acceptance tables, agentspec's table), summing seconds and rows
+    per hook. Proposals made inside the engine's compiled loop (`draft_between_steps`) are not seen here:
+    they are part of the engine's time, and "propose" counts only those made by the event loop."""
 
     def __init__(self, kind: type) -> None:
         from agentspec_sim.drafters.base import BaseDrafter
-        from agentspec_sim.drafters.model_based import ModelBasedDrafter
-        from agentspec_sim.engine import batched
-        from agentspec_sim.engine.scheduler import Scheduler
 
         self.seconds = dict.fromkeys(HOOKS, 0.0)
         self.rows = dict.fromkeys(HOOKS, 0)
         for name in HOOKS:
             own = getattr(kind, name, None)
             if own is not None and own is not getattr(BaseDrafter, name, None):
-                setattr(kind, name, self._timed(name, own, method=True))
-        if kind in batched.BATCHED:
-            batched.BATCHED[kind] = self._timed("propose", batched.BATCHED[kind], method=False)
-        if issubclass(kind, ModelBasedDrafter):  # eagle3/mtp: the event loop drafts from the acceptance tables
-            Scheduler.set_model_drafts = self._timed("propose", Scheduler.set_model_drafts, method=True)
+                setattr(kind, name, self._timed(name, own, rows_at=1))
+        own_fast = kind.engine_drafting
 
-    def _timed(self, name: str, fn, method: bool):
+        def engine_drafting(drafter, run):
+            fast = own_fast(drafter, run)
+            if fast is not None:
+                fast.propose = self._timed("propose", fast.propose, rows_at=0)
+            return fast
+
+        kind.engine_drafting = engine_drafting
+
+    def _timed(self, name: str, fn, rows_at: int):
         clock = time.perf_counter
 
         def timed(*args, **kwargs):
             t0 = clock()
             out = fn(*args, **kwargs)
             self.seconds[name] += clock() - t0
-            # propose(rows, max_lens) / batched(drafter, tokens, starts, …): one row per call-step
-            if name == "propose":
-                self.rows[name] += len(args[1]) if method else len(args[2])
-            else:
+            if name != "propose":
                 self.rows[name] += 1
+            elif rows_at == 1 or out is not None:  # a fast path's None: the drafter's own propose follows
+                self.rows[name] += len(args[rows_at])  # propose(rows, max_lens): one row per call-step
             return out
 
         return timed
@@ -119,12 +120,11 @@ class TableClock:
     n-gram matches, eagle3/mtp's code(n) segments)."""
 
     def __init__(self) -> None:
-        from agentspec_sim.drafters import ngram_tables, suffix_tables
+        from agentspec_sim.drafters import history_tables, ngram_tables, suffix_tables
         from agentspec_sim.drafters.model_based import ModelBasedDrafter
-        from agentspec_sim.engine import simulator
 
         self.seconds = 0.0
-        simulator.build_tables = self._timed(simulator.build_tables)
+        history_tables.build_tables = self._timed(history_tables.build_tables)
         suffix_tables.build_local_table = self._timed(suffix_tables.build_local_table)
         ngram_tables.build_ngram_table = self._timed(ngram_tables.build_ngram_table)
         ModelBasedDrafter._segment_code = self._timed(ModelBasedDrafter._segment_code)

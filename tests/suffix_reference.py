@@ -387,7 +387,7 @@ def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineCon
     # What is recorded is the drafter's own propose, so the event loop drives it after every step; the
     # engine's compiled driving equals that step for step (tests/test_engine_fast_paths.py
     # ::test_suffix_driven_in_runs_equals_the_event_loops).
-    sim._suffix, sim.max_run_steps = None, 1
+    sim.fast, sim.max_run_steps = None, 1
     drafter = sim.drafters[0]
     inner = drafter.propose
     proposals: dict[int, list[tuple[list[str], list[int], list[list[int]]]]] = {}

@@ -1,7 +1,7 @@
 """Drafts from tables made once per workload against the live state they replace: AgentSpec's lookups
-(drafters/history_tables.py, the engine's RULE_TABLE), suffix decoding's prompt-tree drafts
+(drafters/history_tables.py, drafters/agentspec_fastpath.py `TableSteps`), suffix decoding's prompt-tree drafts
 (drafters/suffix_tables.py, OP_TABLE_STEP) and the n-gram proposers' matches (drafters/ngram_tables.py,
-par[IN_NGRAM_TABLE]) — whole runs equal, what turns a table off, the disk cache, the path pool.
+`NgramDrafting.from_table`) — whole runs equal, what turns a table off, the disk cache, the path pool.
 (tests/test_suffix.py also runs the engine with the suffix table against the real ArcticInference
 library.)"""
 
@@ -17,10 +17,10 @@ from simhelpers import agent_query, config, workload
 
 from agentspec_sim.cost import RooflineCostModel
 from agentspec_sim.drafters import history_tables
+from agentspec_sim.drafters.agentspec_fastpath import TableDrafting
 from agentspec_sim.drafters.base import parse_drafter
 from agentspec_sim.drafters.table_cache import pack_paths
 from agentspec_sim.engine.config import resolve
-from agentspec_sim.engine.scheduler import IN_NGRAM_TABLE
 from agentspec_sim.engine.simulator import Simulator
 
 AGENTSPEC = {"method": "agentspec", "num_speculative_tokens": 6, "min_match_len": 2, "alpha": 24}
@@ -65,10 +65,10 @@ def test_drafting_from_the_table_equals_the_live_history(spec, overrides):
     wl = _queries()
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
     sim = _sim(wl, spec, cfg)
-    assert sim._tables is not None and sim._history is None and not any(sim.hooks)
+    assert isinstance(sim.fast, TableDrafting) and not any(sim.hooks)
     from_table = sim.run()
     live = _sim(wl, spec, cfg, tables=False)
-    assert live._tables is None
+    assert not isinstance(live.fast, TableDrafting)
     from_history = live.run()
     _same(from_table, from_history)
     assert int((from_table.engine_steps["D"] > 0).sum()) > 20
@@ -91,7 +91,7 @@ def test_a_real_trace_with_structure_equals_the_live_history():
         cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4, max_model_len=max_len,
                      num_kv_blocks=20000, max_num_batched_tokens=8192)
         sim = _sim(wl, "agentspec", cfg)
-        assert sim._tables is not None
+        assert isinstance(sim.fast, TableDrafting)
         result = sim.run()
         _same(result, _sim(wl, "agentspec", cfg, tables=False).run())
         if max_len == 14000:
@@ -113,7 +113,7 @@ def test_the_table_needs_no_memory_bound_and_the_live_history_says_when_it_passe
     _same(from_table, live)
     monkeypatch.setattr(agentspec, "MAX_LIVE_TOKENS", 60)
     sim = _sim(wl, AGENTSPEC, cfg)
-    assert sim._tables is not None
+    assert isinstance(sim.fast, TableDrafting)
     _same(sim.run(), from_table)
     bounded = _sim(wl, AGENTSPEC, cfg, tables=False).run()
     assert bounded.extra["history_evictions"] > 0
@@ -129,7 +129,7 @@ def test_the_table_is_made_once_and_read_from_the_cache(monkeypatch, tmp_path):
     def fail(*args):
         raise AssertionError("built again")
 
-    monkeypatch.setattr("agentspec_sim.engine.simulator.build_tables", fail)
+    monkeypatch.setattr("agentspec_sim.drafters.history_tables.build_tables", fail)
     for seqs in (1, 4):  # other engine settings, the same calls: the same table
         _sim(wl, AGENTSPEC, config(check_invariants=False, arrival="zero", max_num_seqs=seqs)).run()
     _same(first, _sim(wl, AGENTSPEC, cfg).run())
@@ -153,7 +153,7 @@ def test_an_unwritable_cache_still_gives_the_table(monkeypatch, tmp_path):
     wl = _queries()
     cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
     sim = _sim(wl, AGENTSPEC, cfg)
-    assert sim._tables is not None
+    assert isinstance(sim.fast, TableDrafting)
     _same(sim.run(), _sim(wl, AGENTSPEC, cfg, tables=False).run())
 
 
@@ -270,10 +270,10 @@ def test_ngram_drafts_from_the_table_equal_the_index(spec, overrides):
     wl = _queries(seed=9)
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
     sim = _sim(wl, spec, cfg)
-    assert sim._inline.par[IN_NGRAM_TABLE] == 1
+    assert sim.fast.from_table
     from_table = sim.run()
     live = _sim(wl, spec, cfg, tables=False)
-    assert live._inline.par[IN_NGRAM_TABLE] == 0
+    assert not live.fast.from_table
     _same(from_table, live.run())
     assert int((from_table.engine_steps["D"] > 0).sum()) > 20
     assert int(from_table.steps["accepted"].sum()) > 0
@@ -383,23 +383,22 @@ def test_two_builders_of_one_table_build_it_once(tmp_path):
 def test_a_run_reports_its_start_before_building_its_tables():
     """`simulate(progress=…)` hears (0, calls) before the tables are built (a progress bar shows the run at
     once), then every finished call, up to (calls, calls)."""
-    from agentspec_sim.engine import simulator
 
     wl = _queries()
     cfg = config(check_invariants=False, arrival="zero", max_num_seqs=4)
     heard = []
-    build = simulator.build_tables
+    build = history_tables.build_tables
 
     def building(*args):
         heard.append("build")
         return build(*args)
 
-    simulator.build_tables = building
+    history_tables.build_tables = building
     try:
         Simulator(wl, parse_drafter(AGENTSPEC), cfg, resolve(cfg), COST,
                   progress=lambda done, total: heard.append((done, total))).run()
     finally:
-        simulator.build_tables = build
+        history_tables.build_tables = build
     assert heard[0] == (0, 18) and heard[1] == "build" and heard[-1] == (18, 18)
 
 

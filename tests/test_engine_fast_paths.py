@@ -12,14 +12,23 @@ import pytest
 from simhelpers import ConstantCost, agent_query, call, config, workload
 
 from agentspec_sim.cost import BatchShape, Calibration, RooflineCostModel
+from agentspec_sim.drafters.agentspec import AgentSpecDrafter
+from agentspec_sim.drafters.agentspec_fastpath import HistoryDrafting
 from agentspec_sim.drafters.base import parse_drafter
+from agentspec_sim.drafters.model_based import ModelBasedDrafter
 from agentspec_sim.drafters.ngram import NgramDrafter
-from agentspec_sim.engine.batched import propose_ngram_rows
+from agentspec_sim.drafters.ngram_index import propose_ngram_rows
+from agentspec_sim.drafters.suffix import SuffixDrafter
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.kv import BlockPool
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.engine.simulator import Simulator
 from agentspec_sim.kernel_cache import clear_if_changed
+
+
+def _without_fast_path(monkeypatch, kind):
+    """Drafters of `kind` drive no fast path: the engine calls their hooks and `propose`."""
+    monkeypatch.setattr(kind, "engine_drafting", lambda self, run: None)
 
 
 def _run(wl, drafter, cfg, cost, max_run_steps=None):
@@ -93,7 +102,7 @@ def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypat
     """`run_steps` drafting with the n-gram index itself (long runs) = the event loop drafting after each
     step, including when the index fills up mid-run (a tiny table: the kernel hands the step back).
     (The index, not the workload's table: tests/test_draft_tables.py compares the two.)"""
-    import agentspec_sim.engine.batched as batched
+    import agentspec_sim.drafters.ngram_index as batched
 
     monkeypatch.setattr(Simulator, "draft_tables", False)
     rng = np.random.default_rng(11)
@@ -101,7 +110,7 @@ def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypat
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
     cost = RooflineCostModel("a100-80g", "qwen3-8b")
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
-    assert sim._inline is not None
+    assert sim.fast is not None and sim.fast.run_state() is not None
     by_event_loop = []
     propose = sim._propose
     monkeypatch.setattr(sim, "_propose", lambda *args: by_event_loop.append(1) or propose(*args))
@@ -152,7 +161,7 @@ def test_model_based_drafting_from_tables_equals_the_drafters_own(spec, override
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
     cost = RooflineCostModel("a100-80g", "qwen3-8b")
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
-    assert sim._model is not None and sim._model.par[0] == 1 and not any(sim.hooks)
+    assert sim.fast is not None and sim.fast.run_state() is not None and not any(sim.hooks)
     by_event_loop = []
     propose = sim._propose
     monkeypatch.setattr(sim, "_propose", lambda *args: by_event_loop.append(1) or propose(*args))
@@ -160,9 +169,9 @@ def test_model_based_drafting_from_tables_equals_the_drafters_own(spec, override
     drafting_steps = int((tables.engine_steps["D"] > 0).sum())
     assert drafting_steps > 20 and len(by_event_loop) < drafting_steps / 2  # most drafted inside runs
     _same(tables, _run(wl, spec, cfg, cost, max_run_steps=1))  # the event loop's compiled proposal
-    monkeypatch.setattr(Simulator, "_model_drafts", lambda self: (None, False))
+    _without_fast_path(monkeypatch, ModelBasedDrafter)
     reference = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
-    assert reference._model is None and all(reference.hooks)
+    assert reference.fast is None and all(reference.hooks)
     _same(tables, reference.run())
 
 
@@ -180,9 +189,9 @@ def test_model_based_tables_on_a_real_trace_equal_the_drafters_own(monkeypatch):
                  max_num_batched_tokens=8192)
     cost = RooflineCostModel("a100-80g", "qwen3-8b")
     sim = Simulator(wl, parse_drafter("eagle3"), cfg, resolve(cfg), cost)
-    assert sim._model is not None and int(sim._model.code.sum()) > 100  # code blocks do occur
+    assert sim.fast is not None and int(sim.fast.state.code.sum()) > 100  # code blocks do occur
     tables = sim.run()
-    monkeypatch.setattr(Simulator, "_model_drafts", lambda self: (None, False))
+    _without_fast_path(monkeypatch, ModelBasedDrafter)
     _same(tables, _run(wl, "eagle3", cfg, cost))
 
 
@@ -196,7 +205,7 @@ AGENTSPEC = {"method": "agentspec", "num_speculative_tokens": 6, "min_match_len"
 def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spec, overrides, tiny_arena,
                                                                             monkeypatch):
     """agentspec observing and proposing in compiled code — inside `run_steps`, and for the last step of a
-    run (`_history_step`: hooks for the calls that started or finished, the rest compiled) — equals the
+    run (`HistoryDrafting.after_step`: hooks for the calls that started or finished, the rest compiled) — equals the
     drafter's own hooks and propose, step for step; with a tiny arena (pool and n-gram table) steps find no
     room in the table and go to the event loop, which grows it."""
     from agentspec_sim.drafters.block_index import BlockArena
@@ -209,7 +218,7 @@ def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spe
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
     cost = RooflineCostModel("a100-80g", "qwen3-8b")
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
-    assert sim._history is not None
+    assert isinstance(sim.fast, HistoryDrafting)
     by_python = []
     propose = type(sim.drafters[0]).propose
     monkeypatch.setattr(type(sim.drafters[0]), "propose", lambda *args: by_python.append(1) or propose(*args))
@@ -218,10 +227,10 @@ def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spe
     assert drafting_steps > 20
     if not tiny_arena:
         assert len(by_python) < drafting_steps / 4  # most proposals were compiled
-    _same(compiled, _run(wl, spec, cfg, cost, max_run_steps=1))  # every step through `_history_step`
-    monkeypatch.setattr(Simulator, "_history_drafts", lambda self: None)
+    _same(compiled, _run(wl, spec, cfg, cost, max_run_steps=1))  # every step through `after_step`
+    _without_fast_path(monkeypatch, AgentSpecDrafter)
     reference = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
-    assert reference._history is None
+    assert reference.fast is None
     _same(compiled, reference.run())
 
 
@@ -238,9 +247,8 @@ def test_agentspec_calls_start_with_room_for_their_whole_output(monkeypatch):
     cfg = config(check_invariants=False, arrival="zero", max_num_seqs=8)
     sim = Simulator(wl, parse_drafter(AGENTSPEC), cfg, resolve(cfg), RooflineCostModel("a100-80g", "qwen3-8b"))
     answers = []
-    history_drafts = sim.scheduler.history_drafts
-    monkeypatch.setattr(sim.scheduler, "history_drafts", lambda dr, ah: answers.append(history_drafts(dr, ah))
-                        or answers[-1])
+    step = sim.fast._step
+    monkeypatch.setattr(sim.fast, "_step", lambda *args: answers.append(step(*args)) or answers[-1])
     sim.run()
     assert len(answers) > 20 and min(answers) >= 0.0
 
@@ -262,7 +270,7 @@ def test_agentspec_history_on_a_real_trace_equals_the_drafters_own(monkeypatch):
     sim = Simulator(wl, parse_drafter("agentspec"), cfg, resolve(cfg), cost)
     compiled = sim.run()
     assert int(np.unique(sim.drafters[0].history.tok_block[:sim.drafters[0].history.tok_top]).shape[0]) > 8
-    monkeypatch.setattr(Simulator, "_history_drafts", lambda self: None)
+    _without_fast_path(monkeypatch, AgentSpecDrafter)
     _same(compiled, _run(wl, "agentspec", cfg, cost))
 
 
@@ -276,9 +284,9 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_
 @pytest.mark.parametrize("tiny_forest", [False, True])
 @pytest.mark.parametrize("tables", [True, False])
 def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_forest, tables, monkeypatch):
-    """The suffix proposer driven inside `run_steps` (`propose_suffix_inline`: steps where every active
+    """The suffix proposer driven inside `run_steps` (`suffix_step`: steps where every active
     call and only those emitted) and, at the end of each run, by the event loop through the same kernel
-    (calls starting fresh or finishing: `_suffix_compiled_step`) equals the event loop driving the drafter
+    (calls starting fresh or finishing: `SuffixDrafting.per_step_drafts`) equals the event loop driving the drafter
     after every step — with calls stopped by preemption or the token budget, finishing, evicted from the
     response cache, near max_model_len, and a forest too small for most steps (they go back to the event
     loop, which grows it); with the prompt trees' drafts from the workload's table and built."""
@@ -292,10 +300,10 @@ def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_fore
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
     cost = RooflineCostModel("a100-80g", "qwen3-8b")
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
-    assert sim._suffix is not None
+    assert sim.fast is not None
     by_python, proposed = [], []
-    step, propose = sim._suffix_step, sim.drafters[0].propose
-    monkeypatch.setattr(sim, "_suffix_step", lambda *args: by_python.append(1) or step(*args))
+    step, propose = sim._per_step_drafts, sim.drafters[0].propose
+    monkeypatch.setattr(sim, "_per_step_drafts", lambda *args: by_python.append(1) or step(*args))
     monkeypatch.setattr(sim.drafters[0], "propose", lambda *args: proposed.append(1) or propose(*args))
     compiled = sim.run()
     steps = compiled.engine_steps.height
@@ -309,7 +317,7 @@ def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_fore
         assert proposed  # preempted calls stop and restart: the drafter's own propose
     reference = _run(wl, spec, cfg, cost, max_run_steps=1)
     _same(compiled, reference)
-    monkeypatch.setattr(Simulator, "_suffix_drafts", lambda self: None)
+    _without_fast_path(monkeypatch, SuffixDrafter)
     _same(compiled, _run(wl, spec, cfg, cost))
 
 
@@ -367,10 +375,11 @@ def test_kernel_cache_is_cleared_when_a_dependency_changes(tmp_path):
 
 
 def test_engine_modules_stamp_their_dependencies():
-    import agentspec_sim.engine.batched as batched
+    import agentspec_sim.drafters.ngram_fastpath as ngram_fastpath
+    import agentspec_sim.drafters.ngram_index as ngram_index
     import agentspec_sim.engine.scheduler as scheduler
 
-    for mod in (scheduler, batched):
+    for mod in (scheduler, ngram_index, ngram_fastpath):
         cache = os.path.join(os.path.dirname(mod.__file__), "__pycache__")
         stem = os.path.splitext(os.path.basename(mod.__file__))[0]
         if os.access(cache, os.W_OK):

@@ -118,7 +118,7 @@ def _suffix_run(event_loop: bool, track: bool, monkeypatch) -> dict[tuple[str, i
     sim = Simulator(wl, parse_drafter({"method": "suffix", "num_speculative_tokens": 4}), cfg, resolve(cfg),
                     ConstantCost())
     if event_loop:
-        sim._suffix, sim.max_run_steps = None, 1
+        sim.fast, sim.max_run_steps = None, 1
     steps = sim.run().steps
     return {(cid, p): list(d) for cid, p, d in zip(steps["call_id"], steps["position"], steps["draft"], strict=True)}
 

@@ -9,7 +9,7 @@ from simhelpers import ConstantCost, arr, call, config, workload
 
 from agentspec_sim import simulate
 from agentspec_sim.engine import SimulationError
-from agentspec_sim.engine.scheduler import verify
+from agentspec_sim.engine.drafts import verify
 
 
 def test_accept_longest_matching_prefix_then_bonus():

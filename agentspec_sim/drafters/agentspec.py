@@ -124,6 +124,7 @@ from agentspec_sim.drafters.structure import (
 
 if TYPE_CHECKING:
     from agentspec_sim.cost.base import StepCostModel
+    from agentspec_sim.drafters.protocol import EngineDrafting, RunView
     from agentspec_sim.engine.request import CallState
     from agentspec_sim.trace.schema import Call
 
@@ -803,8 +804,18 @@ def engine_cost_model(opts: dict[str, Any]) -> StepCostModel | None:
                             opts.get("calibration"))
 
 
+_UNSET: Any = object()  # `bind_engine_context`'s "not given" (None is a value: an ids-only trace)
+
+
 class BatchBudget:
     """The step budget B_t: ⌊α/bz⌋, or M(bz) from the engine's cost model."""
+
+    @classmethod
+    def bind_context(cls, spec: SpeculativeConfig, *, hardware: str | None = None, model: str | None = None,
+                     tensor_parallel_size: int | None = None, calibration: str | None = None,
+                     tokenizer: str | None = _UNSET, **_: Any) -> SpeculativeConfig:
+        return bind_engine_context(spec, hardware=hardware, model=model, tensor_parallel_size=tensor_parallel_size,
+                                   calibration=calibration, tokenizer=tokenizer)
 
     def _init_budget(self, opts: dict[str, Any]) -> None:
         self.alpha = float(opts["alpha"])
@@ -917,6 +928,11 @@ class _AgentSpecBase(BatchBudget, BaseDrafter):
         return replace(spec, num_speculative_tokens=k, options=tuple(sorted(opts.items())))
 
     # -- the engine's hooks ----------------------------------------------------------------------
+    def engine_drafting(self, run: RunView) -> EngineDrafting | None:
+        from agentspec_sim.drafters import agentspec_fastpath  # (it imports this module)
+
+        return agentspec_fastpath.engine_drafting(self, run)
+
     def start_call(self, state: CallState) -> None:
         """Index the prompt (the part new to the query's history); the first token comes with `observe`."""
         cursor = self.history.start(state.call, state.history[:state.prompt_len],
@@ -1100,9 +1116,6 @@ AgentSpecRDrafter.config_keys = _r_keys()
 # Engine context.
 
 AGENTSPEC_METHODS = ("agentspec", "agentspec-s", "agentspec-n", "agentspec-r", "agentspec+", "agentspec-paper")
-
-
-_UNSET: Any = object()
 
 
 def bind_engine_context(spec: SpeculativeConfig, *, hardware: str | None = None, model: str | None = None,

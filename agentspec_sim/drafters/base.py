@@ -296,6 +296,17 @@ class BaseDrafter:
     def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
         return spec
 
+    @classmethod
+    def bind_context(cls, spec: SpeculativeConfig, **context: Any) -> SpeculativeConfig:
+        """`spec` with what an engine run knows filled in where the drafter's config takes it and does not
+        set it (`bind_engine_context`: hardware, model, tensor_parallel_size, calibration, seed, tokenizer)."""
+        return spec
+
+    def engine_drafting(self, run: Any) -> Any:
+        """This drafter's fast path for a run (drafters/protocol.py `EngineDrafting`, given a `RunView`), or
+        None: the engine drives the hooks and `propose`."""
+        return None
+
     def start_call(self, state: CallState) -> None:
         return None
 
@@ -355,6 +366,11 @@ def drafter_class(method: str) -> type[BaseDrafter]:
         broken = "".join(f"; drafters/{name}.py failed to import ({err})" for name, err in sorted(_broken.items()))
         raise SpecConfigError(f"unknown drafter {method!r} (known: {', '.join(sorted(DRAFTERS))}){broken}")
     return DRAFTERS[method]
+
+
+def bind_engine_context(spec: SpeculativeConfig, **context: Any) -> SpeculativeConfig:
+    """`spec` with what the run knows filled in by its drafter class (`BaseDrafter.bind_context`)."""
+    return drafter_class(spec.method).bind_context(spec, **context)
 
 
 def make_drafter(spec: SpeculativeConfig) -> BaseDrafter:

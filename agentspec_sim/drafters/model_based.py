@@ -69,6 +69,7 @@ from agentspec_sim.drafters.structure import StructureAutomaton, token_bytes_of
 
 if TYPE_CHECKING:
     from agentspec_sim.cost.base import StepCostModel
+    from agentspec_sim.drafters.protocol import EngineDrafting, RunView
     from agentspec_sim.engine.request import CallState
 
 ACCEPTANCE_DIR = Path(__file__).parent / "acceptance"
@@ -527,6 +528,9 @@ class _PerCall:
         return 0 if self.automaton is None or self.automaton.block_index == 0 else 1
 
 
+_UNSET: Any = object()  # `bind_engine_context`'s "not given" (None is a value: an ids-only trace)
+
+
 class ModelBasedDrafter(BaseDrafter):
     """The shared implementation of `eagle3` and `mtp` (see the module docstring)."""
 
@@ -545,6 +549,11 @@ class ModelBasedDrafter(BaseDrafter):
         self._a = self.params.a
         self._b_copy = self.params.coefficient("copy")
         self._b_code = self.params.coefficient("code")
+
+    @classmethod
+    def bind_context(cls, spec: SpeculativeConfig, *, model: str | None = None, seed: int | None = None,
+                     tokenizer: str | None = _UNSET, **_: Any) -> SpeculativeConfig:
+        return bind_engine_context(spec, model=model, seed=seed, tokenizer=tokenizer)
 
     @classmethod
     def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
@@ -599,6 +608,11 @@ class ModelBasedDrafter(BaseDrafter):
                                    row.num_emitted, k)
             out.append(_draft(tokens, cont, n_ok, k))
         return out
+
+    def engine_drafting(self, run: RunView) -> EngineDrafting | None:
+        from agentspec_sim.drafters import model_fastpath  # (it imports this module)
+
+        return model_fastpath.engine_drafting(self, run)
 
     def draft_time(self, cost: StepCostModel, rows: Sequence[CallState], max_lens: np.ndarray) -> float:
         """k sequential draft-network passes over the drafting rows (`cost.draft_model_time`)."""
@@ -737,9 +751,6 @@ class Eagle3Drafter(ModelBasedDrafter):
 @register_drafter("mtp")
 class MTPDrafter(ModelBasedDrafter):
     """MTP (DeepSeek-V3 / MiMo multi-token prediction layers, reused for k > 1 as vLLM does)."""
-
-
-_UNSET: Any = object()
 
 
 def bind_engine_context(spec: SpeculativeConfig, *, model: str | None = None, seed: int | None = None,

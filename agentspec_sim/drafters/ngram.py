@@ -14,7 +14,7 @@ Config (vLLM `SpeculativeConfig`): `num_speculative_tokens` is required; `prompt
 are both 5 when neither is given, the other copies the one given, and 1 ≤ min ≤ max.
 State: none across calls (the history is the call's own token buffer). The engine does not call
 `propose`: it computes the same drafts for all rows at once from an incremental index of first
-n-gram occurrences per history (engine/batched.py), a cache of this rule that `propose` and
+n-gram occurrences per history (drafters/ngram_index.py, ngram_fastpath.py), a cache of this rule that `propose` and
 `ngram_match` remain the reference for.
 """
 
@@ -29,6 +29,7 @@ from numba import njit
 from agentspec_sim.drafters.base import BaseDrafter, SpecConfigError, SpeculativeConfig, register_drafter
 
 if TYPE_CHECKING:
+    from agentspec_sim.drafters.protocol import EngineDrafting, RunView
     from agentspec_sim.engine.request import CallState
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -85,6 +86,11 @@ class NgramDrafter(BaseDrafter):
     @classmethod
     def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
         return resolve_prompt_lookup(spec)
+
+    def engine_drafting(self, run: RunView) -> EngineDrafting | None:
+        from agentspec_sim.drafters import ngram_fastpath  # (it imports this module)
+
+        return ngram_fastpath.engine_drafting(self, run)
 
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
         # Drafts are views into the call's buffer: safe, since tokens before `num_tokens` never change.

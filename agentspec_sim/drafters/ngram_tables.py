@@ -2,13 +2,13 @@
 from instead of extending the prompt-lookup index in every run.
 
 Why a table is exact: both proposers read only the call's own history — prompt + output so far — and
-that history is a stretch of the engine's token arena fixed by the trace (engine/batched.py). So where
+that history is a stretch of the engine's token arena fixed by the trace (drafters/ngram_index.py). So where
 the draft of call i after t output tokens starts (after the earliest occurrence of the longest suffix
 n-gram for `ngram`, the rightmost for `ngram-v2`, or nowhere) is the same in every run, whatever the
 batch size, schedule or preemptions; only how many tokens the step takes from there (k, the batch's
 draft length, max_model_len) depends on the run, and the run applies it as before. `build_ngram_table`
 asks the incremental index (`NgramIndex`) at every position of every call, in arena order; the
-engine reads the answers (engine/scheduler.py `propose_inline`, `Simulator._propose`). The cells of
+engine reads the answers through the n-gram fast path (drafters/ngram_fastpath.py). The cells of
 a sweep share one table through the disk cache (drafters/table_cache.py), keyed by the arena's
 tokens, the calls' places in it, the n-gram range and this code.
 """
@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentspec_sim.drafters import ngram, ngram_v2, table_cache
+from agentspec_sim.drafters import ngram, ngram_index, ngram_v2, table_cache
+from agentspec_sim.drafters.ngram_index import NgramIndex
 from agentspec_sim.drafters.table_cache import Arrays, cached_arrays
 
 FORMAT = 1  # bump when the table's layout changes (the code's own bytes are in the key too)
-_CODE = (__file__, ngram.__file__, ngram_v2.__file__)  # and engine/batched.py's index (`_code`)
+_CODE = (__file__, ngram.__file__, ngram_v2.__file__, ngram_index.__file__)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,6 @@ def build_ngram_table(tokens: np.ndarray, starts: np.ndarray, prompt_lens: np.nd
     """The proposals of calls whose histories are tokens[starts[i]:starts[i] + prompt_lens[i] + t], t ≤
     target_lens[i] (≤ 0: no positions but t = 0), for n in [min_n, max_n] (≤ MAX_INDEXED_N); asked in
     batches of about `chunk` positions (the work arrays stay small on traces of many millions of tokens)."""
-    from agentspec_sim.engine.batched import NgramIndex
-
     counts = np.maximum(target_lens, 0).astype(np.int64) + 1
     at = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=at[1:])
@@ -81,19 +80,13 @@ def build_ngram_table(tokens: np.ndarray, starts: np.ndarray, prompt_lens: np.nd
     return NgramTable(at, match)
 
 
-def _code() -> tuple[str, ...]:
-    from agentspec_sim.engine import batched  # (the engine imports the drafters: not at module level)
-
-    return (*_CODE, batched.__file__)
-
-
 def table_key(min_n: int, max_n: int, rightmost: bool, tokens: np.ndarray | bytes, starts: np.ndarray,
               prompt_lens: np.ndarray, target_lens: np.ndarray) -> str:
     """What the table depends on: the code (this module's, the proposers' and the index's), the n-gram
     range and rule, and each call's place in the arena and lengths (with the arena's tokens, or their
     digest as bytes)."""
     options = {"min_n": int(min_n), "max_n": int(max_n), "rightmost": bool(rightmost)}
-    return table_cache.key_hash("ngram tables", FORMAT, _code(), options, tokens, starts, prompt_lens,
+    return table_cache.key_hash("ngram tables", FORMAT, _CODE, options, tokens, starts, prompt_lens,
                                 target_lens).hexdigest()
 
 

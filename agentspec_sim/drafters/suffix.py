@@ -18,7 +18,7 @@ that finished or have no budget). `finish_call` ends the call (its response stay
 that was active but not observed between two `propose` calls was absent from a step's batch: it is
 stopped, and restarted on its next `observe`. That is exact because the engine calls `propose`
 once after every step vLLM runs the proposer in, also with no rows (`driven_per_step`:
-`Simulator._suffix_step`; docs/suffix-decoding.md, "How the engine drives it").
+`Simulator._per_step_drafts`; docs/suffix-decoding.md, "How the engine drives it").
 
 State: one `SuffixForest` arena holding the global tree and the prompt trees. A finished call's
 prompt tree is kept (LRU, bounded; not the last call's of a query, which nothing extends) and, when
@@ -63,6 +63,7 @@ from agentspec_sim.drafters.suffix_tree import (
 )
 
 if TYPE_CHECKING:
+    from agentspec_sim.drafters.protocol import EngineDrafting, RunView
     from agentspec_sim.engine.request import CallState
 
 DEFAULTS: dict[str, Any] = {
@@ -110,7 +111,7 @@ class SuffixDrafter(BaseDrafter):
 
     config_keys: ClassVar[frozenset[str]] = frozenset(DEFAULTS)
     supports_batch_size_schedule: ClassVar[bool] = False
-    # The engine drives it as vLLM's V1 runner drives its suffix proposer (`Simulator._suffix_step`):
+    # The engine drives it as vLLM's V1 runner drives its suffix proposer (`Simulator._per_step_drafts`):
     # `propose` after every step with a forward pass, also with no rows; budget min(k, max_model_len −
     # num_tokens − 1); no `observe` for rows at max_model_len or in steps where the proposer is skipped.
     driven_per_step: ClassVar[bool] = True
@@ -134,7 +135,7 @@ class SuffixDrafter(BaseDrafter):
         self.tree_of_query: dict[int, int] = {}  # query index → the root its last finished call kept
         self.queue: list[tuple[int, _Slot, int, int]] = []  # (kind, call, end of its tokens, how many)
         self.round = 0
-        # For the engine's compiled steps (engine/scheduler.py `InlineSuffix`): per table row [local_root,
+        # For the engine's compiled steps (drafters/suffix_fastpath.py `Forest`): per table row [local_root,
         # local_seq, global_seq, active], and how many calls are active; written by `propose`.
         # [4]: the call's first position in the local table while it drafts from it, else -1.
         self.row_state = np.full((64, 5), -1, dtype=np.int64)
@@ -150,6 +151,11 @@ class SuffixDrafter(BaseDrafter):
         self.n_events = np.zeros(1, dtype=np.int64)
         self.states: Sequence[CallState] = ()
         self.touched: list[_Slot] = []  # slots whose row_state changed since the last `propose`
+
+    def engine_drafting(self, run: RunView) -> EngineDrafting | None:
+        from agentspec_sim.drafters import suffix_fastpath  # (it imports this module)
+
+        return suffix_fastpath.engine_drafting(self, run)
 
     @classmethod
     def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
@@ -303,8 +309,8 @@ class SuffixDrafter(BaseDrafter):
             self.forest.free_trees(dropped)
         self._mirror_rows()
 
-    # -- the engine's compiled steps (`Simulator._suffix_step`) ------------------------------------
-    # A step whose calls, beyond those emitting as in `propose_suffix_inline`'s steps, only start fresh
+    # -- the engine's compiled steps (`Simulator._per_step_drafts`) ------------------------------------
+    # A step whose calls, beyond those emitting as in `suffix_step`'s (drafters/suffix_fastpath.py), only start fresh
     # or finish is driven in three parts: `start_fresh` here, then the compiled kernel appends every
     # row's tokens and drafts in batch order, then `finish_rows`. That is `propose`'s order: a fresh
     # start touches only its own prompt tree (and opens an empty response), so starting it before the

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from agentspec_sim.drafters.base import SpeculativeConfig
+from agentspec_sim.drafters.protocol import SpeculativeConfig
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.kv import BLOCK, ENTRY, NODE, cdiv
 from agentspec_sim.engine.request import CALL

@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 from numba import njit
 
-from agentspec_sim.drafters.base import SpeculativeConfig
+from agentspec_sim.drafters.protocol import SpeculativeConfig
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.request import zeros
 

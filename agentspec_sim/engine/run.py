@@ -6,7 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentspec_sim.cost.base import StepCostModel
-from agentspec_sim.drafters.base import SpeculativeConfig, parse_drafter, unique_labels
+from agentspec_sim.drafters.protocol import SpeculativeConfig, parse_drafter, unique_labels
+from agentspec_sim.drafters.protocol import bind_engine_context as bind_drafter_context
 from agentspec_sim.engine.config import EngineConfig, resolve
 from agentspec_sim.engine.footprint import check_run_memory
 from agentspec_sim.engine.result import RunResult
@@ -47,15 +48,12 @@ def bind_engine_context(spec: SpeculativeConfig, config: EngineConfig, workload:
     whose config takes it, unless the user's config sets it; other configs come back unchanged."""
     from pathlib import Path
 
-    from agentspec_sim.drafters import agentspec, model_based
-
     tokenizer = workload.meta.tokenizer
     if tokenizer is not None and tokenizer not in ("qwen3",) and Path(tokenizer).exists():
         tokenizer = str(Path(tokenizer).resolve())
-    spec = model_based.bind_engine_context(spec, model=config.model, seed=config.seed, tokenizer=tokenizer)
-    return agentspec.bind_engine_context(spec, hardware=config.hardware, model=config.model,
-                                         tensor_parallel_size=config.tensor_parallel_size,
-                                         calibration=config.calibration, tokenizer=tokenizer)
+    return bind_drafter_context(spec, hardware=config.hardware, model=config.model,
+                                tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration,
+                                seed=config.seed, tokenizer=tokenizer)
 
 
 def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Mapping[str, Any]],

@@ -49,25 +49,7 @@ import polars as pl
 
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
-from agentspec_sim.drafters import ngram_tables, suffix_tables
-from agentspec_sim.drafters.agentspec import (
-    MAX_SCAN,
-    MIN_SUPPORT,
-    AgentSpecDrafter,
-    AgentSpecNDrafter,
-    AgentSpecPaperDrafter,
-    AgentSpecSDrafter,
-    History,
-)
-from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, make_drafter
-from agentspec_sim.drafters.history_tables import HistoryTables, build_tables, cached_tables, table_key
-from agentspec_sim.drafters.model_based import ModelBasedDrafter
-from agentspec_sim.drafters.ngram import NgramDrafter
-from agentspec_sim.drafters.ngram_tables import NgramTable
-from agentspec_sim.drafters.ngram_v2 import NgramV2Drafter
-from agentspec_sim.drafters.suffix import SuffixDrafter
-from agentspec_sim.drafters.suffix_tree import LocalTable
-from agentspec_sim.engine.batched import BATCHED, INLINE_NGRAM, MAX_INDEXED_N, prompt_index
+from agentspec_sim.drafters.protocol import BaseDrafter, RunView, SpeculativeConfig, make_drafter
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
@@ -89,32 +71,15 @@ from agentspec_sim.engine.scheduler import (
     EV_FINISH,
     EV_FIRST,
     EV_PREEMPT,
-    IN_K_MAX,
-    IN_NGRAM_TABLE,
-    IN_ON,
-    IN_RULE,
-    RULE_HISTORY,
-    RULE_MODEL,
-    RULE_SUFFIX,
-    RULE_TABLE,
-    RULE_V1,
-    RULE_V2,
     RUN_EMPTY,
     RUN_FULL,
-    InlineDrafts,
-    InlineHistory,
-    InlineSuffix,
     Scheduler,
     SimulationError,
-    TableDrafts,
 )
 from agentspec_sim.trace.schema import Workload
 
 ARRIVE, STEP, DONE = 0, 1, 2
 
-
-# Drafters whose every lookup a workload table can give (`Simulator._table_drafts`).
-TABLE_DRAFTERS = (AgentSpecDrafter, AgentSpecSDrafter, AgentSpecNDrafter, AgentSpecPaperDrafter)
 __all__ = ["SimulationError", "Simulator"]
 
 
@@ -164,8 +129,6 @@ class Simulator:
         # The V1 runner skips its proposer for a batch near max_model_len (`_propose`); Model Runner V2
         # drafters (ngram-v2) say they do not follow it.
         self.skips_unfit_batches = bool(getattr(kind, "v1_runner", True))
-        self._inline = self._inline_tables()
-        self._inline_last: InlineDrafts | None = None
         self.states: list[CallState] = []
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
@@ -185,176 +148,29 @@ class Simulator:
         self._build(workload)
         if progress is not None:
             progress(0, len(self.states))  # started (the drafters' workload tables may take a while to build)
-        self._model, self._model_priced = self._model_drafts()
-        self._tables = self._table_drafts()
-        self._inline = self._ngram_table_drafts(self._inline)
-        self._history = self._history_drafts() if self._tables is None else None
-        self._history_last: InlineHistory | None = None
-        self._suffix = self._suffix_drafts()
-        self._suffix_last: InlineSuffix | None = None
-        if self._suffix is not None and not config.check_invariants:
+        # The drafter's fast path for this run (drafters/protocol.py), if it has one.
+        self.fast = self.drafters[0].engine_drafting(self._run_view())
+        if self.fast is not None and self.per_step and not config.check_invariants:
             self.max_run_steps = 1 << 40  # the compiled loop drives the proposer after every step itself
-        if self._model is not None or self._tables is not None:
+        if self.fast is not None and self.fast.replaces_hooks:
             self.hooks = (False, False, False)  # drafting reads the tables, not per-call drafter state
 
     # -- setup -------------------------------------------------------------------------------------
-    def _inline_tables(self) -> InlineDrafts | None:
-        """The parts of `InlineDrafts` fixed for the run, where the n-gram proposer can draft inside
-        `run_steps` (the batched n-gram path, no hooks, a draft length known from the batch size alone);
-        else None and every proposal is `_propose`'s. The index's tables come with each run."""
-        drafter = self.drafters[0]
-        if (type(drafter) not in INLINE_NGRAM or drafter.max_n > MAX_INDEXED_N or self.spec.num_speculative_tokens <= 0
-                or any(self.hooks) or self.per_step or type(self.policy) not in (FixedK, BatchSizeSchedule)):
-            return None
-        rule = RULE_V2 if isinstance(drafter, NgramV2Drafter) else RULE_V1
-        return self._inline_base(rule, True, self._k_of_batch(), self._model_free_draft_s(),
-                                 min_n=drafter.min_n, max_n=drafter.max_n)
-
-    def _ngram_table_drafts(self, inline: InlineDrafts | None) -> InlineDrafts | None:
-        """`inline` (the n-gram proposers' `InlineDrafts`) drafting from the workload's table instead of the
-        index, in the compiled loop and the event loop alike (par[IN_NGRAM_TABLE]); as it was where the
-        tables are off or copies of the trace each have their own drafter."""
-        if inline is None or not self.draft_tables or len(self.drafters) > 1:
-            return inline
-        table = self._ngram_table(self.drafters[0], bool(inline.par[IN_RULE] == RULE_V2))
-        inline.par[IN_NGRAM_TABLE] = 1
-        return inline._replace(ngram_at=table.at[:len(self.states)].copy(), ngram_match=table.match)
-
-    def _ngram_table(self, drafter: NgramDrafter, rightmost: bool) -> NgramTable:
-        """Where every call's n-gram draft starts at every position (drafters/ngram_tables.py), from the disk
-        cache when a run over the same calls with the same n-gram range made it."""
-        cols, n = self.table.cols, len(self.states)
-        args = (self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], cols["target_len"][:n])
-        key = ngram_tables.table_key(drafter.min_n, drafter.max_n, rightmost, self.layout.tokens_digest, *args[1:])
-        return ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(
-            *args, drafter.min_n, drafter.max_n, rightmost))
-
-    def _inline_base(self, rule: int, on: bool, k_of_batch: np.ndarray, draft_s: np.ndarray, min_n: int = 0,
-                     max_n: int = 0, **fields: np.ndarray) -> InlineDrafts:
-        """`InlineDrafts` for `rule` with fresh work space; the fields of other rules stay `off()`'s."""
-        seqs = self.limits.max_num_seqs
-        par = np.array([int(on), min_n, max_n, self.spec.num_speculative_tokens, int(self.skips_unfit_batches),
-                        rule, 0], dtype=np.int64)
-        work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
-        return InlineDrafts.off()._replace(par=par, k_of_batch=k_of_batch, draft_s=draft_s, rows=work[0],
-                                           starts=work[1], lengths=work[2], max_lens=work[3],
-                                           drafts=np.zeros((2, seqs), dtype=np.int64), **fields)
-
-    def _model_free_draft_s(self) -> np.ndarray:
-        """The drafter's CPU drafting seconds for 0…max_num_seqs drafting calls."""
-        drafter = self.drafters[0]
-        return np.array([drafter.draft_time(self.cost, [None] * n, np.zeros(n, dtype=np.int64))
-                         for n in range(self.limits.max_num_seqs + 1)], dtype=np.float64)
+    def _run_view(self) -> RunView:
+        """What the drafter's fast path sees of this run (drafters/protocol.py `RunView`)."""
+        by_batch = type(self.policy) in (FixedK, BatchSizeSchedule)
+        return RunView(drafters=self.drafters, spec=self.spec, states=self.states, table=self.table,
+                       scheduler=self.scheduler, cost=self.cost, max_num_seqs=self.limits.max_num_seqs,
+                       max_model_len=self.limits.max_model_len, tokens_digest=self.layout.tokens_digest,
+                       k_of_batch=self._k_of_batch() if by_batch else None, fixed_k=type(self.policy) is FixedK,
+                       skips_unfit_batches=self.skips_unfit_batches, use_tables=self.draft_tables,
+                       runnable=self._runnable_calls, drafter_hooks=self._drafter_hooks)
 
     def _k_of_batch(self) -> np.ndarray:
         """The draft length a FixedK / BatchSizeSchedule policy allows at 0…max_num_seqs scheduled calls."""
         policy = self.policy
         return np.array([policy.k if isinstance(policy, FixedK) else policy.k_for(n)
                          for n in range(self.limits.max_num_seqs + 1)], dtype=np.int64)
-
-    def _model_drafts(self) -> tuple[InlineDrafts | None, bool]:
-        """eagle3 / mtp: (`InlineDrafts` holding every call's `AcceptanceTables`, whether it prices the
-        drafting too), or (None, False) for other drafters.
-
-        The acceptance inputs of every call are computed once, up front, so each proposal is a compiled
-        draw (`Scheduler.set_model_drafts`) with no drafter hooks; and where the draft length follows
-        the batch size alone and the cost model gives its draft-network terms, `run_steps` drafts
-        inline (par[IN_ON])."""
-        drafter = self.drafters[0]
-        k_max = self.spec.num_speculative_tokens
-        if not isinstance(drafter, ModelBasedDrafter) or k_max <= 0 or self.per_step:
-            return None, False
-        n, seqs, cols = len(self.states), self.limits.max_num_seqs, self.table.cols
-        tables = drafter.acceptance_tables(self.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n],
-                                           cols["target_len"][:n], [s.call for s in self.states],
-                                           [s.call_id for s in self.states], tokens_digest=self.layout.tokens_digest)
-        try:
-            pass_s, terms = self.cost.draft_model_terms(seqs, kind=drafter.name)
-            priced = True
-        except (AttributeError, TypeError, ValueError):  # not a roofline, or no such draft network: Python prices
-            pass_s, terms, priced = np.zeros(seqs + 1), np.ones(4), False
-        inline = priced and type(self.policy) in (FixedK, BatchSizeSchedule)
-        off = InlineDrafts.off()
-        self.table.reserve_draft_width(k_max)
-        return self._inline_base(RULE_MODEL, inline, self._k_of_batch() if inline else off.k_of_batch, off.draft_s,
-                                 copy_at=tables.copy_at, copy=tables.copy, code_at=tables.code_at, code=tables.code,
-                                 keys=tables.keys, a=tables.a, coef=tables.coef, pass_s=pass_s,
-                                 draft_terms=terms), priced
-
-    def _table_drafts(self) -> InlineDrafts | None:
-        """agentspec, agentspec-s, agentspec-n: `InlineDrafts` drafting from the workload's lookup table
-        (RULE_TABLE, drafters/history_tables.py) where it is exact for this run — one drafter, a fixed
-        draft length — else None (the live history drafts)."""
-        drafter = self.drafters[0]
-        if (not self.draft_tables or type(drafter) not in TABLE_DRAFTERS or len(self.drafters) > 1
-                or self.spec.num_speculative_tokens <= 0 or self.per_step or type(self.policy) is not FixedK):
-            return None
-        tables = self._history_tables(drafter.history)
-        seqs, k = self.limits.max_num_seqs, drafter.k
-        budgeted = bool(drafter.budgeted)
-        n = len(self.states)
-        self.table.reserve_draft_width(max(k, 1))
-        td = TableDrafts(
-            at=tables.at[:n].copy(), meta=tables.meta, path=tables.path, pool=tables.pool,
-            par=np.array([k, int(budgeted), drafter.ct_min_match, int(drafter.single_ct_only)], dtype=np.int64),
-            g_min=np.array([drafter.g_min if budgeted else 0.0]),
-            budget_of=np.array([drafter.step_budget(b) if budgeted and b else 0 for b in range(seqs + 1)],
-                               dtype=np.int64),
-            lookups=np.zeros((seqs, 5), dtype=np.int64), lens=np.zeros(seqs, dtype=np.int64),
-            fwork=np.zeros((2, seqs)), iwork=np.zeros((4, seqs), dtype=np.int64),
-            break_even=drafter.break_even_grid(seqs) if budgeted else np.zeros((1, 1)))
-        return self._inline_base(RULE_TABLE, True, self._k_of_batch(), self._model_free_draft_s(), tables=td)
-
-    def _history_tables(self, history: History) -> HistoryTables:
-        """The lookup table of this run's calls (each query's calls up to the first one refused), from the
-        disk cache when a run with the same calls and options made it."""
-        calls = [state.call for state in self.states]
-        prompts, outputs, lengths = self._runnable_calls()
-        cols, n = self.table.cols, len(self.states)
-        key = table_key(history, self.layout.tokens_digest, cols["hist_off"][:n], cols["prompt_len"][:n], lengths,
-                        calls)
-        fresh = history.empty_copy()
-        return cached_tables(key, lambda: build_tables(fresh, calls, prompts, outputs,
-                                                       [s.last_in_query for s in self.states]))
-
-    def _history_drafts(self) -> InlineDrafts | None:
-        """agentspec: the `InlineDrafts` part of drafting inside `run_steps` from its history (rule
-        RULE_HISTORY; the history's arrays come with each run, `_inline_history`), or None where the
-        event loop drafts: replicate copies (a drafter each), draft lengths not fixed, k = 0."""
-        drafter = self.drafters[0]
-        if (type(drafter) not in (AgentSpecDrafter, AgentSpecPaperDrafter) or len(self.drafters) > 1
-                or self.spec.num_speculative_tokens <= 0
-                or self.per_step or type(self.policy) is not FixedK):
-            return None
-        self.table.reserve_draft_width(max(drafter.k, 1))
-        return self._inline_base(RULE_HISTORY, True, self._k_of_batch(), self._model_free_draft_s())
-
-    def _suffix_drafts(self) -> InlineDrafts | None:
-        """suffix: the `InlineDrafts` part of driving the proposer inside `run_steps` (rule RULE_SUFFIX; the
-        forest's arrays come with each run, `_inline_suffix`), or None: replicate copies, draft lengths not
-        fixed, k = 0."""
-        drafter = self.drafters[0]
-        if (type(drafter) is not SuffixDrafter or len(self.drafters) > 1 or self.spec.num_speculative_tokens <= 0
-                or type(self.policy) is not FixedK):
-            return None
-        self.table.reserve_draft_width(max(drafter.k, 1))
-        if self.draft_tables:
-            table, at = self._suffix_table(drafter)
-            drafter.use_local_table(table, at, self.states, self.table.cols["target_len"][:len(self.states)])
-        return self._inline_base(RULE_SUFFIX, True, self._k_of_batch(), self._model_free_draft_s())
-
-    def _suffix_table(self, drafter: SuffixDrafter) -> tuple[LocalTable, np.ndarray]:
-        """The prompt-tree drafts of this run's calls (drafters/suffix_tables.py) and each table row's first
-        position, from the disk cache when a run with the same calls, options and max_model_len made them."""
-        prompts, outputs, lengths = self._runnable_calls()
-        cols, n = self.table.cols, len(self.states)
-        options = {"depth": drafter.depth, "k": drafter.k, "factor": drafter.factor, "min_prob": drafter.min_prob,
-                   "offset": drafter.offset, "max_model_len": self.limits.max_model_len}
-        key = suffix_tables.table_key(options, self.layout.tokens_digest, cols["hist_off"][:n], cols["prompt_len"][:n],
-                                      lengths)
-        table, at = suffix_tables.cached_local_table(key, lambda: suffix_tables.build_local_table(
-            drafter.depth, drafter.k, drafter.factor, drafter.min_prob, self.limits.max_model_len, prompts, outputs))
-        return table, at[:n].copy()
 
     def _runnable_calls(self) -> tuple[list[np.ndarray], list[np.ndarray | None], np.ndarray]:
         """Every call's prompt and the output it emits in this run (cut at max_model_len), None for the calls
@@ -373,95 +189,6 @@ class Simulator:
             outputs.append(history_tokens[state.prompt_len:] if runs else None)
         lengths = np.array([-1 if o is None else o.shape[0] for o in outputs], dtype=np.int64)
         return prompts, outputs, lengths
-
-    def _inline_suffix(self) -> InlineSuffix:
-        """`InlineSuffix` for the next run (a new tuple only when an array was replaced: the scheduler's
-        FastCall keys on it). While the drafter holds queued work (a call's finish seen in a step where
-        the proposer was skipped) the run drives nothing (par[IN_ON] = 0): its next `propose` applies it."""
-        drafter = self.drafters[0]
-        self._suffix.par[IN_ON] = 0 if drafter.queue or drafter.touched else 1
-        forest = drafter.forest
-        current = {"nd": forest.nd, "gp": forest.gp, "sq": forest.sq, "act": forest.act, "pool": forest.pool,
-                   "ht": forest.ht, "meta": forest.meta, "seq_len": forest.seq_len, "row_state": drafter.row_state}
-        last = self._suffix_last
-        if last is None:
-            seqs, k = self.limits.max_num_seqs, max(drafter.k, 1)
-            last = self._suffix_last = InlineSuffix(
-                par=np.array([drafter.depth, drafter.k, drafter.global_root, 0, drafter.max_cached], dtype=np.int64),
-                fpar=np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32),
-                n_active=drafter.n_active, ops=np.zeros((seqs, 10), dtype=np.int64),
-                out=np.zeros((seqs, k), dtype=np.int32), out_n=np.zeros(seqs, dtype=np.int32),
-                work=np.zeros((3, k), dtype=np.int32), local=forest.local_table,
-                score=np.zeros(seqs, dtype=np.float32),
-                table_at=drafter.table_at if drafter.table_at is not None else np.zeros(1, dtype=np.int64),
-                response_seq=drafter.response_seq, kernel_fresh=drafter.kernel_fresh, events=drafter.events,
-                n_events=drafter.n_events, n_cached=drafter.n_cached, marks=np.zeros((seqs, 2), dtype=np.int64),
-                **current)
-        elif _replaced(last, current):
-            last = self._suffix_last = last._replace(**current)
-        return last
-
-    def _inline_history(self) -> InlineHistory:
-        """`InlineHistory` for the next run: the agentspec history's current arrays (a new tuple only when
-        one was replaced: the scheduler's FastCall keys on it). Appends the event loop queued (a started
-        call's prompt, a finished call's last tokens) are applied first, as the next lookup would."""
-        drafter = self.drafters[0]
-        history = drafter.history
-        if history.queue or history.room:
-            history.lookup(())
-        arena = history.arena
-        current = {"pool": arena.pool, "pv": arena.pv, "bk": arena.bk, "hk": arena.hk, "hv": arena.hv,
-                   "tail_lin": history.tail_lin, "tail_pos": history.tail_pos, "tok_block": history.tok_block,
-                   "row_at": history.row_at, "row_lineage": history.row_lineage}
-        last = self._history_last
-        if last is None:
-            seqs, k = self.limits.max_num_seqs, drafter.k
-            budgeted = bool(drafter.budgeted)
-            last = self._history_last = InlineHistory(
-                par=np.array([history.max_n, history.max_candidates, MAX_SCAN, MIN_SUPPORT, k, int(budgeted),
-                              drafter.ct_min_match, int(drafter.single_ct_only)], dtype=np.int64),
-                g_min=np.array([drafter.g_min if budgeted else 0.0]),
-                budget_of=np.array([drafter.step_budget(n) if budgeted and n else 0 for n in range(seqs + 1)],
-                                   dtype=np.int64),
-                used=arena.used, levels=arena.levels, live=arena.live,
-                need=np.zeros(arena.bk.shape[0], dtype=np.int64),
-                ops=np.zeros((seqs * (k + 3) + 8, 8), dtype=np.int64),
-                out=np.zeros((seqs, history.width), dtype=np.int32), meta=np.zeros((seqs, 5), dtype=np.int64),
-                lens=np.zeros(seqs, dtype=np.int64), fwork=np.zeros((2, seqs)),
-                iwork=np.zeros((4, seqs), dtype=np.int64),
-                cands=np.zeros((3, max(history.max_candidates, 1)), dtype=np.int64),
-                keys=np.zeros(arena.levels.shape[0], dtype=np.uint64), hooked=np.zeros(seqs, dtype=np.int8),
-                break_even=drafter.break_even_grid(seqs) if budgeted else np.zeros((1, 1)), **current)
-        elif _replaced(last, current):
-            need = last.need if last.need.shape[0] >= arena.bk.shape[0] else np.zeros(arena.bk.shape[0], dtype=np.int64)
-            last = self._history_last = last._replace(need=need, **current)
-        return last
-
-    def _inline_drafts(self) -> InlineDrafts | None:
-        """`InlineDrafts` for the next run, or None when `run_steps` cannot draft for this drafter (the
-        n-gram index's tables may have been replaced since the last run)."""
-        if self._model is not None:
-            return self._model if self._model.par[IN_ON] else None
-        if self._tables is not None:
-            return self._tables
-        if self._history is not None:
-            return self._history
-        if self._suffix is not None:
-            return self._suffix
-        if self._inline is None:
-            return None
-        if self._inline.par[IN_NGRAM_TABLE]:
-            self.table.reserve_draft_width(int(self._inline.par[IN_K_MAX]))
-            return self._inline
-        index = prompt_index(self.drafters[0], self.table.tokens)
-        index.make_room_if_asked()  # the run before stopped because the index was full
-        self.table.reserve_draft_width(int(self._inline.par[IN_K_MAX]))
-        last = self._inline_last
-        current = {"entries": index.entries, "regions": index.regions, "counts": index.counts}
-        if last is None or _replaced(last, current):
-            # A new tuple only when the index's tables changed: the scheduler's FastCall keys on it.
-            last = self._inline_last = self._inline._replace(**current)
-        return last
 
     def _build(self, workload: Workload) -> None:
         cfg, max_len, bs = self.config, self.limits.max_model_len, self.config.block_size
@@ -565,12 +292,9 @@ class Simulator:
         room = self.max_run_steps if chain else 1
         seqs = self.limits.max_num_seqs
         steps = 0
-        inline = self._inline_drafts()  # also for one step (it drafts nothing then): the same containers
-        history = self._inline_history() if inline is not None and self._history is not None else None
-        suffix = self._inline_suffix() if inline is not None and self._suffix is not None else None
+        drafting = self.fast.run_state() if self.fast is not None else None  # also for one step: same containers
         while True:
-            done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert, inline,
-                                  history, suffix)
+            done, why = sched.run(log.buf, room - steps, self.step_count + steps, chain, not self.inert, drafting)
             steps += done
             if why != RUN_FULL:
                 break
@@ -711,9 +435,12 @@ class Simulator:
             n_last = int(sb.sc[0])
             drafted = False
             if self.per_step:
-                self._suffix_step(n_last)
-            elif self._history is not None:
-                drafted = self._history_step(n_last)
+                self._per_step_drafts(n_last)
+            elif self.fast is not None and self.fast.observes_steps:
+                seconds = self.fast.after_step(n_last)
+                drafted = seconds is not None
+                if drafted:
+                    self.pending_draft_s = seconds
             elif any(self.hooks):
                 rows = sb.rows[:n_last]
                 self._drafter_hooks([self.states[r] for r in rows["call"].tolist()], rows["emitted"], rows["started"])
@@ -726,29 +453,6 @@ class Simulator:
         self._push(self.now, STEP, None)
 
     # -- pieces of DONE ---------------------------------------------------------------------------------
-    def _history_step(self, n_rows: int) -> bool:
-        """agentspec after the last step of a run: the drafter's hooks for the calls that started or finished
-        (in row order, as `_drafter_hooks`), then the compiled observe and propose for the rest
-        (`Scheduler.history_drafts`). Rows of one step are calls of different queries, whose histories
-        share no block, so the order between them does not matter; the hooks' appends are applied first,
-        as the next lookup would. Returns whether the step was drafted (else the event loop observes the
-        other rows and proposes, as without the compiled path)."""
-        sb = self.scheduler.sb
-        rows = sb.rows[:n_rows]
-        emitted, started, calls = rows["emitted"], rows["started"], rows["call"]
-        hooked = (emitted > 0) & ((started != 0) | (self.table.cols["status"][calls] == S_FINISHED))
-        if hooked.any():
-            self._drafter_hooks([self.states[r] for r in calls.tolist()], emitted * hooked, started)
-        ah = self._inline_history()
-        ah.hooked[:n_rows] = hooked
-        seconds = self.scheduler.history_drafts(self._history, ah)
-        ah.hooked[:n_rows] = 0
-        if seconds < 0.0:
-            self._drafter_hooks([self.states[r] for r in calls.tolist()], emitted * ~hooked, started)
-            return False
-        self.pending_draft_s = seconds
-        return True
-
     def _drafter_hooks(self, rows: list[CallState], emitted: np.ndarray, started: np.ndarray,
                        may_observe: np.ndarray | None = None) -> None:
         """start_call / observe / finish_call for the rows that emitted, in row order (`may_observe`
@@ -809,26 +513,11 @@ class Simulator:
                 return
             kept = keep.nonzero()[0]
             sampled, rows, lens = [sampled[i] for i in kept.tolist()], rows[kept], lens[kept]
-        if self._model is not None:
-            seconds = self.scheduler.set_model_drafts(rows, lens, self._model)
-            self.pending_draft_s = seconds if self._model_priced else \
-                float(self.drafters[0].draft_time(self.cost, sampled, lens))
-            return
-        if self._tables is not None:
-            self.pending_draft_s = self.scheduler.set_table_drafts(rows, lens, self._tables)
-            return
-        if self._inline is not None and self._inline.par[IN_NGRAM_TABLE]:
-            self.scheduler.set_ngram_table_drafts(rows, lens, self._inline)
-            self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, sampled, lens))
-            return
-        batched = BATCHED.get(type(self.drafters[0]))
-        if batched is not None:
-            # The same drafts as the drafter's propose, for all rows in one compiled call (engine/batched.py).
-            starts, lengths = batched(self.drafters[0], self.table.tokens, col["hist_off"][rows],
-                                      col["prompt_len"][rows] + col["num_emitted"][rows], lens)
-            self.scheduler.set_drafts_from_tokens(rows, starts, lengths)
-            self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, sampled, lens))
-            return
+        if self.fast is not None:
+            seconds = self.fast.propose(sampled, rows, lens)
+            if seconds is not None:
+                self.pending_draft_s = seconds
+                return
         if len(self.drafters) == 1:
             proposals = self.drafters[0].propose(sampled, lens)
         else:
@@ -848,7 +537,7 @@ class Simulator:
         # One proposer pass over all drafting rows (the engine runs one, whatever the tenants).
         self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, sampled, lens))
 
-    def _suffix_step(self, n_rows: int) -> None:
+    def _per_step_drafts(self, n_rows: int) -> None:
         """After every step that ran a forward pass, what vLLM 0.33's V1 runner does with a suffix
         proposer (`GPUModelRunner.sample_tokens` → `SuffixDecodingProposer.propose`):
 
@@ -864,9 +553,8 @@ class Simulator:
         the scheduling order), so the rows go to the drafter in that order.
         """
         sb, col, max_len = self.scheduler.sb, self.table.cols, self.limits.max_model_len
-        for drafter in self.drafters:
-            if isinstance(drafter, SuffixDrafter):
-                drafter.sync()  # the starts and finishes the compiled steps made
+        if self.fast is not None:
+            self.fast.sync()  # what the compiled steps changed
         batch = sb.rows[:n_rows][self.scheduler.batch_order(n_rows)]
         rows = [self.states[r] for r in batch["call"].tolist()]
         # The calls that sampled and go on (sb.lists' "sampled"), in batch-row order.
@@ -886,13 +574,13 @@ class Simulator:
             return
         num_tokens = col["prompt_len"][batch["call"]] + col["num_emitted"][batch["call"]]
         started = batch["started"]
-        if self._suffix is not None:
-            compiled = self._suffix_compiled_step(rows, batch["call"], batch["emitted"], num_tokens)
+        if self.fast is not None:
+            compiled = self.fast.per_step_drafts(rows, batch["call"], batch["emitted"], num_tokens)
             if compiled is not None:
                 self.pending_draft_s = compiled
                 return
             # No start_call: it may have started calls before giving up, and `observe` starts a call
-            # that has no state yet (a started row's) as start_call would.
+            # that has no state yet (a started row's) as start_call would (the protocol's contract).
             started = np.zeros(n_rows, dtype=bool)
         self._drafter_hooks(rows, batch["emitted"], started, num_tokens < max_len)
         states = [self.states[r] for r in sampled.tolist()]
@@ -910,31 +598,6 @@ class Simulator:
         if drafting:
             self.scheduler.set_drafts(rows_kept, proposals)
         self.pending_draft_s = float(self.drafters[0].draft_time(self.cost, drafting, lens))
-
-    def _suffix_compiled_step(self, rows: list[CallState], calls: np.ndarray, emitted: np.ndarray,
-                              num_tokens: np.ndarray) -> float | None:
-        """`_suffix_step` with the compiled kernel doing the rows' appends and drafts (`SuffixDrafter.
-        start_fresh`, `Scheduler.suffix_drafts`, `SuffixDrafter.finish_rows`): the drafting seconds, or
-        None when the step needs the drafter's own `propose` (a stop, a restart, an eviction, a call at
-        max_model_len), before anything changed or, should the kernel decline, after the fresh starts."""
-        drafter: SuffixDrafter = self.drafters[0]
-        emitting = emitted.nonzero()[0]
-        if (num_tokens[emitting] >= self.limits.max_model_len).any():
-            return None
-        fresh = [state for state in (rows[i] for i in emitting.tolist())
-                 if state.drafter_state is None or not state.drafter_state.active]
-        if len(drafter.active) + len(fresh) != emitting.shape[0]:  # an active call did not emit: it stops
-            return None
-        if fresh and not drafter.start_fresh(fresh):
-            return None
-        drafter.make_step_room(calls[emitting], emitted[emitting])
-        seconds = self.scheduler.suffix_drafts(self._suffix, self._inline_suffix())
-        if seconds < 0.0:
-            return None
-        finished = emitting[self.table.cols["status"][calls[emitting]] == S_FINISHED]
-        if finished.shape[0]:
-            drafter.finish_rows([rows[i] for i in finished.tolist()])
-        return seconds
 
     def _count_done(self, n: int) -> None:
         self.done_calls += n
@@ -1028,7 +691,3 @@ class Simulator:
                          extra={"history_evictions": evicted} if evicted else {},
                          steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids))
 
-
-def _replaced(held: tuple, current: dict[str, np.ndarray]) -> bool:
-    """Whether any of `current`'s arrays is not the one the named tuple `held` holds (compared by identity)."""
-    return any(getattr(held, name) is not array for name, array in current.items())

@@ -1,12 +1,12 @@
-"""Drafters whose proposals the engine computes for all rows in one compiled call per step.
+"""The n-gram proposers' incremental index: every row's draft in one compiled call per step.
 
 A drafter's `propose` takes a list of `CallState`s and returns a list of arrays: per row, a Python
-call into the drafter and back. For a drafter whose rule is a compiled function of the call's token
-history, the engine can instead run that rule over every row in one compiled loop, reading the
-histories where they lie (the token arena) and writing the drafts where the scheduler keeps them.
-`BATCHED` maps such a drafter class to its batch form; each entry must return exactly what the
-drafter's `propose` returns (tests/test_engine_batched.py and tests/test_engine_fast_paths.py check
-it row by row, against `propose` and against a brute-force search).
+call into the drafter and back. The n-gram rules are compiled functions of the call's token history,
+so their fast path (drafters/ngram_fastpath.py) runs the rule over every row in one compiled loop
+instead, reading the histories where they lie (the token arena) and writing the drafts where the
+engine keeps them. Each batch form must return exactly what the drafter's `propose` returns
+(tests/test_engine_batched.py and tests/test_engine_fast_paths.py check it row by row, against
+`propose` and against a brute-force search).
 
 `ngram`: `NgramDrafter.propose` is `propose_ngram(row.tokens, min_n, max_n, max_len)` per row: the
 earliest occurrence (ending at or before len − 2) of the longest suffix n-gram, n in [min_n, max_n],
@@ -36,26 +36,24 @@ State lives on the drafter object (`drafter._prompt_index`), tied to the arena i
 arena (a new simulation, or a test's array) starts a new index.
 
 A run normally drafts from a table of every position's match made once per workload by this index
-(drafters/ngram_tables.py, `Simulator._ngram_table_drafts`); the index drafts itself where tables are off
-or copies of a trace each have their own drafter.
+(drafters/ngram_tables.py); the index drafts itself where tables are off or copies of a trace each
+have their own drafter.
 
 `ngram-v2` (Model Runner V2: the *rightmost* occurrence of the longest n-gram, k slots padded with
 the last token) uses the same index with each entry moved to the n-gram's latest end as positions
-are added (`ngram_v2_rows_indexed`). Its drafts are not arena stretches, so it has no `BATCHED`
-entry: the scheduler's compiled loop drafts with it (`INLINE_NGRAM`, engine/scheduler.py), and the
-event loop calls `NgramV2Drafter.propose` (the scan) for the steps left to it.
+are added (`ngram_v2_rows_indexed`). Its drafts are not arena stretches: the compiled steps draft
+with it (drafters/ngram_fastpath.py), and the event loop calls `NgramV2Drafter.propose` (the scan)
+for the steps left to it.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 
 import numpy as np
 from numba import njit
 
 from agentspec_sim.drafters import ngram, ngram_v2
-from agentspec_sim.drafters.base import BaseDrafter
 from agentspec_sim.kernel_cache import clear_if_changed
 
 # `_ngram_rows_scan` compiles in ngram.py's ngram_match, `ngram_v2_rows_indexed` in ngram_v2.py's match.
@@ -362,11 +360,3 @@ def propose_ngram_rows_scan(drafter: ngram.NgramDrafter, tokens: np.ndarray, sta
                      max_lens.astype(np.int64, copy=False), drafter.min_n, drafter.max_n, draft_start, draft_len)
     return draft_start, draft_len
 
-
-# drafter class → (drafter, token arena, history starts, history lengths, max draft lengths) → (starts, lengths)
-BATCHED: dict[type[BaseDrafter], Callable[..., tuple[np.ndarray, np.ndarray]]] = {
-    ngram.NgramDrafter: propose_ngram_rows,
-}
-# Drafter classes (exactly these, not subclasses) whose proposals the scheduler's `run_steps` can make
-# itself with `propose_ngram_rows`'s index (engine/scheduler.py `InlineDrafts`).
-INLINE_NGRAM: frozenset[type[BaseDrafter]] = frozenset({ngram.NgramDrafter, ngram_v2.NgramV2Drafter})
