@@ -196,6 +196,6 @@ class NoDrafting(NamedTuple):
 
 
 @compiled_step(NoDrafting)
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _no_drafting(c, sb, pb, state, max_model_len):
     return -1.0

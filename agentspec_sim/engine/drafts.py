@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agentspec_sim.engine.kv import kernel
+from agentspec_sim.engine.kv import internal_kernel, kernel
 
 # DraftSlots.par fields: num_speculative_tokens, whether the V1 runner's proposer skip applies.
 DS_K_MAX, DS_SKIP_UNFIT = range(2)
@@ -36,7 +36,7 @@ def verify(drafts, output, position, target_len):
     return accepted, min(accepted + 1, remaining)
 
 
-@kernel
+@internal_kernel
 def set_verified(c, r, slot, n):
     """Call r's next drafts are slot_drafts[slot, :n]: record them and how many the recording accepts."""
     accepted = 0
@@ -68,7 +68,7 @@ def drafts_from_rows(c, buf, source, m):
     drafts_from(c, buf[0, :m], source, buf[1, :m], buf[2, :m])
 
 
-@kernel
+@internal_kernel
 def drafts_from_out(c, rows, out, lengths, m):
     """The drafts of calls rows[j], j < m: out[j, :lengths[j]], verified as `drafts_from`."""
     for j in range(m):
@@ -101,20 +101,20 @@ class DraftSlots(NamedTuple):
                    draft_s.astype(np.float64), *work, np.zeros((2, seqs), dtype=np.int64))
 
 
-@kernel
+@internal_kernel
 def proposer_skipped(sb, ds, max_model_len):
     """vLLM's V1 runner does not run the proposer for the batch in `sb` (`_input_fits_in_drafter` fails:
     some call's num_computed + num_scheduled + k exceeds max_model_len), for drafters that follow it."""
     return ds.par[DS_SKIP_UNFIT] != 0 and sb.sc[0] > 0 and sb.sc[6] + ds.par[DS_K_MAX] > max_model_len
 
 
-@kernel
+@internal_kernel
 def batch_k(sb, ds):
     """The draft length the policy allows at the batch size of the step in `sb` (`DraftSlots.k_of_batch`)."""
     return ds.k_of_batch[min(sb.sc[0], ds.k_of_batch.shape[0] - 1)]
 
 
-@kernel
+@internal_kernel
 def zero_drafts(c, sb, ds):
     """k token-0 drafts for every call that sampled in the step in `sb` (the V1 runner's proposer skip:
     its zero-filled draft tensor, which the scheduler clips and verifies as any draft)."""
@@ -127,7 +127,7 @@ def zero_drafts(c, sb, ds):
         set_verified(c, r, slot, k_max)
 
 
-@kernel
+@internal_kernel
 def drafting_calls(c, sb, ds, max_model_len):
     """Lists in `ds`'s work space the calls that sampled in the step in `sb` and may draft (limit ≥ 1: the
     policy's length at this batch size, at most max_model_len − num_tokens as the V1 proposer drafts):

@@ -44,6 +44,13 @@ def cdiv(a: int, b: int) -> int:
 # (NRT), they do no reference counting on those arrays: with it, every call between them paid two
 # atomic operations per array, which dominated the time of a step. None of them allocates.
 kernel = njit(cache=True, _nrt=False)
+# A compiled function is compiled once per distinct argument types, and a constant argument at a call site
+# (`f(x, 0)`, `f(x, True)`) is its own literal type: call sites wrap such constants (`np.int64(0)`,
+# `np.bool_(True)`) so that each kernel compiles once. Tiny helpers called with constants are inlined instead.
+inline_kernel = njit(cache=True, _nrt=False, inline="always")
+# Kernels only compiled code calls: no Python entry point to build (with the engine's named tuples of arrays
+# as arguments, building it is a good part of a kernel's compile time).
+internal_kernel = njit(cache=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 
 
 # Records of the pool's arrays (numba reads a field of record array `a` as `a.field[i]`).
@@ -76,19 +83,19 @@ class Pool(NamedTuple):
 _K_TOKEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-@kernel
+@internal_kernel
 def _mix64(x):
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
 
 
-@kernel
+@internal_kernel
 def tenant_salt(tenant):
     return np.int64(_mix64(np.uint64(tenant) + np.uint64(0x632BE59BD9B4E019)))
 
 
-@kernel
+@internal_kernel
 def block_hash(parent, tokens, start, size):
     """The chained hash of tokens[start:start + size] after `parent` (never 0)."""
     h = np.uint64(parent)
@@ -99,7 +106,7 @@ def block_hash(parent, tokens, start, size):
 
 
 # -- nodes ---------------------------------------------------------------------------------------
-@kernel
+@internal_kernel
 def _slot_of(keys, h):
     """Hash-table slot of key `h`, or of the empty slot where it would go (linear probing)."""
     mask = keys.shape[0] - 1
@@ -157,7 +164,7 @@ def cache_block(p, block, node):
     p.nodes.tail[node] = block
 
 
-@kernel
+@internal_kernel
 def _evict(p, block):
     """Drop `block`'s cached node (the block is being reused).
 
@@ -179,7 +186,7 @@ def _evict(p, block):
 
 
 # -- free queue ----------------------------------------------------------------------------------
-@kernel
+@internal_kernel
 def _unlink(p, block):
     a, b = p.blocks.prv[block], p.blocks.nxt[block]
     p.blocks.nxt[a] = b
@@ -187,7 +194,7 @@ def _unlink(p, block):
     p.ctr[0] -= 1
 
 
-@kernel
+@internal_kernel
 def _link_after(p, anchor, block):
     b = p.blocks.nxt[anchor]
     p.blocks.nxt[anchor] = block
@@ -208,7 +215,7 @@ def pop_free(p):
     return block
 
 
-@kernel
+@internal_kernel
 def pop_free_into(p, out, start, n):
     """`pop_free` n times into out[start:start + n]: the first n blocks of the free queue, unlinked at once."""
     blocks = p.blocks
@@ -255,7 +262,7 @@ def free_blocks(p, blocks, n):
             anchor = tmp[k]
     for k in range(m):  # cached blocks: to the back (LRU), tail first
         if p.blocks.node[tmp[k]] >= 0:
-            _link_after(p, p.blocks.prv[tail], tmp[k])
+            _link_after(p, np.int64(p.blocks.prv[tail]), tmp[k])  # int64 as above: one compiled version
 
 
 # -- per-request operations (vLLM's KVCacheManager) ------------------------------------------------
@@ -298,7 +305,7 @@ def lookup(p, c, r, hits):
     return n
 
 
-@kernel
+@internal_kernel
 def _cache_full_blocks(p, c, r, num_full):
     cached = c.calls.num_cached_blocks[r]
     if num_full <= cached:

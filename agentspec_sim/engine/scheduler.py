@@ -41,7 +41,15 @@ from agentspec_sim.engine import drafts as engine_drafts
 from agentspec_sim.engine import kv
 from agentspec_sim.engine.drafts import drafts_from, drafts_from_rows, verify
 from agentspec_sim.engine.fastcall import FastCall
-from agentspec_sim.engine.kv import KVCacheManager, allocate_slots, free_call, kernel, lookup
+from agentspec_sim.engine.kv import (
+    KVCacheManager,
+    allocate_slots,
+    free_call,
+    inline_kernel,
+    internal_kernel,
+    kernel,
+    lookup,
+)
 from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_WAITING, CallState, CallTable, zeros
 from agentspec_sim.kernel_cache import clear_if_changed, package_sources
 
@@ -201,7 +209,7 @@ def persistent_batch_update(pb, calls):
         pb.order[k] = pb.index[pb.call[k]]
 
 
-@kernel
+@internal_kernel
 def _preempt(p, c, qu, victim):
     free_call(p, c, victim)
     c.calls.num_computed[victim] = 0
@@ -216,7 +224,7 @@ def _preempt(p, c, qu, victim):
     qu.q[2] += 1
 
 
-@kernel
+@inline_kernel
 def _record(sb, i, r, n, context, decode, spec, position, slot):
     sb.rows.call[i] = r
     sb.rows.slot[i] = slot
@@ -244,7 +252,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
             i += 1
             continue
         scheduled = True
-        while not allocate_slots(p, c, r, n, sb.hits, 0, False):
+        while not allocate_slots(p, c, r, n, sb.hits, np.int64(0), np.bool_(False)):
             qu.q[0] -= 1
             victim = qu.running[qu.q[0]]
             _preempt(p, c, qu, victim)
@@ -278,7 +286,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
             nhits = lookup(p, c, r, sb.hits) if c.calls.num_computed[r] == 0 else 0
             computed = c.calls.num_computed[r] + nhits * bs
             n = min(c.calls.prompt_len[r] + c.calls.num_emitted[r] - computed, budget)
-            if not allocate_slots(p, c, r, n, sb.hits, nhits, True):
+            if not allocate_slots(p, c, r, n, sb.hits, nhits, np.bool_(True)):
                 bound = B_KV
                 break
             qu.q[1] = (qu.q[1] + 1) % cap
@@ -374,7 +382,7 @@ def update_step(p, c, qu, sb, step):
     return 0
 
 
-@kernel
+@inline_kernel
 def _event(lg, kind, r, step):
     k = lg.ctr[2]
     lg.events.kind[k] = kind
@@ -383,7 +391,7 @@ def _event(lg, kind, r, step):
     lg.ctr[2] = k + 1
 
 
-@kernel
+@internal_kernel
 def log_step(lg, c, sb, running, waiting, free_blocks):
     """Append the step in `sb` (scheduled and updated) to the log; returns its step index.
 
@@ -428,7 +436,7 @@ def log_step(lg, c, sb, running, waiting, free_blocks):
     return k
 
 
-@kernel
+@internal_kernel
 def _log_full(lg, c, max_num_seqs):
     return (lg.rows.shape[0] - lg.ctr[0] < max_num_seqs or lg.steps.shape[0] == lg.ctr[1]
             or lg.events.shape[0] - lg.ctr[2] < 4 * max_num_seqs
