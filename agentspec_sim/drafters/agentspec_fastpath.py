@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from agentspec_sim.cost import break_even
 from agentspec_sim.cost.break_even import break_even_at
 from agentspec_sim.drafters import agentspec, block_index, history_tables
 from agentspec_sim.drafters.agentspec import (
@@ -32,7 +33,8 @@ from agentspec_sim.drafters.agentspec import (
     capped_lengths,
 )
 from agentspec_sim.drafters.block_index import BCAP, BLEN, OP_APPEND, OP_LOOKUP, run_ops_into
-from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step
+from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step, draft_now
+from agentspec_sim.engine import drafts as engine_drafts
 from agentspec_sim.engine.drafts import (
     DraftSlots,
     drafting_calls,
@@ -49,7 +51,7 @@ from agentspec_sim.kernel_cache import clear_if_changed
 if TYPE_CHECKING:
     from agentspec_sim.engine.request import CallState
 
-clear_if_changed(__file__, [agentspec.__file__, block_index.__file__])
+clear_if_changed(__file__, [agentspec.__file__, block_index.__file__, break_even.__file__, engine_drafts.__file__])
 
 # Drafters whose every lookup a workload table can give; drafters whose live history the compiled steps drive.
 TABLE_DRAFTERS = (AgentSpecDrafter, AgentSpecSDrafter, AgentSpecNDrafter, AgentSpecPaperDrafter)
@@ -165,14 +167,13 @@ def propose_table_buffered(c, tb, m):
 
 
 @compiled_step(TableSteps)
-@kernel
-def table_step(c, sb, pb, tb, max_model_len):
+def table_step(c, sb, pb, state, max_model_len):
     """The drafts of the calls that sampled in the step in `sb`, from the table; the drafting seconds."""
-    if proposer_skipped(sb, tb.ds, max_model_len):
-        zero_drafts(c, sb, tb.ds)
+    if proposer_skipped(sb, state.ds, max_model_len):
+        zero_drafts(c, sb, state.ds)
         return 0.0
-    m = drafting_calls(c, sb, tb.ds, max_model_len)
-    return propose_table_rows(c, tb.ds.rows[:m], tb.ds.max_lens[:m], tb)
+    m = drafting_calls(c, sb, state.ds, max_model_len)
+    return propose_table_rows(c, state.ds.rows[:m], state.ds.max_lens[:m], state)
 
 
 @kernel
@@ -186,13 +187,12 @@ def _run_end(tok_block, at, j, end):
 
 
 @compiled_step(HistorySteps)
-@kernel
-def history_step(c, sb, pb, st, max_model_len):
+def history_step(c, sb, pb, state, max_model_len):
     """The drafter's observe then propose for the step in `sb`, from its live history, the rows marked in
     `ah.hooked` already observed by the event loop; returns the drafting seconds, or −1.0 with nothing
     changed when the event loop must do it: a call that started or finished and was not hooked (its
     Python hooks), the V1 proposer skip, or no room in the arena."""
-    dr, ah = st.ds, st.ah
+    dr, ah = state.ds, state.ah
     n = sb.sc[0]
     if proposer_skipped(sb, dr, max_model_len):
         return -1.0
@@ -362,7 +362,7 @@ class HistoryDrafting(EngineDrafting):
         self.ds = DraftSlots.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
                                   run.model_free_draft_s(), run.max_num_seqs)
         self.state: HistorySteps | None = None
-        self._step = FastCall(history_step, containers=(0, 1, 2, 3))
+        self._step = FastCall(draft_now, containers=(0, 1, 2, 3))
 
     def run_state(self) -> HistorySteps:
         """The history's current arrays (a new tuple only when one was replaced: the scheduler's FastCall

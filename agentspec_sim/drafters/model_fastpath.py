@@ -21,6 +21,7 @@ from agentspec_sim.cost.roofline import draft_seconds
 from agentspec_sim.drafters import model_based
 from agentspec_sim.drafters.model_based import ModelBasedDrafter, draft_from_tables
 from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step
+from agentspec_sim.engine import drafts as engine_drafts
 from agentspec_sim.engine.drafts import DraftSlots, drafting_calls, proposer_skipped, set_verified, zero_drafts
 from agentspec_sim.engine.fastcall import FastCall
 from agentspec_sim.engine.kv import kernel
@@ -29,7 +30,7 @@ from agentspec_sim.kernel_cache import clear_if_changed
 if TYPE_CHECKING:
     from agentspec_sim.engine.request import CallState
 
-clear_if_changed(__file__, [model_based.__file__, roofline.__file__])
+clear_if_changed(__file__, [model_based.__file__, roofline.__file__, engine_drafts.__file__])
 
 
 class ModelSteps(NamedTuple):
@@ -83,12 +84,11 @@ def propose_model_buffered(c, st, m):
 
 
 @compiled_step(ModelSteps)
-@kernel
-def model_step(c, sb, pb, st, max_model_len):
+def model_step(c, sb, pb, state, max_model_len):
     """The draws of the calls that sampled in the step in `sb`; the draft network's seconds, or −1.0 where
     the compiled loop does not draft (`ModelSteps.on`)."""
-    ds = st.ds
-    if st.on[0] == 0:
+    ds = state.ds
+    if state.on[0] == 0:
         return -1.0
     if proposer_skipped(sb, ds, max_model_len):
         zero_drafts(c, sb, ds)
@@ -96,7 +96,7 @@ def model_step(c, sb, pb, st, max_model_len):
     m = drafting_calls(c, sb, ds, max_model_len)
     if m == 0:
         return 0.0
-    return propose_model_rows(c, ds.rows[:m], ds.max_lens[:m], st)
+    return propose_model_rows(c, ds.rows[:m], ds.max_lens[:m], state)
 
 
 class ModelDrafting(EngineDrafting):

@@ -26,6 +26,7 @@ from agentspec_sim.drafters.ngram_index import (
     propose_ngram_rows,
 )
 from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step
+from agentspec_sim.engine import drafts as engine_drafts
 from agentspec_sim.engine.drafts import (
     DraftSlots,
     drafting_calls,
@@ -40,22 +41,36 @@ from agentspec_sim.kernel_cache import clear_if_changed
 if TYPE_CHECKING:
     from agentspec_sim.engine.request import CallState
 
-clear_if_changed(__file__, [ngram_index.__file__, ngram.__file__, ngram_v2.__file__])
+clear_if_changed(__file__, [ngram_index.__file__, ngram.__file__, ngram_v2.__file__, engine_drafts.__file__])
 
-# NgramSteps.par fields.
-NG_MIN_N, NG_MAX_N, NG_RIGHTMOST, NG_TABLE = range(4)
+# NgramIndexSteps.par fields.
+NG_MIN_N, NG_MAX_N = range(2)
 
 
-class NgramSteps(NamedTuple):
-    """The compiled state of an n-gram run: its draft limits, then the index's tables or the workload's."""
+class NgramTableSteps(NamedTuple):
+    """An `ngram` run drafting from the workload's table of matches (drafters/ngram_tables.py)."""
 
     ds: DraftSlots
-    par: np.ndarray  # int64: [min_n, max_n, rightmost (ngram-v2), drafts from the workload's table]
+    at: np.ndarray  # int64 per call row: its first position in `match`
+    match: np.ndarray  # int64 per position: where the n-gram draft starts in the arena, −1: none
+
+
+class NgramV2TableSteps(NgramTableSteps):
+    """`ngram-v2`'s: the same table (of rightmost matches), drafts padded with the last token."""
+
+
+class NgramIndexSteps(NamedTuple):
+    """An `ngram` run drafting with the incremental index (drafters/ngram_index.py)."""
+
+    ds: DraftSlots
+    par: np.ndarray  # int64: [min_n, max_n]
     entries: np.ndarray  # the `NgramIndex` tables
     regions: np.ndarray
     counts: np.ndarray
-    ngram_at: np.ndarray  # int64 per call row: its first position in ngram_match (drafters/ngram_tables.py)
-    ngram_match: np.ndarray  # int64 per position: where the n-gram draft starts in the arena, −1: none
+
+
+class NgramV2IndexSteps(NgramIndexSteps):
+    """`ngram-v2`'s: the index of rightmost ends."""
 
 
 @kernel
@@ -75,50 +90,85 @@ def drafts_padded(c, rows, match, lengths):
 
 
 @kernel
-def table_drafts(c, rows, starts, lengths, max_lens, at, match, rightmost, work):
-    """The n-gram proposers' drafts of calls rows[i] (histories tokens[starts[i]:starts[i] + lengths[i]],
-    draft limits max_lens[i]) from the workload's table, set and verified as the index's: `ngram-v2`
-    padded (`drafts_padded`), `ngram` the arena stretch after the match (`drafts_from`)."""
+def table_drafts(c, rows, starts, lengths, max_lens, at, match, work):
+    """`ngram`'s drafts of calls rows[i] (histories tokens[starts[i]:starts[i] + lengths[i]], draft limits
+    max_lens[i]) from the workload's table: the arena stretch after the match, set and verified."""
     m = rows.shape[0]
     for i in range(m):
         r = rows[i]
         j = match[at[r] + c.calls.num_emitted[r]]
-        work[0, i] = j
+        work[0, i] = j if j >= 0 else starts[i]
         work[1, i] = min(max_lens[i], starts[i] + lengths[i] - j) if j >= 0 else 0
-        if j < 0 and not rightmost:
-            work[0, i] = starts[i]
-    if rightmost:
-        drafts_padded(c, rows, work[0, :m], max_lens)
-    else:
-        drafts_from(c, rows, c.tokens, work[0, :m], work[1, :m])
+    drafts_from(c, rows, c.tokens, work[0, :m], work[1, :m])
 
 
-@compiled_step(NgramSteps)
 @kernel
-def ngram_step(c, sb, pb, st, max_model_len):
-    """The drafts of the calls that sampled in the step in `sb`, as the event loop makes them; the drafting
-    seconds, or −1.0 when the index needs room (nothing is set: the event loop proposes, growing it)."""
-    ds = st.ds
+def table_drafts_v2(c, rows, max_lens, at, match, work):
+    """`ngram-v2`'s drafts of calls rows[i] from the workload's table (`drafts_padded`)."""
+    m = rows.shape[0]
+    for i in range(m):
+        work[0, i] = match[at[rows[i]] + c.calls.num_emitted[rows[i]]]
+    drafts_padded(c, rows, work[0, :m], max_lens)
+
+
+@kernel
+def _sampled(c, sb, ds, max_model_len):
+    """The step's drafting calls in `ds` (how many), or −1 after setting the V1 runner's token-0 drafts."""
     if proposer_skipped(sb, ds, max_model_len):
         zero_drafts(c, sb, ds)
+        return -1
+    return drafting_calls(c, sb, ds, max_model_len)
+
+
+@compiled_step(NgramTableSteps)
+def ngram_table_step(c, sb, pb, state, max_model_len):
+    """`ngram`'s drafts of the calls that sampled in the step in `sb`, from the table; the drafting seconds."""
+    ds = state.ds
+    m = _sampled(c, sb, ds, max_model_len)
+    if m <= 0:
         return 0.0
-    m = drafting_calls(c, sb, ds, max_model_len)
-    if m == 0:
+    table_drafts(c, ds.rows[:m], ds.starts[:m], ds.lengths[:m], ds.max_lens[:m], state.at, state.match,
+                 ds.drafts[:, :m])
+    return ds.draft_s[m]
+
+
+@compiled_step(NgramV2TableSteps)
+def ngram_v2_table_step(c, sb, pb, state, max_model_len):
+    """`ngram-v2`'s, from the table."""
+    ds = state.ds
+    m = _sampled(c, sb, ds, max_model_len)
+    if m <= 0:
         return 0.0
-    rows, starts, lengths, max_lens = ds.rows[:m], ds.starts[:m], ds.lengths[:m], ds.max_lens[:m]
-    rightmost = st.par[NG_RIGHTMOST] != 0
-    if st.par[NG_TABLE]:
-        table_drafts(c, rows, starts, lengths, max_lens, st.ngram_at, st.ngram_match, rightmost, ds.drafts[:, :m])
-    elif rightmost:
-        if ngram_v2_rows_indexed(c.tokens, starts, lengths, st.par[NG_MIN_N], st.par[NG_MAX_N], ds.drafts[0, :m],
-                                 st.entries, st.regions, st.counts, 0) < m:
-            return -1.0
-        drafts_padded(c, rows, ds.drafts[0, :m], max_lens)
-    else:
-        if _ngram_rows_indexed(c.tokens, starts, lengths, max_lens, st.par[NG_MIN_N], st.par[NG_MAX_N],
-                               ds.drafts[:, :m], st.entries, st.regions, st.counts, 0) < m:
-            return -1.0
-        drafts_from(c, rows, c.tokens, ds.drafts[0, :m], ds.drafts[1, :m])
+    table_drafts_v2(c, ds.rows[:m], ds.max_lens[:m], state.at, state.match, ds.drafts[:, :m])
+    return ds.draft_s[m]
+
+
+@compiled_step(NgramIndexSteps)
+def ngram_index_step(c, sb, pb, state, max_model_len):
+    """`ngram`'s, from the index; −1.0 when the index needs room (nothing is set: the event loop proposes,
+    growing it)."""
+    ds = state.ds
+    m = _sampled(c, sb, ds, max_model_len)
+    if m <= 0:
+        return 0.0
+    if _ngram_rows_indexed(c.tokens, ds.starts[:m], ds.lengths[:m], ds.max_lens[:m], state.par[NG_MIN_N],
+                           state.par[NG_MAX_N], ds.drafts[:, :m], state.entries, state.regions, state.counts, 0) < m:
+        return -1.0
+    drafts_from(c, ds.rows[:m], c.tokens, ds.drafts[0, :m], ds.drafts[1, :m])
+    return ds.draft_s[m]
+
+
+@compiled_step(NgramV2IndexSteps)
+def ngram_v2_index_step(c, sb, pb, state, max_model_len):
+    """`ngram-v2`'s, from the index of rightmost ends (−1.0 as `ngram_index_step`)."""
+    ds = state.ds
+    m = _sampled(c, sb, ds, max_model_len)
+    if m <= 0:
+        return 0.0
+    if ngram_v2_rows_indexed(c.tokens, ds.starts[:m], ds.lengths[:m], state.par[NG_MIN_N], state.par[NG_MAX_N],
+                             ds.drafts[0, :m], state.entries, state.regions, state.counts, 0) < m:
+        return -1.0
+    drafts_padded(c, ds.rows[:m], ds.drafts[0, :m], ds.max_lens[:m])
     return ds.draft_s[m]
 
 
@@ -128,23 +178,21 @@ class NgramDrafting(EngineDrafting):
     def __init__(self, drafter: ngram.NgramDrafter, run: RunView) -> None:
         self.drafter, self.run = drafter, run
         self.rightmost = isinstance(drafter, ngram_v2.NgramV2Drafter)
-        self.state: NgramSteps | None = None
-        if (drafter.max_n <= MAX_INDEXED_N and run.spec.num_speculative_tokens > 0
-                and run.k_of_batch is not None):
-            one = np.zeros(1, dtype=np.int64)
+        self.from_table = False
+        self.state: NgramTableSteps | NgramIndexSteps | None = None
+        if drafter.max_n <= MAX_INDEXED_N and run.spec.num_speculative_tokens > 0 and run.k_of_batch is not None:
             ds = DraftSlots.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
                                  run.model_free_draft_s(), run.max_num_seqs)
-            par = np.array([drafter.min_n, drafter.max_n, int(self.rightmost), 0], dtype=np.int64)
-            self.state = NgramSteps(ds, par, np.zeros((1, 3), dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
-                                    np.zeros(3, dtype=np.int64), one, one)
             if run.use_tables and len(run.drafters) == 1:
                 table = self._table()
-                par[NG_TABLE] = 1
-                self.state = self.state._replace(ngram_at=table.at[:len(run.states)].copy(), ngram_match=table.match)
-
-    @property
-    def from_table(self) -> bool:
-        return self.state is not None and bool(self.state.par[NG_TABLE])
+                kind = NgramV2TableSteps if self.rightmost else NgramTableSteps
+                self.state = kind(ds, table.at[:len(run.states)].copy(), table.match)
+                self.from_table = True
+            else:
+                kind = NgramV2IndexSteps if self.rightmost else NgramIndexSteps
+                self.state = kind(ds, np.array([drafter.min_n, drafter.max_n], dtype=np.int64),
+                                  np.zeros((1, 3), dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
+                                  np.zeros(3, dtype=np.int64))
 
     def _table(self) -> ngram_tables.NgramTable:
         """Where every call's n-gram draft starts at every position (drafters/ngram_tables.py), from the disk
@@ -156,12 +204,12 @@ class NgramDrafting(EngineDrafting):
         return ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(
             *args, drafter.min_n, drafter.max_n, self.rightmost))
 
-    def run_state(self) -> NgramSteps | None:
+    def run_state(self) -> NgramTableSteps | NgramIndexSteps | None:
         state = self.state
         if state is None:
             return None
         self.run.table.reserve_draft_width(int(state.ds.par[0]))
-        if state.par[NG_TABLE]:
+        if self.from_table:
             return state
         index = prompt_index(self.drafter, self.run.table.tokens)
         index.make_room_if_asked()  # the run before stopped because the index was full
@@ -173,14 +221,17 @@ class NgramDrafting(EngineDrafting):
 
     def propose(self, rows: Sequence[CallState], calls: np.ndarray, max_lens: np.ndarray) -> float | None:
         run = self.run
-        cols = run.table.cols
+        cols, nt = run.table.cols, run.table.nt
         if self.from_table:
-            m = calls.shape[0]
+            state, m = self.state, calls.shape[0]
             run.table.reserve_draft_width(int(max_lens.max()))
-            table_drafts(run.table.nt, calls.astype(np.int64), cols["hist_off"][calls].astype(np.int64),
-                         (cols["prompt_len"][calls] + cols["num_emitted"][calls]).astype(np.int64),
-                         max_lens.astype(np.int64), self.state.ngram_at, self.state.ngram_match, self.rightmost,
-                         self.state.ds.drafts[:, :m])
+            calls, lens = calls.astype(np.int64), max_lens.astype(np.int64)
+            if self.rightmost:
+                table_drafts_v2(nt, calls, lens, state.at, state.match, state.ds.drafts[:, :m])
+            else:
+                table_drafts(nt, calls, cols["hist_off"][calls].astype(np.int64),
+                             (cols["prompt_len"][calls] + cols["num_emitted"][calls]).astype(np.int64), lens,
+                             state.at, state.match, state.ds.drafts[:, :m])
         elif not self.rightmost:
             # The same drafts as the drafter's propose, for all rows in one compiled call (the index).
             starts, lengths = propose_ngram_rows(self.drafter, run.table.tokens, cols["hist_off"][calls],

@@ -41,6 +41,7 @@ writing one.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -58,6 +59,7 @@ from agentspec_sim.drafters.base import (
     parse_drafter,
     unique_labels,
 )
+from agentspec_sim.kernel_cache import clear_if_changed, package_sources
 
 if TYPE_CHECKING:
     from agentspec_sim.cost.base import StepCostModel
@@ -65,8 +67,8 @@ if TYPE_CHECKING:
     from agentspec_sim.engine.scheduler import Scheduler
 
 __all__ = ["BaseDrafter", "EngineDrafting", "NoDrafting", "RunView", "SpecConfigError", "SpeculativeConfig",
-           "bind_engine_context", "compiled_step", "draft_between_steps", "drafts_every_step", "make_drafter",
-           "parse_drafter", "unique_labels"]
+           "bind_engine_context", "compiled_step", "draft_between_steps", "draft_now", "drafts_every_step",
+           "make_drafter", "parse_drafter", "unique_labels"]
 
 
 @dataclass(frozen=True)
@@ -132,18 +134,27 @@ class EngineDrafting:
 
 
 # -- the compiled side -------------------------------------------------------------------------------
+# The dispatch below compiles (and caches, here) whichever drafter's step a run uses, naming its state class.
+clear_if_changed(__file__, [*package_sources("agentspec_sim.drafters"), *package_sources("agentspec_sim.engine")])
 _STEP_KERNELS: dict[type, tuple[Any, bool]] = {}
+STEP_PARAMETERS = ("c", "sb", "pb", "state", "max_model_len")  # the compiled loop compiles the kernel's own code
 
 
 def compiled_step(state_class: type, every_step: bool = False) -> Callable[[Any], Any]:
-    """Register a compiled kernel `(c, sb, pb, state, max_model_len) -> seconds | −1.0` as the drafting
-    between two steps for states of `state_class` (a NamedTuple of arrays). `every_step`: the engine
+    """Register `step(c, sb, pb, state, max_model_len) -> seconds | −1.0` (those names; a plain Python function
+    in numba's subset, compiled where the loop calls it) as the drafting between two steps for states of
+    `state_class` (a NamedTuple of arrays). Python code calls it through `draft_now`. `every_step`: the engine
     calls it after every step of a run, emitting or not (vLLM's suffix proposer runs so); else only
     after a step that emitted."""
 
-    def register(kernel: Any) -> Any:
-        _STEP_KERNELS[state_class] = (kernel, every_step)
-        return kernel
+    def register(step: Any) -> Any:
+        if hasattr(step, "py_func"):
+            raise TypeError("register the step's plain Python function: the loop compiles it (`draft_now` from Python)")
+        names = tuple(inspect.signature(step).parameters)
+        if names != STEP_PARAMETERS:
+            raise TypeError(f"a compiled step takes {STEP_PARAMETERS}, not {names}")
+        _STEP_KERNELS[state_class] = (step, every_step)
+        return step
 
     return register
 
@@ -165,14 +176,9 @@ def _registered(state: Any) -> tuple[Any, bool] | None:
 @overload(draft_between_steps, jit_options={"cache": True})
 def _draft_between_steps(c, sb, pb, state, max_model_len):
     found = _registered(state)
-    if found is None:
-        return None
-    kernel = found[0]
-
-    def impl(c, sb, pb, state, max_model_len):
-        return kernel(c, sb, pb, state, max_model_len)
-
-    return impl
+    # The step itself is the implementation, compiled here in its caller's context: one compiled copy of
+    # the drafter's step (a dispatcher of its own would be a second, and would share this one's cache files).
+    return None if found is None else found[0]
 
 
 @overload(drafts_every_step, jit_options={"cache": True})
@@ -182,6 +188,12 @@ def _drafts_every_step(state):
         return None
     every = found[1]
     return lambda state: every
+
+
+@njit(cache=True, nogil=True)
+def draft_now(c, sb, pb, state, max_model_len):
+    """`draft_between_steps` called from Python (an event loop drafting the step just run)."""
+    return draft_between_steps(c, sb, pb, state, max_model_len)
 
 
 class NoDrafting(NamedTuple):
@@ -196,6 +208,5 @@ class NoDrafting(NamedTuple):
 
 
 @compiled_step(NoDrafting)
-@njit(cache=True, nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _no_drafting(c, sb, pb, state, max_model_len):
     return -1.0

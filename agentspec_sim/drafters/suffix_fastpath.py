@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from agentspec_sim.drafters import suffix, suffix_tables, suffix_tree
-from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step
+from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step, draft_now
 from agentspec_sim.drafters.suffix import KERNEL_FINISH, KERNEL_START, SuffixDrafter
 from agentspec_sim.drafters.suffix_tree import OP_STEP, OP_TABLE_STEP, SCAP, LocalTable, room, run_ops_into
+from agentspec_sim.engine import drafts as engine_drafts
 from agentspec_sim.engine.drafts import DraftSlots, batch_k, drafts_from_out, proposer_skipped
 from agentspec_sim.engine.fastcall import FastCall
 from agentspec_sim.engine.kv import kernel
@@ -30,7 +31,7 @@ from agentspec_sim.kernel_cache import clear_if_changed
 if TYPE_CHECKING:
     from agentspec_sim.engine.request import CallState
 
-clear_if_changed(__file__, [suffix.__file__, suffix_tree.__file__])
+clear_if_changed(__file__, [suffix.__file__, suffix_tree.__file__, engine_drafts.__file__])
 
 # Forest.par fields.
 SX_DEPTH, SX_K, SX_GLOBAL_ROOT, SX_EVENT_LOOP, SX_MAX_CACHED, SX_ON = range(6)
@@ -83,8 +84,7 @@ def _suffix_event(sx, kind, r):
 
 
 @compiled_step(SuffixSteps, every_step=True)
-@kernel
-def suffix_step(c, sb, pb, st, max_model_len):
+def suffix_step(c, sb, pb, state, max_model_len):
     """`SuffixDrafter.propose` for the step in `sb`, its rows in vLLM's persistent-batch order (`pb.order`,
     when on); returns the drafting seconds, or −1.0 with nothing changed when the event loop must do it:
     a compiled run while the drafter holds queued work (par[SX_ON] = 0), the V1 runner's proposer skip, a
@@ -96,7 +96,7 @@ def suffix_step(c, sb, pb, st, max_model_len):
     or finished here: a start only opens its response (made up front), so doing it before the rows ahead
     of it changes nothing they see (as `SuffixDrafter.start_fresh`); a finish follows its row's tokens;
     both are logged for `SuffixDrafter.sync`."""
-    dr, sx = st.ds, st.sx
+    dr, sx = state.ds, state.sx
     n = sb.sc[0]
     event_loop = sx.par[SX_EVENT_LOOP] != 0
     if not event_loop and sx.par[SX_ON] == 0:
@@ -211,7 +211,7 @@ class SuffixDrafting(EngineDrafting):
         self.ds = DraftSlots.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
                                   run.model_free_draft_s(), run.max_num_seqs)
         self.state: SuffixSteps | None = None
-        self._step = FastCall(suffix_step, containers=(0, 1, 2, 3))
+        self._step = FastCall(draft_now, containers=(0, 1, 2, 3))
 
     def _table(self) -> tuple[LocalTable, np.ndarray]:
         """The prompt-tree drafts of this run's calls (drafters/suffix_tables.py) and each table row's first
