@@ -1,6 +1,6 @@
 """The simulator's speed, in one script: prints tables and writes benchmarks/results.json.
 
-Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic] [--trace PATH]… [--queries N]
+Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic,cold] [--trace PATH]… [--queries N]
                                 [--drafters normal,ngram,suffix,agentspec] [--seqs 1,32,256]
                                 [--scale reflexion:1M,3M,10M coding:1M] [--scale-drafter agentspec]
                                 [--sweep-jobs 1,2] [--sweep-repeats R] [--sweep-queries N]
@@ -29,6 +29,9 @@ engine and scale runs not repeated this time):
   the tables that run left (`table_cache`: "empty" / "warm": a later sweep of the same trace);
   --sweep-repeats R runs each pair R times (this machine's speed drifts); --sweep-queries N sweeps
   the first N queries only.
+- cold: a fresh install's first runs — `agentspec-sim replay traces/swe-agent.jsonl.zst --drafter normal`
+  and the README's `agentspec-sim replay` — in a child with empty numba and table caches (every kernel
+  the run uses compiled, every table built: CPU and wall seconds), then again warm; --cold-repeats R.
 - arctic: benchmarks/suffix_vs_arctic.py (suffix vs ArcticInference's C++ per call-step and per call
   start) when arctic-inference is installed; otherwise recorded as skipped.
 
@@ -357,7 +360,42 @@ def section_arctic(args, console) -> dict:
         return {"queries": args.queries, "runs": runs if isinstance(runs, list) else [runs]}
 
 
-SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_sweep, "arctic": section_arctic}
+# The cold-start commands: replay's own arguments (the README's first replay: `agentspec-sim replay`).
+COLD_COMMANDS = {"swe-agent normal": ["traces/swe-agent.jsonl.zst", "--drafter", "normal"], "readme replay": []}
+
+
+def _timed_replay(replay_args: list[str], env: dict[str, str]) -> dict:
+    """CPU (user + system) and wall seconds of one `agentspec-sim replay` in a child process."""
+    code = "import sys; from agentspec_sim.cli.app import main; sys.argv[0] = 'agentspec-sim'; main()"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, "replay", *replay_args], check=True, capture_output=True,
+                   env=env, cwd=HERE.parent)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}
+
+
+def section_cold(args, console) -> dict:
+    """Each cold-start command with empty numba and workload-table caches (a fresh install's first run:
+    every kernel it uses compiled, every table built), then again with the caches that run left (warm)."""
+    runs = []
+    for name, replay_args in COLD_COMMANDS.items():
+        for repeat in range(args.cold_repeats):
+            with tempfile.TemporaryDirectory() as tmp:
+                env = {**os.environ, "NUMBA_CACHE_DIR": f"{tmp}/numba", "AGENTSPEC_SIM_CACHE": f"{tmp}/cache"}
+                cold = _timed_replay(replay_args, env)
+                warm = _timed_replay(replay_args, env)
+            runs.append({"command": f"agentspec-sim replay {' '.join(replay_args)}".strip(), "name": name,
+                         "repeat": repeat, "cold": cold, "warm": warm, "load": os.getloadavg()[0]})
+            console.print(f"cold: {name}: cold {cold['cpu_s']:.1f} CPU s / {cold['wall_s']:.1f} s wall, "
+                          f"warm {warm['cpu_s']:.1f} CPU s / {warm['wall_s']:.1f} s wall")
+    return {"runs": runs}
+
+
+SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_sweep, "arctic": section_arctic,
+            "cold": section_cold}
 
 
 def child_main(argv: list[str]) -> None:
@@ -393,6 +431,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="run each sweep pair (empty, warm table cache) R times")
     parser.add_argument("--sweep-queries", type=int, default=None, help="sweep only the first N queries")
     parser.add_argument("--sweep-drafters", default=None, help="sweep these drafters (default: sweep's own list)")
+    parser.add_argument("--cold-repeats", type=int, default=1, help="cold: run each cold/warm pair R times")
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="JSON results file")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")

@@ -4,7 +4,8 @@ A drafter decides *what* is proposed; the engine decides how many tokens each ca
 budget policy, `agentspec_sim.budget`) and verifies the proposal against the recorded output.
 Adding a drafter is one new module in this package that defines a class decorated with
 `@register_drafter("name")`: the registry imports every module of the package on first lookup, so
-the CLI, sweeps and configs find it by name and nothing else changes.
+the CLI, sweeps and configs find it by name and nothing else changes — its compiled fast path
+included, which the engine reaches only through drafters/protocol.py (docs/adding-a-drafter.md).
 
 Speculative configs are the JSON `vllm serve --speculative-config` takes (vLLM 0.33,
 `vllm/config/speculative.py`): `method`, `num_speculative_tokens`, `num_speculative_tokens_per_batch_size`,
@@ -383,6 +384,8 @@ def make_drafter(spec: SpeculativeConfig) -> BaseDrafter:
 SHORTHAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "normal": {"method": "normal"},
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
+    # ngram-adaptive: the same settings; k is the longest draft a call's length may grow to.
+    "ngram-adaptive": {"method": "ngram-adaptive", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
     # suffix: the paper's k=32; vLLM's defaults for the tree (depth 24, factor 1.0, min prob 0.1).
     "suffix": {"method": "suffix", "num_speculative_tokens": 32},
     # ngram-v2 (vLLM 0.33's default runner): the same paper settings as ngram.

@@ -45,8 +45,10 @@ def cdiv(a: int, b: int) -> int:
 # atomic operations per array, which dominated the time of a step. None of them allocates.
 kernel = njit(cache=True, _nrt=False)
 # A compiled function is compiled once per distinct argument types, and a constant argument at a call site
-# (`f(x, 0)`, `f(x, True)`) is its own literal type: call sites wrap such constants (`np.int64(0)`,
-# `np.bool_(True)`) so that each kernel compiles once. Tiny helpers called with constants are inlined instead.
+# (`f(x, 0)`, `f(x, True)`) is its own literal type, with the branches it decides folded away. Where that
+# specialisation pays at run time (`allocate_slots`: the running and the admission path) it is kept; where it
+# only costs compile time the call site passes a typed value (`np.int64(...)`), and tiny helpers called with
+# constants are inlined.
 inline_kernel = njit(cache=True, _nrt=False, inline="always")
 # Kernels only compiled code calls: no Python entry point to build (with the engine's named tuples of arrays
 # as arguments, building it is a good part of a kernel's compile time).

@@ -252,7 +252,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
             i += 1
             continue
         scheduled = True
-        while not allocate_slots(p, c, r, n, sb.hits, np.int64(0), np.bool_(False)):
+        while not allocate_slots(p, c, r, n, sb.hits, 0, False):
             qu.q[0] -= 1
             victim = qu.running[qu.q[0]]
             _preempt(p, c, qu, victim)
@@ -286,7 +286,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
             nhits = lookup(p, c, r, sb.hits) if c.calls.num_computed[r] == 0 else 0
             computed = c.calls.num_computed[r] + nhits * bs
             n = min(c.calls.prompt_len[r] + c.calls.num_emitted[r] - computed, budget)
-            if not allocate_slots(p, c, r, n, sb.hits, nhits, np.bool_(True)):
+            if not allocate_slots(p, c, r, n, sb.hits, nhits, True):
                 bound = B_KV
                 break
             qu.q[1] = (qu.q[1] + 1) % cap

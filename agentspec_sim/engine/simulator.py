@@ -40,6 +40,7 @@ from __future__ import annotations
 import heapq
 import math
 import time as wallclock
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -164,7 +165,7 @@ class Simulator:
                        max_model_len=self.limits.max_model_len, tokens_digest=self.layout.tokens_digest,
                        k_of_batch=self._k_of_batch() if by_batch else None, fixed_k=type(self.policy) is FixedK,
                        skips_unfit_batches=self.skips_unfit_batches, use_tables=self.draft_tables,
-                       runnable=self._runnable_calls, drafter_hooks=self._drafter_hooks)
+                       runnable=_weak(self._runnable_calls), drafter_hooks=_weak(self._drafter_hooks))
 
     def _k_of_batch(self) -> np.ndarray:
         """The draft length a FixedK / BatchSizeSchedule policy allows at 0…max_num_seqs scheduled calls."""
@@ -691,3 +692,10 @@ class Simulator:
                          extra={"history_evictions": evicted} if evicted else {},
                          steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids))
 
+
+def _weak(method: Callable) -> Callable:
+    """`method` (bound to the simulator) without a strong reference to its object: the fast path the
+    simulator holds may keep it, and a cycle would keep a finished run's arrays alive until the garbage
+    collector's next pass (the next run then pays fresh pages for all of its own)."""
+    ref = weakref.WeakMethod(method)
+    return lambda *args: ref()(*args)
