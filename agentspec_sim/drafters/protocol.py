@@ -138,6 +138,9 @@ class EngineDrafting:
 clear_if_changed(__file__, [*package_sources("agentspec_sim.drafters"), *package_sources("agentspec_sim.engine")])
 _STEP_KERNELS: dict[type, tuple[Any, bool]] = {}
 STEP_PARAMETERS = ("c", "sb", "pb", "state", "max_model_len")  # the compiled loop compiles the kernel's own code
+# As the engine's kernels (engine/kv.py `kernel`): no reference counting of the arrays a step touches (it would
+# cost two atomic operations per array per call) — so a step allocates nothing.
+STEP_JIT = {"cache": True, "nogil": True, "_nrt": False}
 
 
 def compiled_step(state_class: type, every_step: bool = False) -> Callable[[Any], Any]:
@@ -173,7 +176,7 @@ def _registered(state: Any) -> tuple[Any, bool] | None:
     return _STEP_KERNELS.get(getattr(state, "instance_class", None))
 
 
-@overload(draft_between_steps, jit_options={"cache": True})
+@overload(draft_between_steps, jit_options=STEP_JIT)
 def _draft_between_steps(c, sb, pb, state, max_model_len):
     found = _registered(state)
     # The step itself is the implementation, compiled here in its caller's context: one compiled copy of
@@ -181,7 +184,7 @@ def _draft_between_steps(c, sb, pb, state, max_model_len):
     return None if found is None else found[0]
 
 
-@overload(drafts_every_step, jit_options={"cache": True})
+@overload(drafts_every_step, jit_options=STEP_JIT)
 def _drafts_every_step(state):
     found = _registered(state)
     if found is None:
@@ -190,7 +193,7 @@ def _drafts_every_step(state):
     return lambda state: every
 
 
-@njit(cache=True, nogil=True)
+@njit(**STEP_JIT)
 def draft_now(c, sb, pb, state, max_model_len):
     """`draft_between_steps` called from Python (an event loop drafting the step just run)."""
     return draft_between_steps(c, sb, pb, state, max_model_len)
