@@ -40,8 +40,8 @@ from agentspec_sim.engine.drafts import (
     drafting_calls,
     drafts_from_out,
     proposer_skipped,
+    sampled_calls,
     set_verified,
-    zero_drafts,
 )
 from agentspec_sim.engine.fastcall import FastCall
 from agentspec_sim.engine.kv import kernel
@@ -169,10 +169,9 @@ def propose_table_buffered(c, tb, m):
 @compiled_step(TableSteps)
 def table_step(c, sb, pb, state, max_model_len):
     """The drafts of the calls that sampled in the step in `sb`, from the table; the drafting seconds."""
-    if proposer_skipped(sb, state.ds, max_model_len):
-        zero_drafts(c, sb, state.ds)
+    m = sampled_calls(c, sb, state.ds, max_model_len)
+    if m <= 0:
         return 0.0
-    m = drafting_calls(c, sb, state.ds, max_model_len)
     return propose_table_rows(c, state.ds.rows[:m], state.ds.max_lens[:m], state)
 
 

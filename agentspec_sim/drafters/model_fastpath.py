@@ -22,7 +22,11 @@ from agentspec_sim.drafters import model_based
 from agentspec_sim.drafters.model_based import ModelBasedDrafter, draft_from_tables
 from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step
 from agentspec_sim.engine import drafts as engine_drafts
-from agentspec_sim.engine.drafts import DraftSlots, drafting_calls, proposer_skipped, set_verified, zero_drafts
+from agentspec_sim.engine.drafts import (
+    DraftSlots,
+    sampled_calls,
+    set_verified,
+)
 from agentspec_sim.engine.fastcall import FastCall
 from agentspec_sim.engine.kv import kernel
 from agentspec_sim.kernel_cache import clear_if_changed
@@ -90,11 +94,8 @@ def model_step(c, sb, pb, state, max_model_len):
     ds = state.ds
     if state.on[0] == 0:
         return -1.0
-    if proposer_skipped(sb, ds, max_model_len):
-        zero_drafts(c, sb, ds)
-        return 0.0
-    m = drafting_calls(c, sb, ds, max_model_len)
-    if m == 0:
+    m = sampled_calls(c, sb, ds, max_model_len)
+    if m <= 0:
         return 0.0
     return propose_model_rows(c, ds.rows[:m], ds.max_lens[:m], state)
 

@@ -34,7 +34,11 @@ from agentspec_sim.drafters.ngram import NgramDrafter, propose_ngram
 from agentspec_sim.drafters.ngram_index import MAX_INDEXED_N
 from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step
 from agentspec_sim.engine import drafts as engine_drafts
-from agentspec_sim.engine.drafts import DraftSlots, drafting_calls, proposer_skipped, set_verified, zero_drafts
+from agentspec_sim.engine.drafts import (
+    DraftSlots,
+    sampled_calls,
+    set_verified,
+)
 from agentspec_sim.engine.kv import kernel
 from agentspec_sim.kernel_cache import clear_if_changed
 
@@ -127,11 +131,8 @@ def adaptive_step(c, sb, pb, state, max_model_len):
     calls that sampled; the drafting seconds."""
     ds = state.ds
     _observe_step(c, sb, state.calls, ds.par[0])
-    if proposer_skipped(sb, ds, max_model_len):
-        zero_drafts(c, sb, ds)
-        return 0.0
-    m = drafting_calls(c, sb, ds, max_model_len)
-    if m == 0:
+    m = sampled_calls(c, sb, ds, max_model_len)
+    if m <= 0:
         return 0.0
     propose_rows(c, ds.rows[:m], ds.starts[:m], ds.lengths[:m], ds.max_lens[:m], state)
     return ds.draft_s[m]

@@ -29,11 +29,9 @@ from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_st
 from agentspec_sim.engine import drafts as engine_drafts
 from agentspec_sim.engine.drafts import (
     DraftSlots,
-    drafting_calls,
     drafts_from,
-    proposer_skipped,
+    sampled_calls,
     set_verified,
-    zero_drafts,
 )
 from agentspec_sim.engine.kv import kernel
 from agentspec_sim.kernel_cache import clear_if_changed
@@ -111,20 +109,11 @@ def table_drafts_v2(c, rows, max_lens, at, match, work):
     drafts_padded(c, rows, work[0, :m], max_lens)
 
 
-@kernel
-def _sampled(c, sb, ds, max_model_len):
-    """The step's drafting calls in `ds` (how many), or −1 after setting the V1 runner's token-0 drafts."""
-    if proposer_skipped(sb, ds, max_model_len):
-        zero_drafts(c, sb, ds)
-        return -1
-    return drafting_calls(c, sb, ds, max_model_len)
-
-
 @compiled_step(NgramTableSteps)
 def ngram_table_step(c, sb, pb, state, max_model_len):
     """`ngram`'s drafts of the calls that sampled in the step in `sb`, from the table; the drafting seconds."""
     ds = state.ds
-    m = _sampled(c, sb, ds, max_model_len)
+    m = sampled_calls(c, sb, ds, max_model_len)
     if m <= 0:
         return 0.0
     table_drafts(c, ds.rows[:m], ds.starts[:m], ds.lengths[:m], ds.max_lens[:m], state.at, state.match,
@@ -136,7 +125,7 @@ def ngram_table_step(c, sb, pb, state, max_model_len):
 def ngram_v2_table_step(c, sb, pb, state, max_model_len):
     """`ngram-v2`'s, from the table."""
     ds = state.ds
-    m = _sampled(c, sb, ds, max_model_len)
+    m = sampled_calls(c, sb, ds, max_model_len)
     if m <= 0:
         return 0.0
     table_drafts_v2(c, ds.rows[:m], ds.max_lens[:m], state.at, state.match, ds.drafts[:, :m])
@@ -148,7 +137,7 @@ def ngram_index_step(c, sb, pb, state, max_model_len):
     """`ngram`'s, from the index; −1.0 when the index needs room (nothing is set: the event loop proposes,
     growing it)."""
     ds = state.ds
-    m = _sampled(c, sb, ds, max_model_len)
+    m = sampled_calls(c, sb, ds, max_model_len)
     if m <= 0:
         return 0.0
     if _ngram_rows_indexed(c.tokens, ds.starts[:m], ds.lengths[:m], ds.max_lens[:m], state.par[NG_MIN_N],
@@ -162,7 +151,7 @@ def ngram_index_step(c, sb, pb, state, max_model_len):
 def ngram_v2_index_step(c, sb, pb, state, max_model_len):
     """`ngram-v2`'s, from the index of rightmost ends (−1.0 as `ngram_index_step`)."""
     ds = state.ds
-    m = _sampled(c, sb, ds, max_model_len)
+    m = sampled_calls(c, sb, ds, max_model_len)
     if m <= 0:
         return 0.0
     if ngram_v2_rows_indexed(c.tokens, ds.starts[:m], ds.lengths[:m], state.par[NG_MIN_N], state.par[NG_MAX_N],

@@ -145,3 +145,13 @@ def drafting_calls(c, sb, ds, max_model_len):
             ds.max_lens[m] = limit
             m += 1
     return m
+
+
+@internal_kernel
+def sampled_calls(c, sb, ds, max_model_len):
+    """`drafting_calls` for a step in which the proposer runs; −1 when the V1 runner skips it (then every
+    sampled call has its k token-0 drafts, `zero_drafts`). The start of every model-free fast path's step."""
+    if proposer_skipped(sb, ds, max_model_len):
+        zero_drafts(c, sb, ds)
+        return -1
+    return drafting_calls(c, sb, ds, max_model_len)
