@@ -33,7 +33,7 @@ from agentspec_sim.drafters.agentspec import (
     capped_lengths,
 )
 from agentspec_sim.drafters.block_index import BCAP, BLEN, OP_APPEND, OP_LOOKUP, run_ops_into
-from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step, draft_now
+from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step, draft_now, refreshed
 from agentspec_sim.engine import drafts as engine_drafts
 from agentspec_sim.engine.drafts import (
     DraftSlots,
@@ -315,10 +315,8 @@ class TableDrafting(EngineDrafting):
         budgeted = bool(drafter.budgeted)
         n = len(run.states)
         run.table.reserve_draft_width(max(k, 1))
-        ds = DraftSlots.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
-                             run.model_free_draft_s(), seqs)
         self.state = TableSteps(
-            ds, at=tables.at[:n].copy(), meta=tables.meta, path=tables.path, pool=tables.pool,
+            DraftSlots.model_free(run), at=tables.at[:n].copy(), meta=tables.meta, path=tables.path, pool=tables.pool,
             par=np.array([k, int(budgeted), drafter.ct_min_match, int(drafter.single_ct_only)], dtype=np.int64),
             g_min=np.array([drafter.g_min if budgeted else 0.0]), budget_of=_budget_of(drafter, seqs),
             lookups=np.zeros((seqs, 5), dtype=np.int64), lens=np.zeros(seqs, dtype=np.int64),
@@ -358,8 +356,7 @@ class HistoryDrafting(EngineDrafting):
     def __init__(self, drafter: AgentSpecDrafter, run: RunView) -> None:
         self.drafter, self.run = drafter, run
         run.table.reserve_draft_width(max(drafter.k, 1))
-        self.ds = DraftSlots.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
-                                  run.model_free_draft_s(), run.max_num_seqs)
+        self.ds = DraftSlots.model_free(run)
         self.state: HistorySteps | None = None
         self._step = FastCall(draft_now, containers=(0, 1, 2, 3))
 
@@ -392,10 +389,12 @@ class HistoryDrafting(EngineDrafting):
                 keys=np.zeros(arena.levels.shape[0], dtype=np.uint64), hooked=np.zeros(seqs, dtype=np.int8),
                 break_even=_grid(drafter, seqs), **current)
             self.state = HistorySteps(self.ds, ah)
-        elif any(getattr(self.state.ah, name) is not array for name, array in current.items()):
-            ah = self.state.ah
-            need = ah.need if ah.need.shape[0] >= arena.bk.shape[0] else np.zeros(arena.bk.shape[0], dtype=np.int64)
-            self.state = HistorySteps(self.ds, ah._replace(need=need, **current))
+        else:
+            ah = refreshed(self.state.ah, current)
+            if ah is not self.state.ah:
+                if ah.need.shape[0] < arena.bk.shape[0]:  # the arena grew its blocks: their work space too
+                    ah = ah._replace(need=np.zeros(arena.bk.shape[0], dtype=np.int64))
+                self.state = HistorySteps(self.ds, ah)
         return self.state
 
     def after_step(self, n_rows: int) -> float | None:

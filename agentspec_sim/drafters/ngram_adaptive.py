@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import numpy as np
 
-from agentspec_sim.drafters import ngram, ngram_tables
+from agentspec_sim.drafters import ngram
 from agentspec_sim.drafters.base import SpeculativeConfig, grown, register_drafter
 from agentspec_sim.drafters.ngram import NgramDrafter, propose_ngram
+from agentspec_sim.drafters.ngram_fastpath import workload_table
 from agentspec_sim.drafters.ngram_index import MAX_INDEXED_N
 from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step
 from agentspec_sim.engine import drafts as engine_drafts
@@ -191,14 +192,9 @@ class AdaptiveDrafting(EngineDrafting):
     def __init__(self, drafter: NgramAdaptiveDrafter, run: RunView) -> None:
         self.drafter, self.run = drafter, run
         n = len(run.states)
-        cols = run.table.cols
-        args = (run.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], cols["target_len"][:n])
-        key = ngram_tables.table_key(drafter.min_n, drafter.max_n, False, run.tokens_digest, *args[1:])
-        table = ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(
-            *args, drafter.min_n, drafter.max_n, False))
+        table = workload_table(run, drafter.min_n, drafter.max_n, False)
         drafter.state = drafter._state_for(n)
-        ds = DraftSlots.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
-                             run.model_free_draft_s(), run.max_num_seqs)
+        ds = DraftSlots.model_free(run)
         self.state = AdaptiveSteps(ds, drafter.state, table.at[:n].copy(), table.match)
         run.table.reserve_draft_width(drafter.k)
 

@@ -25,7 +25,7 @@ from agentspec_sim.drafters.ngram_index import (
     prompt_index,
     propose_ngram_rows,
 )
-from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step
+from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step, refreshed
 from agentspec_sim.engine import drafts as engine_drafts
 from agentspec_sim.engine.drafts import (
     DraftSlots,
@@ -161,37 +161,38 @@ def ngram_v2_index_step(c, sb, pb, state, max_model_len):
     return ds.draft_s[m]
 
 
+def workload_table(run: RunView, min_n: int, max_n: int, rightmost: bool) -> ngram_tables.NgramTable:
+    """Where every call of `run` has its n-gram draft at every position (drafters/ngram_tables.py), from the
+    disk cache when a run over the same calls with the same n-gram range made it."""
+    cols, n = run.table.cols, len(run.states)
+    args = (run.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], cols["target_len"][:n])
+    key = ngram_tables.table_key(min_n, max_n, rightmost, run.tokens_digest, *args[1:])
+    return ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(*args, min_n, max_n,
+                                                                                         rightmost))
+
+
 class NgramDrafting(EngineDrafting):
     """One run's n-gram fast path: the compiled steps' state and the event loop's batched proposal."""
 
     def __init__(self, drafter: ngram.NgramDrafter, run: RunView) -> None:
         self.drafter, self.run = drafter, run
         self.rightmost = isinstance(drafter, ngram_v2.NgramV2Drafter)
-        self.from_table = False
         self.state: NgramTableSteps | NgramIndexSteps | None = None
         if drafter.max_n <= MAX_INDEXED_N and run.spec.num_speculative_tokens > 0 and run.k_of_batch is not None:
-            ds = DraftSlots.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
-                                 run.model_free_draft_s(), run.max_num_seqs)
+            ds = DraftSlots.model_free(run)
             if run.use_tables and len(run.drafters) == 1:
-                table = self._table()
+                table = workload_table(run, drafter.min_n, drafter.max_n, self.rightmost)
                 kind = NgramV2TableSteps if self.rightmost else NgramTableSteps
                 self.state = kind(ds, table.at[:len(run.states)].copy(), table.match)
-                self.from_table = True
             else:
                 kind = NgramV2IndexSteps if self.rightmost else NgramIndexSteps
                 self.state = kind(ds, np.array([drafter.min_n, drafter.max_n], dtype=np.int64),
                                   np.zeros((1, 3), dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
                                   np.zeros(3, dtype=np.int64))
 
-    def _table(self) -> ngram_tables.NgramTable:
-        """Where every call's n-gram draft starts at every position (drafters/ngram_tables.py), from the disk
-        cache when a run over the same calls with the same n-gram range made it."""
-        run, drafter = self.run, self.drafter
-        cols, n = run.table.cols, len(run.states)
-        args = (run.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], cols["target_len"][:n])
-        key = ngram_tables.table_key(drafter.min_n, drafter.max_n, self.rightmost, run.tokens_digest, *args[1:])
-        return ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(
-            *args, drafter.min_n, drafter.max_n, self.rightmost))
+    @property
+    def from_table(self) -> bool:
+        return isinstance(self.state, NgramTableSteps)
 
     def run_state(self) -> NgramTableSteps | NgramIndexSteps | None:
         state = self.state
@@ -202,11 +203,8 @@ class NgramDrafting(EngineDrafting):
             return state
         index = prompt_index(self.drafter, self.run.table.tokens)
         index.make_room_if_asked()  # the run before stopped because the index was full
-        if (state.entries is not index.entries or state.regions is not index.regions
-                or state.counts is not index.counts):
-            # A new tuple only when the index's tables changed: the scheduler's FastCall keys on it.
-            state = self.state = state._replace(entries=index.entries, regions=index.regions, counts=index.counts)
-        return state
+        self.state = refreshed(state, {"entries": index.entries, "regions": index.regions, "counts": index.counts})
+        return self.state
 
     def propose(self, rows: Sequence[CallState], calls: np.ndarray, max_lens: np.ndarray) -> float | None:
         run = self.run

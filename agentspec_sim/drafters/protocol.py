@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BaseDrafter", "EngineDrafting", "NoDrafting", "RunView", "SpecConfigError", "SpeculativeConfig",
            "bind_engine_context", "compiled_step", "draft_between_steps", "draft_now", "drafts_every_step",
-           "make_drafter", "parse_drafter", "unique_labels"]
+           "make_drafter", "parse_drafter", "refreshed", "unique_labels"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,14 @@ class EngineDrafting:
         engine calls `observe` (which starts a call it has no state for: not `start_call`), `finish_call`
         and `propose`."""
         return None
+
+
+def refreshed(held: Any, current: dict[str, np.ndarray]) -> Any:
+    """`held` (a state tuple) if it holds exactly `current`'s arrays (compared by identity), else a copy holding
+    them: a run's state is a new tuple only when an array was replaced, since compiled calls key on it."""
+    if all(getattr(held, name) is array for name, array in current.items()):
+        return held
+    return held._replace(**current)
 
 
 # -- the compiled side -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from agentspec_sim.drafters import suffix, suffix_tables, suffix_tree
-from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step, draft_now
+from agentspec_sim.drafters.protocol import EngineDrafting, RunView, compiled_step, draft_now, refreshed
 from agentspec_sim.drafters.suffix import KERNEL_FINISH, KERNEL_START, SuffixDrafter
 from agentspec_sim.drafters.suffix_tree import OP_STEP, OP_TABLE_STEP, SCAP, LocalTable, room, run_ops_into
 from agentspec_sim.engine import drafts as engine_drafts
@@ -208,8 +208,7 @@ class SuffixDrafting(EngineDrafting):
         if run.use_tables:
             table, at = self._table()
             drafter.use_local_table(table, at, run.states, run.table.cols["target_len"][:len(run.states)])
-        self.ds = DraftSlots.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
-                                  run.model_free_draft_s(), run.max_num_seqs)
+        self.ds = DraftSlots.model_free(run)
         self.state: SuffixSteps | None = None
         self._step = FastCall(draft_now, containers=(0, 1, 2, 3))
 
@@ -249,8 +248,8 @@ class SuffixDrafting(EngineDrafting):
                 n_events=drafter.n_events, n_cached=drafter.n_cached, marks=np.zeros((seqs, 2), dtype=np.int64),
                 **current)
             self.state = SuffixSteps(self.ds, sx)
-        elif any(getattr(self.state.sx, name) is not array for name, array in current.items()):
-            self.state = SuffixSteps(self.ds, self.state.sx._replace(**current))
+        elif (sx := refreshed(self.state.sx, current)) is not self.state.sx:
+            self.state = SuffixSteps(self.ds, sx)
         self.state.sx.par[SX_ON] = 0 if drafter.queue or drafter.touched else 1
         return self.state
 

@@ -9,7 +9,7 @@ the scheduler's update only applies it (engine/scheduler.py).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -99,6 +99,13 @@ class DraftSlots(NamedTuple):
         work = [np.zeros(seqs, dtype=np.int64) for _ in range(4)]
         return cls(np.array([k_max, int(skips_unfit)], dtype=np.int64), k_of_batch.astype(np.int64),
                    draft_s.astype(np.float64), *work, np.zeros((2, seqs), dtype=np.int64))
+
+    @classmethod
+    def model_free(cls, run: Any) -> DraftSlots:
+        """The limits of a model-free drafter in `run` (a `RunView` with a draft length by batch size): the
+        policy's k per batch size, the CPU drafting seconds per number of drafting calls."""
+        return cls.make(run.spec.num_speculative_tokens, run.skips_unfit_batches, run.k_of_batch,
+                        run.model_free_draft_s(), run.max_num_seqs)
 
 
 @internal_kernel
