@@ -32,6 +32,7 @@ def _register() -> None:
         cost,
         inspect,
         plan,
+        proxy,
         record,
         replay,
         report,

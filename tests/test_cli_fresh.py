@@ -114,6 +114,11 @@ def test_every_command_runs_in_a_fresh_process(tmp_path, env):
     cmd("check", trace, "--baseline", baseline, "--update", "--drafter", "ngram", "--max-num-seqs", "4")
     cmd("check", "--baseline", baseline)
 
+    # The recording proxy serves until stopped: tests/test_proxy.py runs it in fresh processes against a server;
+    # here, that the command loads in one and refuses a bad upstream in one line.
+    done = cmd("proxy", "--upstream", "ftp://nowhere", "-o", tmp_path / "rec.jsonl", ok=False)
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: --upstream"), done.stderr
+
     # Commands whose optional dependency may be missing: arguments first, then one line naming the extra.
     for args, module in ((("validate", "timing", tmp_path / "steps.parquet", "-o", tmp_path / "vt",
                            "--sample", "2", "--repeats", "1", "--warmup", "0"), "torch"),
