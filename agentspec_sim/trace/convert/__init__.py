@@ -6,6 +6,7 @@ Importing this package registers every converter module listed below.
 from agentspec_sim.trace.convert import (  # noqa: F401  (imported to register)
     mini_swe_agent,
     openai_chat,
+    otel_genai,
     reflexion,
     spec_bench,
     storm,
