@@ -1,6 +1,6 @@
 """The simulator's speed, in one script: prints tables and writes benchmarks/results.json.
 
-Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic,cold] [--trace PATH]… [--queries N]
+Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic,cold,proxy] [--trace PATH]… [--queries N]
                                 [--drafters normal,ngram,suffix,agentspec] [--seqs 1,32,256]
                                 [--scale reflexion:1M,3M,10M coding:1M] [--scale-drafter agentspec]
                                 [--sweep-jobs 1,2] [--sweep-repeats R] [--sweep-queries N]
@@ -34,6 +34,9 @@ engine and scale runs not repeated this time):
   the run uses compiled, every table built: CPU and wall seconds), then again warm; --cold-repeats R.
 - arctic: benchmarks/suffix_vs_arctic.py (suffix vs ArcticInference's C++ per call-step and per call
   start) when arctic-inference is installed; otherwise recorded as skipped.
+- proxy: benchmarks/proxy_bench.py, the recording proxy on loopback against the stub server, whole and
+  streamed answers: requests per second through it (the proxy pinned to one core) and the latency it adds
+  (p50 / p99, one request at a time, against the stub directly).
 
 Timings on a shared machine are noisy: the load average at each run is recorded with it.
 """
@@ -394,8 +397,28 @@ def section_cold(args, console) -> dict:
     return {"runs": runs}
 
 
+def section_proxy(args, console) -> dict:
+    """The recording proxy's overhead (benchmarks/proxy_bench.py), non-streamed and streamed."""
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        console.print("proxy: aiohttp is not installed; skipped (pip install 'agentspec-sim[proxy]')")
+        return {"skipped": "aiohttp not installed"}
+    sys.path.insert(0, str(HERE))
+    import proxy_bench
+
+    runs = []
+    for stream in (False, True):
+        r = proxy_bench.run(stream=stream)
+        runs.append(r)
+        console.print(f"proxy ({'streamed' if stream else 'whole'}): {r['requests_per_s']:,.0f} requests/s "
+                      f"({r['requests_per_proxy_cpu_s']:,.0f} per proxy CPU s), added latency p50 "
+                      f"{r['added_ms']['p50']:.2f} ms, p99 {r['added_ms']['p99']:.2f} ms")
+    return {"runs": runs}
+
+
 SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_sweep, "arctic": section_arctic,
-            "cold": section_cold}
+            "cold": section_cold, "proxy": section_proxy}
 
 
 def child_main(argv: list[str]) -> None:
