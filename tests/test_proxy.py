@@ -243,6 +243,12 @@ def test_refuses_an_output_it_did_not_record(tmp_path):
         TraceRecorder(other)
     with pytest.raises(OSError, match=r"writes \.jsonl or \.jsonl\.zst"):
         TraceRecorder(tmp_path / "t.jsonl.gz")
+    edited = tmp_path / "edited.jsonl"
+    TraceRecorder(edited).close()
+    with open(edited, "a") as f:
+        f.write('{"type": "call", "seq": "x"}\n')
+    with pytest.raises(OSError, match="line 2 is not a call this proxy wrote"):
+        TraceRecorder(edited)
     (tmp_path / "link.jsonl").symlink_to(other)
     with pytest.raises(OSError, match="not a regular file"):
         TraceRecorder(tmp_path / "link.jsonl")

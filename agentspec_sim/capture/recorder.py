@@ -193,13 +193,18 @@ class TraceRecorder:
                                          f"{self.tokenizer!r}", errno.EINVAL)
         self.vocab_size = int(meta.get("vocab_size") or self.vocab_size)
         self.started_unix = float((meta.get("extra") or {}).get("started_unix", self._clock()))
-        for line in lines[1:]:
+        for number, line in enumerate(lines[1:], start=2):
             if not line.strip():
                 continue
-            rec = json.loads(line)
-            key = (str(rec["agent_id"]), str(rec["query_id"]))
+            try:
+                rec = json.loads(line)
+                key = (str(rec["agent_id"]), str(rec["query_id"]))
+                seq = int(rec["seq"])
+            except (ValueError, TypeError, KeyError):
+                raise OutputError(self.path, f"-o: line {number} is not a call this proxy wrote; the file was changed "
+                                             "since (continue it only as the proxy left it)", errno.EINVAL) from None
             q = self._queries.setdefault(key, _Query(*key))
-            q.next_seq = max(q.next_seq, int(rec["seq"]) + 1)
+            q.next_seq = max(q.next_seq, seq + 1)
             extra = rec.get("extra") or {}
             done = (extra.get("timing") or {}).get("done_s")
             if isinstance(done, int | float):
