@@ -48,7 +48,7 @@ class ProxyStats:
     upstream_errors: Counter = field(default_factory=Counter)  # HTTP status → count
     unreachable: int = 0
     timeouts: int = 0
-    dropped_streams: int = 0
+    dropped_streams: int = 0  # answers the upstream cut off (streamed or not)
     client_gone: int = 0
     too_large: int = 0
     passed_through: int = 0
@@ -69,8 +69,12 @@ def upstream_root(url: str) -> str:
     return url
 
 
-def _error_body(status: int, message: str, kind: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+def _error(status: int, message: str, kind: str):
+    """A response in OpenAI's error shape, for what the proxy itself answers (never for an upstream's error)."""
+    from aiohttp import web
+
+    return web.Response(status=status, content_type="application/json",
+                        body=json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode())
 
 
 class RecordingProxy:
@@ -109,36 +113,33 @@ class RecordingProxy:
     # ---- handling ------------------------------------------------------------------------------------------
 
     async def _handle(self, request):
+        import aiohttp
         from aiohttp import web
 
+        sent_s = self.recorder.now_s()
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.stats.too_large += 1
-            return web.Response(status=413, content_type="application/json", body=_error_body(
-                413, f"request body over the proxy's limit of {self.max_body_bytes:,} bytes", "invalid_request_error"))
+            return _error(413, f"request body over the proxy's limit of {self.max_body_bytes:,} bytes",
+                          "invalid_request_error")
         recorded = request.method == "POST" and request.path in RECORDED_PATHS
         exchange, who = None, None
         if recorded:
-            sent_s = self.recorder.now_s()
             exchange, who, body = self._open_exchange(request, body)
         else:
             self.stats.passed_through += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         url = self.root + request.path_qs
-        import aiohttp
-
         try:
             upstream = await self._session.request(request.method, url, data=body or None, headers=headers,
                                                    allow_redirects=False)
         except TimeoutError:
             self.stats.timeouts += 1
-            return web.Response(status=504, content_type="application/json",
-                                body=_error_body(504, "upstream timed out", "upstream_timeout"))
+            return _error(504, "upstream timed out", "upstream_timeout")
         except aiohttp.ClientError as exc:
             self.stats.unreachable += 1
-            return web.Response(status=502, content_type="application/json",
-                                body=_error_body(502, f"upstream unreachable: {exc}", "upstream_unreachable"))
+            return _error(502, f"upstream unreachable: {exc}", "upstream_unreachable")
         async with upstream:
             out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP}
             if upstream.status >= 400 and recorded:
@@ -148,15 +149,16 @@ class RecordingProxy:
             if not streamed:
                 try:
                     data = await upstream.read()
-                except (aiohttp.ClientError, TimeoutError):
+                except TimeoutError:
                     self.stats.timeouts += 1
-                    return web.Response(status=504, content_type="application/json",
-                                        body=_error_body(504, "upstream timed out", "upstream_timeout"))
+                    return _error(504, "upstream timed out", "upstream_timeout")
+                except aiohttp.ClientError as exc:  # the answer was cut off
+                    self.stats.dropped_streams += 1
+                    return _error(502, f"upstream answer cut off: {exc}", "upstream_unreachable")
                 if exchange is not None:
                     self._record_whole(exchange, who, data, sent_s)
                 return web.Response(status=upstream.status, headers=out_headers, body=data)
-            return await self._relay_stream(request, upstream, out_headers, exchange, who,
-                                            sent_s if recorded else 0.0)
+            return await self._relay_stream(request, upstream, out_headers, exchange, who, sent_s)
 
     def _open_exchange(self, request, body: bytes) -> tuple[Exchange | None, Identity | None, bytes]:
         try:
@@ -240,8 +242,8 @@ class ProxySummary:
         other = ", ".join(f"{v} {k}" for k, v in r["not_recorded"].items())
         return (f"{self.output}: {r['recorded']} calls recorded ({r['as_token_ids']} as the server's token ids"
                 + (f", {r['resumed_calls']} were there before" if r["resumed_calls"] else "") + "); not recorded: "
-                f"{errors}, {p['timeouts']} timeouts, {p['unreachable']} unreachable, {p['dropped_streams']} dropped "
-                f"streams, {p['client_gone']} clients gone, {p['too_large']} too large"
+                f"{errors}, {p['timeouts']} timeouts, {p['unreachable']} unreachable, {p['dropped_streams']} answers cut "
+                f"off, {p['client_gone']} clients gone, {p['too_large']} too large"
                 + (f", {other}" if other else "") + f"; {p['passed_through']} other requests passed through")
 
     def as_dict(self) -> dict:
