@@ -242,8 +242,8 @@ class ProxySummary:
         other = ", ".join(f"{v} {k}" for k, v in r["not_recorded"].items())
         return (f"{self.output}: {r['recorded']} calls recorded ({r['as_token_ids']} as the server's token ids"
                 + (f", {r['resumed_calls']} were there before" if r["resumed_calls"] else "") + "); not recorded: "
-                f"{errors}, {p['timeouts']} timeouts, {p['unreachable']} unreachable, {p['dropped_streams']} answers cut "
-                f"off, {p['client_gone']} clients gone, {p['too_large']} too large"
+                f"{errors}, {p['timeouts']} timeouts, {p['unreachable']} unreachable, "
+                f"{p['dropped_streams']} answers cut off, {p['client_gone']} clients gone, {p['too_large']} too large"
                 + (f", {other}" if other else "") + f"; {p['passed_through']} other requests passed through")
 
     def as_dict(self) -> dict:
