@@ -337,3 +337,30 @@ def test_replay_of_a_recording(stub, tmp_path):
     runs = {run["drafter"]: run for run in json.loads(r.stdout)["runs"]}
     assert set(runs) == {"normal", "ngram"}
     assert all(run["calls"] == 6 and run["completed_queries"] == 2 for run in runs.values())
+
+
+def test_a_full_disk_never_fails_the_agent_and_leaves_whole_calls(stub, tmp_path, monkeypatch):
+    import errno
+
+    from agentspec_sim.capture import recorder as recorder_module
+
+    out = tmp_path / "t.jsonl"
+    real_write = os.write
+    with in_process_proxy(stub, out) as proxy:
+        assert _post(proxy.url + "/v1/chat/completions", CHAT)[0] == 200
+        fd = proxy.proxy.recorder._fd
+
+        def full_disk(target: int, data) -> int:
+            if target != fd:
+                return real_write(target, data)
+            real_write(target, bytes(data)[:10])  # part of the line reaches the disk, then it is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(recorder_module.os, "write", full_disk)
+        other = {**CHAT, "messages": [{"role": "user", "content": "x"}]}
+        status, body = _post(proxy.url + "/v1/chat/completions", other)
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "echo 1 words"
+        monkeypatch.setattr(recorder_module.os, "write", real_write)
+        assert _post(proxy.url + "/v1/chat/completions", CHAT)[0] == 200
+    assert proxy.result.recorded["not_recorded"] == {"trace not written (No space left on device)": 1}
+    assert load_trace(out, cache=False).num_calls == 2  # the cut line was taken back

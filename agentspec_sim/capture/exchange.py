@@ -36,6 +36,10 @@ class NotRecordable(ValueError):
     """A request or response the trace cannot hold (the call still passes through); says why."""
 
 
+class StreamCut(NotRecordable):
+    """A streamed answer that ended before `data: [DONE]`: the upstream dropped it."""
+
+
 @dataclass(slots=True)
 class Exchange:
     """A completed call: what was asked (`messages` or `prompt`) and what came back."""
@@ -207,7 +211,7 @@ class StreamAssembler:
         if self.error:
             raise NotRecordable(f"stream: {self.error}")
         if not self.done:
-            raise NotRecordable("stream: ended before [DONE] (dropped)")
+            raise StreamCut("stream: ended before [DONE] (dropped)")
         x = self.exchange
         x.output_text = "".join(self._text)
         x.tool_calls = [self._tools[i] for i in sorted(self._tools)]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentspec_sim import strict_json
-from agentspec_sim.capture.exchange import RECORDED_PATHS, Exchange, NotRecordable, StreamAssembler
+from agentspec_sim.capture.exchange import RECORDED_PATHS, Exchange, NotRecordable, StreamAssembler, StreamCut
 from agentspec_sim.capture.recorder import Identity, TraceRecorder
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus what the proxy sets itself.
@@ -185,9 +185,18 @@ class RecordingProxy:
             if not isinstance(response, dict):
                 raise NotRecordable("response is not a JSON object")
             exchange.take_response(response)
-            self.recorder.record(exchange, who, sent_s, None, done_s)
-        except ValueError as exc:  # NotRecordable too
-            self.recorder.skip(str(exc) if isinstance(exc, NotRecordable) else "response is not JSON")
+            self._record(exchange, who, sent_s, None, done_s)
+        except NotRecordable as exc:
+            self.recorder.skip(str(exc))
+        except ValueError:
+            self.recorder.skip("response is not JSON")
+
+    def _record(self, exchange: Exchange, who: Identity, sent_s: float, first_s: float | None, done_s: float) -> None:
+        """Append the call; a trace that cannot be written (a full disk) never fails the agent's request."""
+        try:
+            self.recorder.record(exchange, who, sent_s, first_s, done_s)
+        except OSError as exc:
+            self.recorder.skip(f"trace not written ({exc.strerror or exc})")
 
     async def _relay_stream(self, request, upstream, headers: dict, exchange: Exchange | None,
                             who: Identity | None, sent_s: float):
@@ -219,12 +228,11 @@ class RecordingProxy:
         if assembler is not None:
             done_s = self.recorder.now_s()
             try:
-                self.recorder.record(assembler.finish(), who, sent_s, first_s, done_s)  # type: ignore[arg-type]
+                self._record(assembler.finish(), who, sent_s, first_s, done_s)  # type: ignore[arg-type]
+            except StreamCut:
+                self.stats.dropped_streams += 1
             except NotRecordable as exc:
-                if "dropped" in str(exc):
-                    self.stats.dropped_streams += 1
-                else:
-                    self.recorder.skip(str(exc))
+                self.recorder.skip(str(exc))
         return response
 
 

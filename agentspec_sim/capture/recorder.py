@@ -23,6 +23,7 @@ already recorded are read back.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -224,10 +225,17 @@ class TraceRecorder:
         except ValueError as exc:  # a NaN in a sampling parameter, say
             raise NotRecordable(f"not JSON-safe ({exc})") from None
         data = self._zstd.compress(line) if self._zstd is not None else line
+        size = os.fstat(self._fd).st_size  # type: ignore[arg-type]
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)  # type: ignore[arg-type]
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(self._fd, view)  # type: ignore[arg-type]
+                view = view[n:]
+        except OSError:
+            # A full disk mid-line: take the part back, so the file still ends with a whole call.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)  # type: ignore[arg-type]
+            raise
         now = time.monotonic()
         if now - self._synced >= FSYNC_EVERY_S:
             self._sync()
