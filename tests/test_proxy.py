@@ -163,9 +163,12 @@ def test_header_and_metadata_identity(stub, tmp_path):
               {"X-Agent-Id": "planner", "X-Query-Id": "task-1"})
         _post(base, {**CHAT, "metadata": {"agent_id": "coder", "query_id": "task-2"}})
         _post(base, {**CHAT, "user": "someone"})
+        # Messages that start with an earlier call's but do not go on with an answer: a query of their own.
+        _post(base, {**CHAT, "messages": [*CHAT["messages"], {"role": "user", "content": "and more"}]})
     calls = trace_lines(out)[1:]
     assert [(c["agent_id"], c["query_id"], c["seq"]) for c in calls] == [
-        ("planner", "task-1", 0), ("planner", "task-1", 1), ("coder", "task-2", 0), ("someone", "auto-1", 0)]
+        ("planner", "task-1", 0), ("planner", "task-1", 1), ("coder", "task-2", 0), ("someone", "auto-1", 0),
+        ("agent", "auto-2", 0)]
     assert calls[0]["role"] == "plan"
     assert "messages" in calls[1]  # same query, but its messages do not extend the first call's
 

@@ -271,7 +271,7 @@ class TraceRecorder:
         """Append the call; returns its record. Raises NotRecordable (nothing written) for one the trace cannot
         hold."""
         digests = conversation_digests(x.messages) if x.messages is not None else None
-        key = self._query_key(who, digests)
+        key = self._query_key(who, digests, x.messages)
         q = self._queries.setdefault(key, _Query(*key))
         seq = q.next_seq
         call_id = f"{key[0]}/{key[1]}/{seq}"
@@ -314,12 +314,14 @@ class TraceRecorder:
         self.stats.as_token_ids += as_ids
         return record
 
-    def _query_key(self, who: Identity, digests: list[str] | None) -> tuple[str, str]:
+    def _query_key(self, who: Identity, digests: list[str] | None, messages: list[dict] | None) -> tuple[str, str]:
         if who.query_id is not None:
             return (who.agent_id or who.user or DEFAULT_AGENT, who.query_id)
-        if digests is not None:
-            # The longest earlier conversation this one continues (the message after it is the assistant's).
-            for n in range(len(digests) - 2, 0, -1):
+        if digests is not None and messages is not None:
+            # The longest earlier conversation this one continues: messages[:n], then the assistant's answer.
+            for n in range(len(messages) - 1, 0, -1):
+                if messages[n].get("role") != "assistant":
+                    continue
                 key = self._conversations.get(digests[n])
                 if key is not None and (who.agent_id is None or who.agent_id == key[0]):
                     return key
