@@ -367,3 +367,17 @@ def test_a_full_disk_never_fails_the_agent_and_leaves_whole_calls(stub, tmp_path
         assert _post(proxy.url + "/v1/chat/completions", CHAT)[0] == 200
     assert proxy.result.recorded["not_recorded"] == {"trace not written (No space left on device)": 1}
     assert load_trace(out, cache=False).num_calls == 2  # the cut line was taken back
+
+
+def test_a_damaged_zstd_recording_is_refused_not_cut(stub, tmp_path):
+    out = tmp_path / "t.jsonl.zst"
+    with in_process_proxy(stub, out) as proxy:
+        for _ in range(3):
+            _post(proxy.url + "/v1/chat/completions", CHAT)
+    raw = bytearray(out.read_bytes())
+    second = raw.index(b"\x28\xb5\x2f\xfd", raw.index(b"\x28\xb5\x2f\xfd", 1) + 1)  # the 2nd call's frame
+    raw[second] ^= 0xFF  # its magic number damaged: not a frame cut off at the end
+    out.write_bytes(bytes(raw))
+    with pytest.raises(OSError, match="cannot read it back"):
+        TraceRecorder(out)
+    assert out.read_bytes() == bytes(raw)  # the calls after the damage are still there

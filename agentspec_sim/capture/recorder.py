@@ -180,7 +180,10 @@ class TraceRecorder:
     def _resume(self) -> None:
         """Read back what an earlier run recorded; cut off an unfinished last write."""
         raw = self.path.read_bytes()
-        text, keep = _complete_part(raw, self.compressed)
+        try:
+            text, keep = _complete_part(raw, self.compressed)
+        except Exception as exc:  # zstandard.ZstdError: damaged, not merely cut off at its end
+            raise OutputError(self.path, f"-o: cannot read it back ({exc}); choose a new file", errno.EINVAL) from None
         lines = text.split(b"\n")
         try:
             meta = json.loads(lines[0])
@@ -381,23 +384,10 @@ class TraceRecorder:
 
 
 def _complete_part(raw: bytes, compressed: bool) -> tuple[bytes, int]:
-    """(the text of every complete line or frame, how many bytes of `raw` hold it)."""
+    """(the text of every whole line or zstd frame, how many bytes of `raw` hold it); corrupt zstd data raises."""
     if not compressed:
         keep = raw.rfind(b"\n") + 1
         return raw[:keep], keep
-    import zstandard
+    from agentspec_sim.trace.io import zstd_frames
 
-    parts, dctx, used = [], zstandard.ZstdDecompressor(), 0
-    rest = raw
-    while rest:
-        frame = dctx.decompressobj()
-        try:
-            text = frame.decompress(rest)
-        except zstandard.ZstdError:
-            break
-        if not frame.eof:
-            break
-        parts.append(text)
-        used += len(rest) - len(frame.unused_data)
-        rest = frame.unused_data
-    return b"".join(parts), used
+    return zstd_frames(raw)

@@ -72,18 +72,29 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _zstd_decompress(raw: bytes) -> bytes:
-    """Every frame of a .zst file; a stream reader would return a truncated file's prefix silently."""
+def zstd_frames(raw: bytes) -> tuple[bytes, int]:
+    """(the text of every whole zstd frame of `raw`, how many bytes of `raw` those frames take): less than
+    len(raw) when the last frame ends early (a file cut off, or still being written). Corrupt data raises
+    zstandard.ZstdError."""
     import zstandard
 
-    parts, dctx = [], zstandard.ZstdDecompressor()
-    while raw:
+    parts, dctx, rest = [], zstandard.ZstdDecompressor(), raw
+    while rest:
         frame = dctx.decompressobj()
-        parts.append(frame.decompress(raw))
+        text = frame.decompress(rest)
         if not frame.eof:
-            raise EOFError("truncated: the last zstd frame ends early")
-        raw = frame.unused_data
-    return b"".join(parts)
+            break
+        parts.append(text)
+        rest = frame.unused_data
+    return b"".join(parts), len(raw) - len(rest)
+
+
+def _zstd_decompress(raw: bytes) -> bytes:
+    """Every frame of a .zst file; a stream reader would return a truncated file's prefix silently."""
+    text, used = zstd_frames(raw)
+    if used < len(raw):
+        raise EOFError("truncated: the last zstd frame ends early")
+    return text
 
 
 # Loading peaks at about this many bytes of memory per byte of (decompressed) trace text: the text,
