@@ -70,8 +70,8 @@ class Identity:
 
 @dataclass(slots=True)
 class _Query:
-    agent_id: str
-    query_id: str
+    """What the next call of a query needs: its seq and when the query's last call ended."""
+
     next_seq: int = 0
     last_done_s: float | None = None
 
@@ -207,7 +207,7 @@ class TraceRecorder:
             except (ValueError, TypeError, KeyError):
                 raise OutputError(self.path, f"-o: line {number} is not a call this proxy wrote; the file was changed "
                                              "since (continue it only as the proxy left it)", errno.EINVAL) from None
-            q = self._queries.setdefault(key, _Query(*key))
+            q = self._queries.setdefault(key, _Query())
             q.next_seq = max(q.next_seq, seq + 1)
             extra = rec.get("extra") or {}
             done = (extra.get("timing") or {}).get("done_s")
@@ -275,7 +275,7 @@ class TraceRecorder:
         hold."""
         digests = conversation_digests(x.messages) if x.messages is not None else None
         key = self._query_key(who, digests, x.messages)
-        q = self._queries.setdefault(key, _Query(*key))
+        q = self._queries.setdefault(key, _Query())
         seq = q.next_seq
         call_id = f"{key[0]}/{key[1]}/{seq}"
         while call_id in self._ids:
@@ -283,8 +283,7 @@ class TraceRecorder:
         record: dict = {"type": "call", "id": call_id, "agent_id": key[0], "query_id": key[1], "seq": seq}
         if who.role:
             record["role"] = who.role
-        last = self._last.get(key)
-        as_ids = self._body(record, x, last)
+        following = self._body(record, x, self._last.get(key))
         if seq == 0:
             record["arrival_s"] = round(sent_s, 6)
         else:
@@ -312,9 +311,9 @@ class TraceRecorder:
         q.last_done_s = done_s
         if digests is not None:
             self._conversations[digests[-1]] = key
-        self._remember(key, call_id, record, x, as_ids)
+        self._remember(key, following)
         self.stats.recorded += 1
-        self.stats.as_token_ids += as_ids
+        self.stats.as_token_ids += following.tokens is not None
         return record
 
     def _query_key(self, who: Identity, digests: list[str] | None, messages: list[dict] | None) -> tuple[str, str]:
@@ -331,8 +330,10 @@ class TraceRecorder:
         self._auto += 1
         return (who.agent_id or who.user or DEFAULT_AGENT, f"auto-{self._auto}")
 
-    def _body(self, record: dict, x: Exchange, last: _Last | None) -> bool:
-        """Set the prompt and output fields; True when written as the server's token ids."""
+    def _body(self, record: dict, x: Exchange, last: _Last | None) -> _Last:
+        """Set the prompt and output fields; returns what the query's next call may extend (`tokens` set when
+        written as the server's token ids)."""
+        call_id = record["id"]
         ids_ok = (x.prompt_token_ids and x.output_token_ids
                   and max(max(x.prompt_token_ids), max(x.output_token_ids)) < self.vocab_size)
         if x.prompt_token_ids and x.output_token_ids and not ids_ok:
@@ -346,37 +347,32 @@ class TraceRecorder:
             else:
                 record["prompt_tokens"] = prompt
             record["output_tokens"] = x.output_token_ids
-            return True
-        output = x.output_message_text
-        if x.api == "chat" and x.finish_reason in ("stop", "tool_calls"):
-            output += self.eot_text  # the model ended its turn: the end-of-turn token is part of the output
+            return _Last(call_id, [*prompt, *x.output_token_ids], None)  # type: ignore[misc]
+        text = x.output_message_text
+        # The model ended its turn: the end-of-turn token is part of the output.
+        ended = x.api == "chat" and x.finish_reason in ("stop", "tool_calls")
+        output = text + self.eot_text if ended else text
         if not output:
             raise NotRecordable("empty output")
-        if x.messages is not None:
-            msgs = trace_messages(x.messages)
-            n = len(last.messages) if last is not None and last.messages is not None else 0
-            if n and len(msgs) > n and msgs[:n] == last.messages:  # type: ignore[union-attr]
-                record["prompt_extends"] = last.call_id  # type: ignore[union-attr]
-                record["messages_append"] = msgs[n:]
-            else:
-                record["messages"] = msgs
-        elif isinstance(x.prompt, str):
-            record["prompt"] = x.prompt
-        else:
-            record["prompt_tokens"] = x.prompt
         record["output"] = output
-        return False
-
-    def _remember(self, key: tuple[str, str], call_id: str, record: dict, x: Exchange, as_ids: bool) -> None:
-        if as_ids:
-            last = _Last(call_id, [*x.prompt_token_ids, *x.output_token_ids], None)  # type: ignore[misc]
-        elif x.messages is not None:
-            out = record["output"]
-            if self.eot_text and out.endswith(self.eot_text):
-                out = out[: -len(self.eot_text)]
-            last = _Last(call_id, None, [*trace_messages(x.messages), {"role": "assistant", "content": out}])
+        if x.messages is None:
+            if isinstance(x.prompt, str):
+                record["prompt"] = x.prompt
+            else:
+                record["prompt_tokens"] = x.prompt
+            return _Last(call_id, None, None)
+        msgs = trace_messages(x.messages)
+        n = len(last.messages) if last is not None and last.messages is not None else 0
+        if n and len(msgs) > n and msgs[:n] == last.messages:  # type: ignore[union-attr]
+            record["prompt_extends"] = last.call_id  # type: ignore[union-attr]
+            record["messages_append"] = msgs[n:]
         else:
-            last = _Last(call_id, None, None)
+            record["messages"] = msgs
+        # The answer as the loader renders it into the next call's history: end-of-turn text stripped.
+        answer = output[:-len(self.eot_text)] if self.eot_text and output.endswith(self.eot_text) else output
+        return _Last(call_id, None, [*msgs, {"role": "assistant", "content": answer}])
+
+    def _remember(self, key: tuple[str, str], last: _Last) -> None:
         self._last[key] = last
         self._last.move_to_end(key)
         while len(self._last) > DELTA_QUERIES:
