@@ -157,3 +157,14 @@ def test_spans_in_a_cycle_of_parents_end(tmp_path):
     f.write_text(json.dumps(export(spans)))
     calls = convert_records("otel-genai", [Path(f)])[1:]
     assert len(calls) == 1 and calls[0]["query_id"] == "t" and "role" not in calls[0]
+
+
+def test_every_indexed_tool_call_is_kept(tmp_path):
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "go"}
+    for m in range(70):
+        attrs[f"gen_ai.completion.0.tool_calls.{m}.name"] = f"tool{m}"
+        attrs[f"gen_ai.completion.0.tool_calls.{m}.arguments"] = "{}"
+    f = tmp_path / "many.json"
+    f.write_text(json.dumps(export([span("s", "t", 0, 1, attrs)])))
+    output = convert_records("otel-genai", [f])[1]["output"]
+    assert output.count("<tool_call>") == 70 and '"name": "tool69"' in output

@@ -30,6 +30,7 @@ call that re-sends the history extends the previous one (the delta form). Token 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -144,7 +145,7 @@ def _indexed(attrs: dict, prefix: str) -> list[dict]:
                                                                       else "user")
         text = f.get("content") if isinstance(f.get("content"), str) else ""
         calls = []
-        for m in range(64):
+        for m in itertools.count():
             name = f.get(f"tool_calls.{m}.name")
             if not isinstance(name, str):
                 break
