@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -173,12 +172,3 @@ def trace_lines(path: Path) -> list[dict]:
     from agentspec_sim.trace.io import read_trace_bytes
 
     return [json.loads(line) for line in read_trace_bytes(path).splitlines() if line.strip()]
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -312,6 +311,4 @@ class ProxyServer:
                     self.on_tick(self.summary())
                 last = now
         finally:
-            started = time.monotonic()
             await runner.cleanup()  # stops listening, waits up to drain_s for handlers in flight, then cancels
-            self.drain_took_s = time.monotonic() - started
