@@ -16,7 +16,7 @@ from agentspec_sim.drafters.base import parse_drafter
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.kv import KVCacheManager
 from agentspec_sim.engine.request import CallState
-from agentspec_sim.engine.scheduler import PersistentBatch, Scheduler, persistent_batch_update
+from agentspec_sim.engine.scheduler import PersistentBatch, Scheduler, persistent_batch_update_from_python
 from agentspec_sim.engine.simulator import Simulator
 
 NAMES = "abcdef"
@@ -25,7 +25,7 @@ NAMES = "abcdef"
 def _rows(pb: PersistentBatch, scheduled: str) -> tuple[str, list[int]]:
     """One step that scheduled `scheduled` (call names, scheduling order): the batch's rows and pb.order."""
     calls = np.array([NAMES.index(x) for x in scheduled], dtype=np.int64)
-    persistent_batch_update(pb, calls)
+    persistent_batch_update_from_python(pb, calls)
     order = pb.order[:len(scheduled)].tolist()
     return "".join(scheduled[i] for i in order), order
 
@@ -69,7 +69,7 @@ def test_random_schedules_agree_with_vllms_input_batch():
             scheduled = [int(x) for x in rng.permutation(alive)[:n]]
             if rng.random() < 0.2 and scheduled:
                 finished.add(scheduled[0])  # finishes in this step: never scheduled again
-            persistent_batch_update(pb, np.array(scheduled, dtype=np.int64))
+            persistent_batch_update_from_python(pb, np.array(scheduled, dtype=np.int64))
             ours = [scheduled[i] for i in pb.order[:n].tolist()]
             assert ours == [int(x) for x in port.step([str(r) for r in scheduled])], trial
 

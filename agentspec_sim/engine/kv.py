@@ -43,12 +43,13 @@ def cdiv(a: int, b: int) -> int:
 # The compiled engine functions hand each other tuples of arrays. Compiled without numba's runtime
 # (NRT), they do no reference counting on those arrays: with it, every call between them paid two
 # atomic operations per array, which dominated the time of a step. None of them allocates.
-kernel = njit(cache=True, _nrt=False)
+# No cfunc wrapper either: nothing takes a kernel's address (numba builds one per compiled function unless told).
+kernel = njit(cache=True, _nrt=False, no_cfunc_wrapper=True)
 # A compiled function is compiled once per distinct argument types, and a constant argument at a call site
-# (`f(x, 0)`, `f(x, True)`) is its own literal type, with the branches it decides folded away. Where that
-# specialisation pays at run time (`allocate_slots`: the running and the admission path) it is kept; where it
-# only costs compile time the call site passes a typed value (`np.int64(...)`), and tiny helpers called with
-# constants are inlined.
+# (`f(x, 0)`, `f(x, True)`) is its own literal type, with the branches it decides folded away. That costs
+# compile time and did not pay at run time (`allocate_slots`' running and admission paths as one version: the
+# whole default trace at max_num_seqs 1, 32, 256 within noise), so call sites pass typed values
+# (`np.int64(...)`, `np.bool_(...)`), and tiny helpers called with constants are inlined.
 inline_kernel = njit(cache=True, _nrt=False, inline="always")
 # Kernels only compiled code calls: no Python entry point to build (with the engine's named tuples of arrays
 # as arguments, building it is a good part of a kernel's compile time).
@@ -125,7 +126,7 @@ def find_node(p, h):
     return p.table.node[i] if p.table.key[i] == h else -1
 
 
-@kernel
+@internal_kernel
 def node_of(p, h):
     """The node of hash `h`, numbering a new one if it was never seen."""
     i = _slot_of(p.table.key, h)
@@ -143,14 +144,14 @@ def node_of(p, h):
     return node
 
 
-@kernel
+@internal_kernel
 def first_holder(p, node):
     """The first block holding `node` (cached first, still cached), or −1."""
     block = p.nodes.head[node]
     return block if block >= 0 and p.blocks.node[block] == node else -1
 
 
-@kernel
+@internal_kernel
 def cache_block(p, block, node):
     """Record that `block` holds `node` (after the node's other holders)."""
     last = p.nodes.tail[node]
@@ -234,7 +235,7 @@ def pop_free_into(p, out, start, n):
     p.ctr[0] -= n
 
 
-@kernel
+@internal_kernel
 def touch_blocks(p, blocks, n):
     """A cache hit on blocks[:n]: one more user each; a block nobody used leaves the free queue."""
     for k in range(n):
@@ -244,7 +245,7 @@ def touch_blocks(p, blocks, n):
         p.blocks.ref[block] += 1
 
 
-@kernel
+@internal_kernel
 def free_blocks(p, blocks, n):
     """Release one request's blocks[:n] (head → tail): uncached ones to the front, cached to the back."""
     tmp = p.scratch
@@ -268,7 +269,7 @@ def free_blocks(p, blocks, n):
 
 
 # -- per-request operations (vLLM's KVCacheManager) ------------------------------------------------
-@kernel
+@internal_kernel
 def ensure_hashes(p, c, r, num_full_blocks):
     """Hashes (and nodes) of call r's first `num_full_blocks` full blocks exist in its hash region."""
     region = c.calls.hreg[r]
@@ -288,7 +289,7 @@ def ensure_hashes(p, c, r, num_full_blocks):
     c.regions.n[region] = num_full_blocks
 
 
-@kernel
+@internal_kernel
 def lookup(p, c, r, hits):
     """Longest prefix-cache hit of call r (nothing computed): its blocks in hits[:n]; returns n."""
     if not p.params[2]:
@@ -320,7 +321,7 @@ def _cache_full_blocks(p, c, r, num_full):
     c.calls.num_cached_blocks[r] = num_full
 
 
-@kernel
+@internal_kernel
 def allocate_slots(p, c, r, num_new, hits, nhits, full_sequence_must_fit):
     """Give call r slots for `num_new` more tokens after hits[:nhits] (a fresh prefix-cache hit).
 
@@ -367,7 +368,7 @@ def allocate_slots(p, c, r, num_new, hits, nhits, full_sequence_must_fit):
     return True
 
 
-@kernel
+@internal_kernel
 def free_call(p, c, r):
     """Release call r's blocks (its full blocks stay cached) and its block-table slot."""
     slot = c.calls.slot[r]
@@ -381,6 +382,49 @@ def free_call(p, c, r):
 
 
 # -- Python API ----------------------------------------------------------------------------------------
+# Python's way into the kernels above that the compiled loop calls: those are internal (a run that never calls
+# them from Python builds no Python wrapper for them — with the engine's tuples of arrays as arguments, about a
+# tenth of a cold run's compiling); the pool and manager below, and the event loop, call these.
+@kernel
+def touch_blocks_from_python(p, blocks, n):
+    touch_blocks(p, blocks, n)
+
+
+@kernel
+def free_blocks_from_python(p, blocks, n):
+    free_blocks(p, blocks, n)
+
+
+@kernel
+def first_holder_from_python(p, node):
+    return first_holder(p, node)
+
+
+@kernel
+def cache_hash_from_python(p, block, h):
+    cache_block(p, block, node_of(p, h))
+
+
+@kernel
+def ensure_hashes_from_python(p, c, r, num_full_blocks):
+    ensure_hashes(p, c, r, num_full_blocks)
+
+
+@kernel
+def lookup_from_python(p, c, r, hits):
+    return lookup(p, c, r, hits)
+
+
+@kernel
+def allocate_slots_from_python(p, c, r, num_new, hits, nhits, full_sequence_must_fit):
+    return allocate_slots(p, c, r, num_new, hits, nhits, full_sequence_must_fit)
+
+
+@kernel
+def free_call_from_python(p, c, r):
+    free_call(p, c, r)
+
+
 @kernel
 def _rehash(table, nodes, count):
     for node in range(count):
@@ -464,22 +508,22 @@ class BlockPool:
 
     def touch(self, blocks: list[int]) -> None:
         """A cache hit: one more user per block; a block nobody used leaves the free queue."""
-        touch_blocks(self.p, np.asarray(blocks, dtype=np.int64), len(blocks))
+        touch_blocks_from_python(self.p, np.asarray(blocks, dtype=np.int64), len(blocks))
 
     def free(self, blocks: list[int]) -> None:
         """Release one request's blocks (given head → tail); see the module docstring for the order."""
-        free_blocks(self.p, np.asarray(blocks, dtype=np.int64), len(blocks))
+        free_blocks_from_python(self.p, np.asarray(blocks, dtype=np.int64), len(blocks))
 
     def get_cached(self, h: int) -> int | None:
         """The first block cached with hash `h`, or None."""
         node = int(find_node(self.p, np.int64(h)))
-        block = int(first_holder(self.p, node)) if node >= 0 else -1
+        block = int(first_holder_from_python(self.p, node)) if node >= 0 else -1
         return None if block < 0 else block
 
     def cache(self, block: int, h: int) -> None:
         """Record that `block` holds hash `h`."""
         self.reserve_nodes(int(self.p.ctr[1]) + 1)
-        cache_block(self.p, block, node_of(self.p, np.int64(h)))
+        cache_hash_from_python(self.p, block, np.int64(h))
 
     def num_evictable(self, blocks: list[int]) -> int:
         """How many of `blocks` sit in the free queue (touching them uses free capacity)."""
@@ -522,12 +566,12 @@ class KVCacheManager:
     def ensure_hashes(self, state: CallState, num_full_blocks: int) -> None:
         """Hashes of the first `num_full_blocks` full blocks of `state`'s tokens (`state.block_hashes`)."""
         row = self._row(state)
-        ensure_hashes(self.pool.p, self.table.nt, row, num_full_blocks)
+        ensure_hashes_from_python(self.pool.p, self.table.nt, row, num_full_blocks)
 
     def lookup(self, state: CallState) -> list[int]:
         """Cached blocks of the longest hit for a request with nothing computed (≤ num_tokens − 1 tokens)."""
         row = self._row(state)
-        n = lookup(self.pool.p, self.table.nt, row, self._hits)
+        n = lookup_from_python(self.pool.p, self.table.nt, row, self._hits)
         return self._hits[:n].tolist()
 
     def allocate_slots(self, state: CallState, num_new: int, hit_blocks: list[int] | None = None,
@@ -537,9 +581,9 @@ class KVCacheManager:
         row = self._row(state)
         self._one_free_slot()
         hits = np.asarray(hit_blocks or [], dtype=np.int64)
-        return bool(allocate_slots(self.pool.p, self.table.nt, row, num_new, hits, hits.shape[0],
-                                   full_sequence_must_fit))
+        return bool(allocate_slots_from_python(self.pool.p, self.table.nt, row, num_new, hits, hits.shape[0],
+                                               full_sequence_must_fit))
 
     def free(self, state: CallState) -> None:
         row = self._row(state)
-        free_call(self.pool.p, self.table.nt, row)
+        free_call_from_python(self.pool.p, self.table.nt, row)

@@ -152,7 +152,7 @@ class PersistentBatch(NamedTuple):
         return self._replace(seen=seen, index=index)
 
 
-@kernel
+@internal_kernel
 def persistent_batch_update(pb, calls):
     """`PersistentBatch`'s three parts for a step that scheduled `calls` (table rows, step-buffer order):
     afterwards the batch holds exactly these calls in rows 0 … len(calls) − 1 and pb.order[k] is the
@@ -235,7 +235,7 @@ def _record(sb, i, r, n, context, decode, spec, position, slot):
     sb.rows.position[i] = position
 
 
-@kernel
+@internal_kernel
 def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len):
     """Steps 1 and 2 of the module docstring; the batch goes to `sb`, num_computed advances."""
     bs = p.params[0]
@@ -252,7 +252,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
             i += 1
             continue
         scheduled = True
-        while not allocate_slots(p, c, r, n, sb.hits, 0, False):
+        while not allocate_slots(p, c, r, n, sb.hits, np.int64(0), np.bool_(False)):
             qu.q[0] -= 1
             victim = qu.running[qu.q[0]]
             _preempt(p, c, qu, victim)
@@ -286,7 +286,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
             nhits = lookup(p, c, r, sb.hits) if c.calls.num_computed[r] == 0 else 0
             computed = c.calls.num_computed[r] + nhits * bs
             n = min(c.calls.prompt_len[r] + c.calls.num_emitted[r] - computed, budget)
-            if not allocate_slots(p, c, r, n, sb.hits, nhits, True):
+            if not allocate_slots(p, c, r, n, sb.hits, nhits, np.bool_(True)):
                 bound = B_KV
                 break
             qu.q[1] = (qu.q[1] + 1) % cap
@@ -311,7 +311,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
     sb.sc[6] = top
 
 
-@kernel
+@internal_kernel
 def update_step(p, c, qu, sb, step):
     """Emission after the forward pass of the batch in `sb` (see `Scheduler.update_from_output`).
 
@@ -441,6 +441,23 @@ def _log_full(lg, c, max_num_seqs):
     return (lg.rows.shape[0] - lg.ctr[0] < max_num_seqs or lg.steps.shape[0] == lg.ctr[1]
             or lg.events.shape[0] - lg.ctr[2] < 4 * max_num_seqs
             or lg.draft_tokens.shape[0] - lg.ctr[3] < max_num_seqs * c.slot_drafts.shape[1])
+
+
+# Python's way into the internal kernels the compiled loop calls (engine/kv.py "Python API": why), for
+# `Scheduler`'s step-at-a-time path.
+@kernel
+def schedule_step_from_python(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len):
+    schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
+
+
+@kernel
+def update_step_from_python(p, c, qu, sb, step):
+    return update_step(p, c, qu, sb, step)
+
+
+@kernel
+def persistent_batch_update_from_python(pb, calls):
+    persistent_batch_update(pb, calls)
 
 
 @kernel
@@ -680,11 +697,11 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         sb = self.sb
-        schedule_step(self.kv.pool.p, self.table.nt, self.qu, sb, self.max_num_batched_tokens, self.max_num_seqs,
-                      self.max_model_len)
+        schedule_step_from_python(self.kv.pool.p, self.table.nt, self.qu, sb, self.max_num_batched_tokens,
+                                  self.max_num_seqs, self.max_model_len)
         n, npre = int(sb.sc[0]), int(sb.sc[1])
         if self.pb.par[0]:
-            persistent_batch_update(self.pb, sb.rows["call"][:n])
+            persistent_batch_update_from_python(self.pb, sb.rows["call"][:n])
         rows = sb.rows[:n]
         arrays = tuple(rows[f].copy() for f in ("call", "n", "context", "decode", "position", "spec"))
         drafts, slots = self.table.slot_drafts, rows["slot"]
@@ -712,7 +729,7 @@ class Scheduler:
                           [handles[r] for r in sampled.tolist()], rows["started"].copy(), sampled)
 
     def _update(self, step: int) -> None:
-        if update_step(self.kv.pool.p, self.table.nt, self.qu, self.sb, step) < 0:
+        if update_step_from_python(self.kv.pool.p, self.table.nt, self.qu, self.sb, step) < 0:
             self._lossless_error()
 
     def _lossless_error(self) -> None:
