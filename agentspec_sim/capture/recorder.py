@@ -34,6 +34,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import zstandard
+
 from agentspec_sim.capture.exchange import Exchange, NotRecordable
 from agentspec_sim.outputs import OutputError
 
@@ -182,7 +184,7 @@ class TraceRecorder:
         raw = self.path.read_bytes()
         try:
             text, keep = _complete_part(raw, self.compressed)
-        except Exception as exc:  # zstandard.ZstdError: damaged, not merely cut off at its end
+        except zstandard.ZstdError as exc:  # damaged, not merely cut off at its end
             raise OutputError(self.path, f"-o: cannot read it back ({exc}); choose a new file", errno.EINVAL) from None
         lines = text.split(b"\n")
         try:
