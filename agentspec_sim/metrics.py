@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from agentspec_sim.engine.load import protocol
 from agentspec_sim.engine.result import RunResult
+from agentspec_sim.slo import LatencySLO, attainment
 
 PERCENTILES = (50, 90, 99)
 
@@ -79,6 +81,17 @@ class RunSummary:
     bound_by: str  # what most often kept calls waiting: max_num_seqs, kv_cache, token_budget, or none
     bound_fractions: dict[str, float] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
+    # Load (engine/load.py, agentspec_sim/slo.py). duration_s: the clock from the load's start (t = 0) to the
+    # last completion, vLLM bench serve's benchmark duration; throughputs divide by it, as vLLM's do.
+    protocol: str = ""
+    duration_s: float = 0.0
+    request_throughput: float = 0.0  # completed queries / duration_s (vLLM: "Request throughput (req/s)")
+    call_throughput: float = 0.0  # finished calls / duration_s
+    output_throughput_tok_s: float = 0.0  # output tokens / duration_s (vLLM: "Output token throughput")
+    attainment: dict[str, float | None] = field(default_factory=dict)  # slo.ATTAINMENT_KEYS; None: no SLO
+    # copies: the mean over queries of (B copies' output tokens / their batch's time) ÷ the same in the normal
+    # run, i.e. the per-request speedup papers report; `speedup` is the pooled figure (all tokens / all time).
+    speedup_mean_per_query: float | None = None
     wall_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,8 +129,27 @@ def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den else None
 
 
-def summarize(result: RunResult, baseline: RunResult | None = None) -> RunSummary:
-    """The summary of `result`; `baseline` (the `normal` run on the same trace and config) gives the speedup."""
+def per_query_batch_s(result: RunResult) -> np.ndarray:
+    """Under `copies`: each trace query's batch time, from its copies' send to the last one's finish (NaN where a
+    copy did not complete). Query instances are copy-major (engine/layout.py)."""
+    q = result.queries
+    copies = result.config.copies
+    per = q.height // copies
+    arrival = q["arrival_s"].to_numpy().astype(np.float64).reshape(copies, per)
+    finish = q["finish_s"].to_numpy().astype(np.float64).reshape(copies, per)
+    done = q["completed"].to_numpy().reshape(copies, per).all(axis=0)
+    return np.where(done, finish.max(axis=0) - arrival.min(axis=0), np.nan)
+
+
+def speedup_mean_per_query(batch_s: np.ndarray, base_batch_s: np.ndarray) -> float | None:
+    """Mean over queries of normal's batch time ÷ this run's (= the ratio of their batch throughputs)."""
+    ok = np.isfinite(batch_s) & np.isfinite(base_batch_s) & (batch_s > 0)
+    return float((base_batch_s[ok] / batch_s[ok]).mean()) if ok.any() else None
+
+
+def summarize(result: RunResult, baseline: RunResult | None = None, slo: LatencySLO | None = None) -> RunSummary:
+    """The summary of `result`; `baseline` (the `normal` run on the same trace and config) gives the speedup;
+    `slo` the attainment (agentspec_sim/slo.py; all None without one)."""
     calls = result.calls
     finished = calls.filter(pl.col("status") == "finished")
     arrivals = calls["arrival_s"].drop_nulls()
@@ -154,6 +186,10 @@ def summarize(result: RunResult, baseline: RunResult | None = None) -> RunSummar
                  for k in ("max_num_seqs", "kv_cache", "token_budget")}
     limiting = {k: v for k, v in fractions.items() if v > 0}
     limits = result.limits
+    duration = max(end, 0.0)
+    per_query = None
+    if baseline is not None and result.config.copies > 1:
+        per_query = speedup_mean_per_query(per_query_batch_s(result), per_query_batch_s(baseline))
     return RunSummary(
         drafter=result.drafter,
         speculative_config=result.spec.to_json(),
@@ -196,5 +232,12 @@ def summarize(result: RunResult, baseline: RunResult | None = None) -> RunSummar
         limits={"max_num_seqs": limits.max_num_seqs, "max_num_batched_tokens": limits.max_num_batched_tokens,
                 "max_model_len": limits.max_model_len, "num_kv_blocks": limits.num_kv_blocks,
                 "block_size": result.config.block_size},
+        protocol=protocol(result.config),
+        duration_s=duration,
+        request_throughput=done_queries.height / duration if duration > 0 else 0.0,
+        call_throughput=finished.height / duration if duration > 0 else 0.0,
+        output_throughput_tok_s=output_tokens / duration if duration > 0 else 0.0,
+        attainment=attainment(result, slo or LatencySLO()),
+        speedup_mean_per_query=per_query,
         wall_s=result.wall_s,
     )

@@ -584,7 +584,7 @@ class ModelBasedDrafter(BaseDrafter):
         if self.tokenizer is not None:
             table = token_bytes_of(self.tokenizer)
             automaton = StructureAutomaton(structure_of(state.call.structure))
-        cs = _PerCall(call_key(self.seed, state.call_id), state.prompt_len, automaton, table)
+        cs = _PerCall(call_key(self.seed, state.draw_id), state.prompt_len, automaton, table)
         state.drafter_state = cs
         self._sync(state, cs)
 

@@ -110,7 +110,7 @@ class ModelDrafting(EngineDrafting):
         n, seqs, cols = len(run.states), run.max_num_seqs, run.table.cols
         tables = drafter.acceptance_tables(run.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n],
                                            cols["target_len"][:n], [s.call for s in run.states],
-                                           [s.call_id for s in run.states], tokens_digest=run.tokens_digest)
+                                           [s.draw_id for s in run.states], tokens_digest=run.tokens_digest)
         try:
             pass_s, terms = run.cost.draft_model_terms(seqs, kind=drafter.name)
             self.priced = True

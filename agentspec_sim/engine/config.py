@@ -7,6 +7,7 @@ limits by GPU tier (docs/ENGINE-FACTS.md §1, `EngineArgs.get_batch_defaults` fo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -15,7 +16,8 @@ from agentspec_sim.engine.kv import cdiv
 if TYPE_CHECKING:
     from agentspec_sim.cost.profiles import ModelProfile
 
-ArrivalMode = Literal["recorded", "zero", "poisson"]
+ArrivalMode = Literal["recorded", "zero", "poisson", "request-rate"]
+ARRIVAL_MODES = ("recorded", "zero", "poisson", "request-rate")
 
 
 class EngineConfigError(ValueError):
@@ -35,9 +37,15 @@ class EngineConfig:
     context), num_kv_blocks (vLLM's num_gpu_blocks_override, null block included).
     Cost: hardware, model, tensor_parallel_size, calibration (a fitted cost-profile file).
     Workload: arrival ("recorded": the trace's arrival_s, else 0; "zero": every query at t=0;
-    "poisson": queries arrive at `rate` per second), think_time (overrides every call's think_s),
-    replicate (copies of each query as independent tenants), replicate_stagger_s (copy k ≥ 1 of a
-    query starts a seeded uniform [0, stagger) later, so copies do not run in lockstep).
+    "poisson": queries arrive at `rate` per second, the first at 0 — the simulator's older rule;
+    "request-rate": `vllm bench serve --request-rate rate --burstiness burstiness`, engine/load.py),
+    think_time (overrides every call's think_s), replicate (copies of each query as independent
+    tenants), replicate_stagger_s (copy k ≥ 1 of a query starts a seeded uniform [0, stagger) later,
+    so copies do not run in lockstep).
+    Load protocol (engine/load.py): max_concurrency (`vllm bench serve --max-concurrency`: at most this
+    many queries in flight, the next starting when one ends), copies (each query run alone as this
+    many identical copies submitted together, the next query's when all have finished: the offline
+    `LLM.generate([prompt] * B)` protocol of published per-request speedups).
     seed: all randomness; check_invariants: run the engine's runtime checks every step.
     """
 
@@ -58,11 +66,14 @@ class EngineConfig:
     rate: float | None = None
     replicate: int = 1
     replicate_stagger_s: float = 1.0
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    copies: int = 1
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "block_size",
-                    "tensor_parallel_size", "replicate")
+                    "tensor_parallel_size", "replicate", "max_concurrency", "copies")
         for name in positive:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -72,14 +83,27 @@ class EngineConfig:
                                         f"got {value:,}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise EngineConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.arrival not in ("recorded", "zero", "poisson"):
-            raise EngineConfigError(f"arrival must be recorded, zero or poisson, got {self.arrival!r}")
-        if self.arrival == "poisson" and (self.rate is None or self.rate <= 0):
-            raise EngineConfigError("arrival 'poisson' needs rate > 0 (queries per second)")
+        if self.arrival not in ARRIVAL_MODES:
+            raise EngineConfigError(f"arrival must be one of {', '.join(ARRIVAL_MODES)}, got {self.arrival!r}")
+        if self.arrival == "poisson" and (self.rate is None or not 0 < self.rate < math.inf):
+            raise EngineConfigError("arrival 'poisson' needs a finite rate > 0 (queries per second)")
+        if self.arrival == "request-rate" and (self.rate is None or not self.rate > 0):
+            raise EngineConfigError("arrival 'request-rate' needs rate > 0 (queries per second, inf: all at once)")
+        if not self.burstiness > 0:
+            raise EngineConfigError(f"burstiness must be > 0 (vLLM's gamma shape; 1 is Poisson), got {self.burstiness}")
+        if self.copies > 1 and (self.replicate > 1 or self.max_concurrency is not None
+                                or self.arrival in ("poisson", "request-rate")):
+            raise EngineConfigError("copies runs each query alone as identical copies: it takes no request rate, "
+                                    "max_concurrency or replicate")
         if self.think_time is not None and self.think_time < 0:
             raise EngineConfigError(f"think_time must be ≥ 0, got {self.think_time}")
         if self.replicate_stagger_s < 0:
             raise EngineConfigError(f"replicate_stagger_s must be ≥ 0, got {self.replicate_stagger_s}")
+
+    @property
+    def tenants(self) -> int:
+        """Instances of each query the engine runs, each with its own drafter state: replicate or copies."""
+        return self.replicate * self.copies
 
 
 # vLLM 0.33 `vllm serve` (UsageContext.OPENAI_API_SERVER) batch defaults by GPU tier:

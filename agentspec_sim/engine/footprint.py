@@ -125,7 +125,7 @@ def _stats_for(workload: Workload, config: EngineConfig, limits: ResolvedLimits)
 def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: EngineConfig,
                limits: ResolvedLimits) -> dict[str | None, float]:
     bs, seqs, max_len = config.block_size, limits.max_num_seqs, limits.max_model_len
-    tenants = config.replicate
+    tenants = config.tenants
     # Steps: the log's rows over the calls that run at once (at most max_num_seqs, at most every query).
     batch = max(1, min(seqs, stats["queries"] * tenants))
     per_tenant = (stats["calls"] * (CALL.itemsize + CALL_OBJECT_BYTES)
@@ -169,7 +169,7 @@ def check_run_memory(workload: Workload, spec: SpeculativeConfig, config: Engine
     > 1 (a sweep's parallel cells) that many such runs at once must fit too."""
     stats = _stats_for(workload, config, limits)
     terms = dict(terms) if terms is not None else _footprint(stats, spec, config, limits)
-    values = {"replicate": config.replicate, "num_kv_blocks": limits.num_kv_blocks,
+    values = {"replicate": config.tenants, "num_kv_blocks": limits.num_kv_blocks,
               "max_num_seqs": limits.max_num_seqs, "max_model_len": limits.max_model_len,
               "num_speculative_tokens": _longest_draft(spec)}
     require_memory(terms, "the run", values=values)

@@ -243,8 +243,8 @@ class CallState:
     (the valid prefix) only, since everything past `num_tokens` is the answer.
     """
 
-    __slots__ = ("_r", "_t", "call", "call_id", "drafter_state", "index", "last_in_query", "output_len", "prompt_len",
-                 "query_index", "target_len", "tenant")
+    __slots__ = ("_r", "_t", "call", "call_id", "drafter_state", "draw_id", "index", "last_in_query", "output_len",
+                 "prompt_len", "query_index", "target_len", "tenant")
 
     def __init__(self, index: int, call: Call, call_id: str, tenant: int, query_index: int, target_len: int) -> None:
         table = CallTable(1)
@@ -261,15 +261,18 @@ class CallState:
 
     @classmethod
     def in_table(cls, table: CallTable, calls: Sequence[Call], call_ids: Sequence[str],
-                 query_of: Sequence[int]) -> list[CallState]:
+                 query_of: Sequence[int], draw_ids: Sequence[str] | None = None) -> list[CallState]:
         """The handles of rows 0 … len(calls) − 1 of `table` (built by `CallTable.build`): row r runs
-        calls[r] as call_ids[r], of query instance query_of[r]."""
+        calls[r] as call_ids[r], of query instance query_of[r], drawing randomness as draw_ids[r]
+        (default: its call id; identical copies of one call draw alike, engine/load.py)."""
         n = len(calls)
         tenants, targets = table.cols["tenant"][:n].tolist(), table.cols["target_len"][:n].tolist()
         states = []
         for row, call in enumerate(calls):
             state = cls.__new__(cls)
             state._bind(table, row, row, call, call_ids[row], tenants[row], query_of[row], targets[row])
+            if draw_ids is not None:
+                state.draw_id = draw_ids[row]
             table.handles[row] = state
             states.append(state)
         return states
@@ -278,6 +281,9 @@ class CallState:
               query_index: int, target_len: int) -> None:
         self._t, self._r = table, row
         self.index, self.call, self.call_id = index, call, call_id
+        # The id a seeded drafter keys its random draws by (model-based acceptance): the call's own id,
+        # or the trace call's id for identical copies, which must draw alike.
+        self.draw_id = call_id
         self.tenant, self.query_index = tenant, query_index
         self.prompt_len = call.prompt_len
         self.output_len = call.output_len

@@ -55,8 +55,11 @@ from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
 from agentspec_sim.engine.layout import call_layout
+from agentspec_sim.engine.load import is_gated, request_rate_arrivals
 from agentspec_sim.engine.request import (
     FINISHED,
+    NO_NEXT,
+    NOT_CHAINED,
     REFUSED,
     S_FINISHED,
     S_REFUSED,
@@ -111,7 +114,7 @@ class Simulator:
         self.rng_arrivals = np.random.default_rng(seeds[0])
         self.rng_stagger = np.random.default_rng(seeds[1])
         # One drafter per tenant: copies never share drafter state.
-        self.drafters = [make_drafter(spec) for _ in range(config.replicate)]
+        self.drafters = [make_drafter(spec) for _ in range(config.tenants)]
         for drafter in self.drafters:
             # Optional hooks: drafters that index other queries (agspec) or size drafts by M(b) (agentspec).
             if hasattr(drafter, "bind_workload"):
@@ -134,6 +137,7 @@ class Simulator:
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
         self.heap: list[tuple[float, int, int, object]] = []
+        self.gate_groups: list[list[_QueryRun]] | None = None  # gated protocols (engine/load.py)
         self.seq = 0
         self.now = 0.0
         self.step_pending = False
@@ -193,8 +197,11 @@ class Simulator:
 
     def _build(self, workload: Workload) -> None:
         cfg, max_len, bs = self.config, self.limits.max_model_len, self.config.block_size
-        layout = call_layout(workload, cfg.replicate, max_len, bs, cfg.think_time)
+        layout = call_layout(workload, cfg.tenants, max_len, bs, cfg.think_time)
         cols = layout.columns
+        if is_gated(cfg):
+            # A query's end frees its slot (engine/load.py) at that instant: its last call stops a run of steps.
+            cols = {**cols, "chain_next": np.where(cols["chain_next"] == NO_NEXT, NOT_CHAINED, cols["chain_next"])}
         # The first call no run can replay: an empty output, or more KV blocks than the cache holds.
         usable = self.limits.num_kv_blocks - 1
         over = np.flatnonzero((cols["prompt_len"] < max_len) & (layout.blocks_needed > usable))
@@ -213,7 +220,9 @@ class Simulator:
         table = CallTable.build(cols, layout.tokens, layout.region_caps, slots=self.limits.max_num_seqs,
                                 blocks_per_slot=cdiv(max_len, bs) + 1)
         query_of = layout.query_of
-        self.states = CallState.in_table(table, layout.calls, layout.ids, query_of)
+        # Identical copies draw the same acceptance (engine/load.py): their random keys are the trace call's id.
+        draw_ids = [call.id for call in layout.calls] if cfg.copies > 1 else None
+        self.states = CallState.in_table(table, layout.calls, layout.ids, query_of, draw_ids)
         for state in self.states:
             self.queries[state.query_index].calls.append(state)
         for query in self.queries:
@@ -233,7 +242,9 @@ class Simulator:
 
     def _place_arrivals(self) -> None:
         cfg = self.config
-        if cfg.arrival == "poisson":
+        if cfg.arrival == "request-rate":
+            starts = request_rate_arrivals(len(self.queries), cfg.rate, cfg.burstiness, self.rng_arrivals)
+        elif cfg.arrival == "poisson":
             gaps = self.rng_arrivals.exponential(1.0 / cfg.rate, size=len(self.queries))
             starts = np.cumsum(gaps) - gaps[0]  # the first query arrives at 0
         else:
@@ -244,11 +255,58 @@ class Simulator:
             copies = [q.index for q in self.queries if q.tenant > 0]
             if copies and cfg.replicate_stagger_s > 0:
                 starts[copies] += self.rng_stagger.uniform(0.0, cfg.replicate_stagger_s, size=len(copies))
+        if is_gated(cfg):
+            self._gate_queries(starts)
+            return
         for q in self.queries:
-            recorded_first = q.calls[0].call.arrival_s or 0.0
-            q.offset_s = float(starts[q.index]) - recorded_first
-            q.arrival_s = float(starts[q.index])
-            self._push(q.arrival_s, ARRIVE, (q, 0))
+            self._send(q, float(starts[q.index]))
+
+    def _send(self, query: _QueryRun, at: float) -> None:
+        """Query `query`'s first call reaches the server at `at` (its later calls follow it)."""
+        query.offset_s = at - (query.calls[0].call.arrival_s or 0.0)
+        query.arrival_s = at
+        self._push(at, ARRIVE, (query, 0))
+
+    def _gate_queries(self, starts: np.ndarray) -> None:
+        """Hold the queries for their turn (engine/load.py): max concurrency lets `max_concurrency` queries be
+        in flight, in the order they arrive; copies send one query's copies together, the next query's when
+        all have ended."""
+        cfg = self.config
+        if cfg.copies > 1:
+            per_copy = len(self.queries) // cfg.copies  # instances are copy-major (engine/layout.py)
+            groups = [[self.queries[t * per_copy + q] for t in range(cfg.copies)] for q in range(per_copy)]
+            self.gate_limit = 1
+        else:
+            order = sorted(self.queries, key=lambda q: (starts[q.index], q.index))
+            groups = [[q] for q in order]
+            self.gate_limit = int(cfg.max_concurrency)
+        self.gate_due = [float(starts[g[0].index]) for g in groups]
+        self.gate_groups = groups
+        self.gate_of = {q.index: i for i, g in enumerate(groups) for q in g}
+        self.gate_left = [len(g) for g in groups]
+        self.gate_next = 0
+        self.gate_in_flight = 0
+        self._open_gate(0.0)
+
+    def _open_gate(self, now: float) -> None:
+        while self.gate_in_flight < self.gate_limit and self.gate_next < len(self.gate_groups):
+            i = self.gate_next
+            self.gate_next += 1
+            self.gate_in_flight += 1
+            at = max(now, self.gate_due[i])  # a slot freed before the query arrives is taken when it does
+            for query in self.gate_groups[i]:
+                self._send(query, at)
+
+    def _query_ended(self, query: _QueryRun, now: float) -> None:
+        """A query's last call finished (or one of its calls was refused): under a gated protocol its slot
+        passes on at this instant."""
+        if self.gate_groups is None:
+            return
+        g = self.gate_of[query.index]
+        self.gate_left[g] -= 1
+        if self.gate_left[g] == 0:
+            self.gate_in_flight -= 1
+            self._open_gate(now)
 
     def _push(self, t: float, kind: int, payload: object) -> None:
         heapq.heappush(self.heap, (t, self.seq, kind, payload))
@@ -279,6 +337,7 @@ class Simulator:
                 later.status = SKIPPED
             query.finish_s = self.now
             self._count_done(len(query.calls) - k)
+            self._query_ended(query, self.now)
             return
         self.scheduler.add_row(state._r)
         if not self.step_pending:
@@ -492,6 +551,7 @@ class Simulator:
         else:
             query.finish_s = now
             query.completed = True
+            self._query_ended(query, now)
 
     def _propose(self, sampled: list[CallState], rows: np.ndarray, num_scheduled: int) -> None:
         """Drafts for the calls that sampled a token in the step just ended (`rows`: their table rows)."""

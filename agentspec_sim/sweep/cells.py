@@ -303,6 +303,6 @@ def estimated_cost(cell: Cell, output_tokens: int, num_queries: int) -> float:
     """A relative wall-time estimate, only to start the slowest cells first: the method's cost per
     output token, times (1 + a per-method factor ÷ the calls decoding at once, ≤ max_num_seqs)."""
     method = cell.spec.method
-    concurrency = max(1, min(cell.config.max_num_seqs or 256, num_queries * cell.config.replicate))
+    concurrency = max(1, min(cell.config.max_num_seqs or 256, num_queries * cell.config.tenants))
     per_token = _SECONDS_PER_MTOK.get(method, _DEFAULT_SECONDS_PER_MTOK)
-    return per_token * output_tokens * cell.config.replicate * (1 + _SMALL_BATCH_FACTOR.get(method, 0.7) / concurrency)
+    return per_token * output_tokens * cell.config.tenants * (1 + _SMALL_BATCH_FACTOR.get(method, 0.7) / concurrency)

@@ -1,0 +1,77 @@
+"""Load protocols: when each query is sent to the engine, as serving benchmarks send requests.
+
+Three protocols, named as vLLM 0.33's `vllm bench serve` names them (vllm/benchmarks/serve.py), plus the
+offline one of published per-request speedup measurements:
+
+- request rate (`--request-rate R --burstiness b`): `get_request` draws each inter-arrival gap from a
+  gamma distribution of shape b and scale 1 / (R·b) (b = 1: a Poisson process), takes the cumulative sum
+  (the first query is sent after the first gap, not at 0), then rescales every time so the last query is
+  sent at exactly N / R: the throughput of one seed does not drift 1–2 % from the rate asked for.
+  R = inf sends everything at 0; b = inf spaces queries exactly 1 / R apart. Because of the rescaling
+  the send times at rate R are (N / R)·u with u independent of R: one seed's arrivals at two rates are
+  the same pattern stretched, which keeps a capacity search's attainment curve free of resampling noise.
+- max concurrency (`--max-concurrency N`): an asyncio semaphore around each request; a query waits for a
+  slot in the order it arrived, holds it for all its calls and think times, and its latencies are
+  measured from when it got the slot (vLLM's `start_time`; the wait is its client queue time). With an
+  infinite rate this is a closed loop of N agents.
+- copies (`--copies B`): each query alone, as B identical copies submitted together (`LLM.generate(
+  [prompt] * B)`); the next query's copies when all B have finished. Each copy drafts with its own
+  drafter state and the model-based drafters draw the same acceptance for every copy, so greedy copies
+  draft and accept identically (only the token budget can set one apart).
+
+`agent think time` between a query's calls applies under every protocol (the trace's think_s, or
+`think_time`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from agentspec_sim.engine.config import EngineConfig
+
+
+def request_rate_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Send times (seconds from the benchmark's start) of `n` queries at `rate` per second, as
+    `vllm bench serve` computes them (module docstring). Pre: n ≥ 0, rate > 0, burstiness > 0."""
+    if n == 0:
+        return np.zeros(0)
+    if math.isinf(rate):
+        return np.zeros(n)
+    if math.isinf(burstiness):
+        gaps = np.full(n, 1.0 / rate)
+    else:
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    times = np.cumsum(gaps)
+    if times[-1] > 0:
+        times *= (n / rate) / times[-1]
+    return times
+
+
+def protocol(config: EngineConfig) -> str:
+    """The load protocol of a run in a few words, for tables and plot titles."""
+    think = "" if config.think_time is None else f", think {config.think_time:g} s"
+    if config.copies > 1:
+        return f"copies {config.copies} (each query alone, offline batch){think}"
+    if config.arrival == "request-rate":
+        rate = "inf" if math.isinf(config.rate) else f"{config.rate:g}"
+        shape = ("Poisson" if config.burstiness == 1 else
+                 "evenly spaced" if math.isinf(config.burstiness) else f"gamma, burstiness {config.burstiness:g}")
+        text = f"request rate {rate}/s ({shape})" if not math.isinf(config.rate) else "request rate inf (all at once)"
+    elif config.arrival == "poisson":
+        text = f"Poisson {config.rate:g}/s, first at 0"
+    elif config.arrival == "zero":
+        text = "all queries at t = 0"
+    else:
+        text = "the trace's arrival times (none: all at t = 0)"
+    if config.max_concurrency is not None:
+        text += f", max concurrency {config.max_concurrency}"
+    if config.replicate > 1:
+        text += f", ×{config.replicate} tenants"
+    return text + think
+
+
+def is_gated(config: EngineConfig) -> bool:
+    """Whether queries wait for a slot (max concurrency) or for the previous query (copies)."""
+    return config.max_concurrency is not None or config.copies > 1
