@@ -1,0 +1,129 @@
+"""The capacity search (agentspec_sim/capacity.py) against a closed form, its rules, and the load protocols it
+rests on (engine/load.py): vLLM bench serve's send times, max concurrency, identical copies."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import brentq
+from simhelpers import ConstantCost, agent_query, call, config, workload
+
+from agentspec_sim.capacity import CapacitySearch, find_capacity
+from agentspec_sim.cost.step_clock import StepClockCost
+from agentspec_sim.engine.load import request_rate_arrivals
+from agentspec_sim.engine.run import simulate
+from agentspec_sim.metrics import summarize
+from agentspec_sim.slo import LatencySLO, attainment
+
+
+def single_calls(n: int, out_len: int) -> object:
+    rng = np.random.default_rng(1)
+    return workload(*[[call(f"c{i}", rng.integers(0, 50, 8), rng.integers(0, 50, out_len), query=f"q{i}")]
+                      for i in range(n)])
+
+
+def test_search_finds_the_md1_capacity():
+    """A constant-step engine (every step 1 s) serving one query at a time is an M/D/1 queue with service
+    D = output tokens steps. With a query-latency SLO of D(1 + ε), a query meets it iff it waits ≤ εD, whose
+    probability is (1 − ρ)·e^{λεD} for εD < D (Erlang), ρ = λD. The search must bracket the rate where that
+    equals the target within its tolerance (plus the finite trace's sampling error, ~2 %)."""
+    out_len, eps, target, tolerance = 4, 0.25, 0.5, 0.03
+    d = float(out_len)
+    rho = brentq(lambda r: (1 - r) * math.exp(r * eps) - target, 1e-6, 1 - 1e-9)
+    analytic = rho / d
+    search = CapacitySearch(LatencySLO(query_latency_s=d * (1 + eps)), target=target, tolerance=tolerance)
+    cfg = config(max_num_seqs=1, check_invariants=False)
+    cap = find_capacity(single_calls(8000, out_len), "normal", cfg, search, StepClockCost())
+    lo, hi = cap.bracket
+    assert hi / lo <= 1 + tolerance and cap.rate == lo
+    assert abs(cap.rate / analytic - 1) <= tolerance + 0.03, (cap.rate, analytic, cap.probes)
+    assert cap.probes[0].rate is None and cap.probes[0].met == 1.0  # the isolated probe: nobody waits
+    assert len(cap.probes) <= 10
+
+
+def test_search_stops_at_once_when_no_rate_can_meet_the_slo():
+    """A TPOT SLO below one step's time fails even with each query alone: one probe, capacity 0."""
+    search = CapacitySearch(LatencySLO(tpot_s=0.5))
+    cap = find_capacity(single_calls(20, 4), "normal", config(max_num_seqs=4, check_invariants=False), search,
+                        StepClockCost())
+    assert cap.rate == 0.0 and len(cap.probes) == 1 and "alone" in cap.stopped
+
+
+def test_a_looser_slo_never_lowers_capacity():
+    rng = np.random.default_rng(3)
+    wl = workload(*[agent_query(rng, f"q{i}", 2, out_len=12, think_s=0.2) for i in range(40)])
+    cfg = config(max_num_seqs=4, check_invariants=False)
+    base = LatencySLO(ttft_s=0.05, query_latency_s=1.0)
+    rates = [find_capacity(wl, "ngram", cfg, CapacitySearch(base.looser(f), tolerance=0.1), ConstantCost()).rate
+             for f in (1.0, 1.5, 3.0)]
+    assert rates == sorted(rates) and rates[0] > 0, rates
+    again = find_capacity(wl, "ngram", cfg, CapacitySearch(base, tolerance=0.1), ConstantCost())
+    assert again.rate == rates[0] and again.probes == find_capacity(
+        wl, "ngram", cfg, CapacitySearch(base, tolerance=0.1), ConstantCost()).probes  # reruns are identical
+
+
+def test_request_rate_send_times_follow_vllm_bench_serve():
+    """vllm/benchmarks/serve.py get_request: gamma gaps of shape b, scale 1/(R·b), cumulated, rescaled so the last
+    is sent at N/R; inf rate → all at 0; inf burstiness → evenly 1/R apart. One seed at two rates: one pattern."""
+    rng = np.random.default_rng(7)
+    t = request_rate_arrivals(50, 2.0, 1.0, rng)
+    assert t[-1] == pytest.approx(25.0) and t[0] > 0 and np.all(np.diff(t) >= 0)
+    a = request_rate_arrivals(50, 2.0, 0.5, np.random.default_rng(1))
+    b = request_rate_arrivals(50, 8.0, 0.5, np.random.default_rng(1))
+    np.testing.assert_allclose(a, 4 * b)
+    assert not request_rate_arrivals(5, math.inf, 1.0, rng).any()
+    np.testing.assert_allclose(request_rate_arrivals(4, 2.0, math.inf, rng), [0.5, 1.0, 1.5, 2.0])
+
+
+def test_max_concurrency_holds_at_most_n_queries_in_flight():
+    rng = np.random.default_rng(0)
+    wl = workload(*[agent_query(rng, f"q{i}", 3, think_s=0.5) for i in range(7)])
+    q = simulate(wl, "ngram", config(arrival="request-rate", rate=math.inf, max_concurrency=2), ConstantCost()).queries
+    starts, ends = q["arrival_s"].to_numpy(), q["finish_s"].to_numpy()
+    for t in np.concatenate([starts, ends]):
+        assert ((starts <= t) & (ends > t)).sum() <= 2
+    assert sorted(starts)[2] == pytest.approx(sorted(ends)[0])  # the third starts when the first ends
+
+
+@pytest.mark.parametrize("drafter", ["normal", "ngram", "suffix", "eagle3", "agentspec"])
+def test_copies_of_one_query_give_identical_per_copy_results(drafter):
+    """--copies B: each copy drafts with its own state and draws the same acceptance; with room in the token
+    budget every copy emits, drafts and accepts the same at the same times."""
+    rng = np.random.default_rng(5)
+    wl = workload(agent_query(rng, "q0", 3, out_len=30, vocab=6))
+    copies = 6
+    result = simulate(wl, drafter, config(copies=copies, max_num_batched_tokens=4096), ConstantCost())
+    calls = result.calls.select("drafted", "accepted", "draft_steps", "first_token_s", "finish_s").to_numpy()
+    per_copy = calls.reshape(copies, -1, calls.shape[1])
+    for k in range(1, copies):
+        np.testing.assert_array_equal(per_copy[k], per_copy[0])
+    if drafter != "normal":
+        assert per_copy[0][:, 0].sum() > 0
+
+
+def test_copies_speedup_mean_per_query_and_pooled():
+    rng = np.random.default_rng(2)
+    wl = workload(*[agent_query(rng, f"q{i}", 2, out_len=25, vocab=5) for i in range(4)])
+    cfg = config(copies=4, max_num_batched_tokens=4096)
+    base = simulate(wl, "normal", cfg, ConstantCost())
+    run = simulate(wl, "ngram", cfg, ConstantCost())
+    s = summarize(run, base)
+    assert s.speedup_mean_per_query is not None and s.speedup is not None
+    from agentspec_sim.metrics import per_query_batch_s
+
+    mine, theirs = per_query_batch_s(run), per_query_batch_s(base)
+    assert s.speedup_mean_per_query == pytest.approx(float(np.mean(theirs / mine)))
+    assert s.speedup == pytest.approx(theirs.sum() / mine.sum(), rel=1e-9)  # pooled: back-to-back batches
+    assert "copies 4" in s.protocol
+
+
+def test_attainment_counts_calls_and_queries():
+    wl = single_calls(3, 4)
+    result = simulate(wl, "normal", config(max_num_seqs=1), StepClockCost())
+    # All at t = 0, one at a time: latencies 4, 8, 12 steps; TTFT 1, 5, 9; TPOT 1.
+    a = attainment(result, LatencySLO(ttft_s=5.0, tpot_s=1.0, query_latency_s=4.0))
+    assert a["calls_ttft"] == pytest.approx(2 / 3) and a["calls_tpot"] == 1.0 and a["calls"] == pytest.approx(2 / 3)
+    assert a["queries"] == pytest.approx(1 / 3) and a["met"] == pytest.approx(1 / 3)
+    assert attainment(result, LatencySLO())["met"] is None
