@@ -94,13 +94,15 @@ class Capacity:
     stopped: str
     probes: list[Probe] = field(default_factory=list)
     at_capacity: Any = None  # the RunSummary of the passing probe (None: capacity 0)
+    isolated: Any = None  # the RunSummary of the isolated probe (each query alone)
+    latencies: tuple[float, ...] = ()  # every completed query's latency in the run at capacity (isolated: 0)
 
     @property
     def unbounded(self) -> bool:
         return math.isinf(self.rate)
 
 
-ProbeRun = Callable[[EngineConfig], tuple[Probe, Any]]
+ProbeRun = Callable[[EngineConfig], tuple[Probe, Any, tuple[float, ...]]]
 
 
 def probe_config(config: EngineConfig, rate: float | None, burstiness: float) -> EngineConfig:
@@ -113,30 +115,34 @@ def probe_config(config: EngineConfig, rate: float | None, burstiness: float) ->
 
 def search_capacity(config: EngineConfig, search: CapacitySearch, run: ProbeRun, queries: int) -> Capacity:
     """The capacity of one configuration (module docstring). `run(config)` replays the trace on `config` and
-    returns (its Probe, its RunSummary); `queries` is the number of query instances the trace sends."""
+    returns (its Probe, its RunSummary, its completed queries' latencies); `queries` is the number of query
+    instances the trace sends."""
     probes: list[Probe] = []
-    summaries: dict[float, Any] = {}
+    summaries: dict[float | None, tuple[Any, tuple[float, ...]]] = {}
     target = search.target
 
     def at(rate: float | None) -> Probe:
-        probe, summary = run(probe_config(config, rate, search.burstiness))
+        probe, summary, latencies = run(probe_config(config, rate, search.burstiness))
         probe = replace(probe, rate=rate)
         probes.append(probe)
-        if rate is not None:
-            summaries[rate] = summary
+        summaries[rate] = (summary, latencies)
         return probe
 
     def answer(rate: float, bracket: tuple[float, float], stopped: str) -> Capacity:
-        best = next((p for p in probes if p.rate == rate), None)
+        best = next((p for p in probes if p.rate == rate), None) if rate > 0 else None
+        summary, latencies = summaries[rate] if best is not None else (None, ())
         return Capacity(rate, best.output_throughput_tok_s if best else 0.0,
-                        best.request_throughput if best else 0.0, bracket, stopped, probes, summaries.get(rate))
+                        best.request_throughput if best else 0.0, bracket, stopped, probes, summary,
+                        summaries[None][0], latencies if best is not None else summaries[None][1])
 
     alone = at(None)
     if not alone.passes(target):
         return answer(0.0, (0.0, 0.0), "misses the SLO with each query alone (no load can meet it)")
-    latency = alone.query_latency_p50 or 1.0
+    latency = max(alone.query_latency_p50 or 1.0, 1e-9)
     seats = max(1, min(config.max_num_seqs or 256, queries))
-    guess = 0.5 * seats / max(latency, 1e-9)
+    guess = 0.5 * seats / latency
+    # Past every query sent within one isolated query's latency the load is a burst: try all at once instead.
+    burst = max(2 * guess, 2 * queries / latency)
     lo, hi = 0.0, math.inf
     rate = guess
     while len(probes) < search.max_probes:
@@ -146,7 +152,7 @@ def search_capacity(config: EngineConfig, search: CapacitySearch, run: ProbeRun,
                 return answer(math.inf, (math.inf, math.inf), "meets the SLO with every query sent at once")
             if math.isfinite(hi):
                 break
-            rate = rate * 2 if rate * 2 <= guess * search.max_rate_factor else math.inf
+            rate = rate * 2 if rate * 2 <= min(burst, guess * search.max_rate_factor) else math.inf
         else:
             hi = rate
             if lo > 0:
@@ -184,6 +190,8 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
                   cost_model: Any = None) -> Capacity:
     """The capacity of `drafter` on `config` for `workload` (library entry point; probes run here, in order).
     `cost_model` default: the config's roofline model, built once for every probe."""
+    import polars as pl
+
     from agentspec_sim.engine.run import simulate
     from agentspec_sim.metrics import summarize
 
@@ -194,8 +202,10 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
                                       tensor_parallel_size=config.tensor_parallel_size,
                                       calibration=config.calibration)
 
-    def run(probe: EngineConfig) -> tuple[Probe, Any]:
-        summary = summarize(simulate(workload, drafter, probe, cost_model), slo=search.slo)
-        return summary_probe(summary), summary
+    def run(probe: EngineConfig) -> tuple[Probe, Any, tuple[float, ...]]:
+        result = simulate(workload, drafter, probe, cost_model)
+        summary = summarize(result, slo=search.slo)
+        latencies = tuple(float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"])
+        return summary_probe(summary), summary, latencies
 
     return search_capacity(config, search, run, len(workload.queries) * config.replicate)

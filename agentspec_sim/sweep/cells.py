@@ -62,6 +62,7 @@ class Cell:
     trace: str
     spec: SpeculativeConfig
     config: EngineConfig
+    search: str | None = None  # a capacity search's settings (JSON, agentspec_sim/capacity.py); None: one run
 
     @property
     def label(self) -> str:
@@ -77,6 +78,8 @@ class Cell:
         """A stable hash of everything that determines the cell's results (16 hex digits)."""
         params = {"trace": self.trace, "drafter": self.label, "speculative_config": self.spec.to_json(),
                   "engine": asdict(self.config)}
+        if self.search is not None:
+            params["capacity_search"] = self.search
         text = json.dumps(params, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -261,14 +264,14 @@ def _describe_json(spec: SpeculativeConfig) -> str:
 
 def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: Sequence[int],
                  hardware: Sequence[str], models: Sequence[str], seeds: Sequence[int],
-                 base: EngineConfig | None = None) -> list[Cell]:
+                 base: EngineConfig | None = None, search: str | None = None) -> list[Cell]:
     """The cartesian product, in a fixed order (hardware, model, max_num_seqs, seed, drafter): the
-    order of the results file."""
+    order of the results file. `search`: each cell is a capacity search with these settings."""
     base = base or EngineConfig()
     cells = []
     for hw, model, b, seed in itertools.product(hardware, models, max_num_seqs, seeds):
         config = replace(base, hardware=hw, model=model, max_num_seqs=b, seed=seed)
-        cells.extend(Cell(trace, spec, config) for spec in specs)
+        cells.extend(Cell(trace, spec, config, search) for spec in specs)
     return cells
 
 
@@ -304,5 +307,5 @@ def estimated_cost(cell: Cell, output_tokens: int, num_queries: int) -> float:
     output token, times (1 + a per-method factor ÷ the calls decoding at once, ≤ max_num_seqs)."""
     method = cell.spec.method
     concurrency = max(1, min(cell.config.max_num_seqs or 256, num_queries * cell.config.tenants))
-    per_token = _SECONDS_PER_MTOK.get(method, _DEFAULT_SECONDS_PER_MTOK)
+    per_token = _SECONDS_PER_MTOK.get(method, _DEFAULT_SECONDS_PER_MTOK) * (8 if cell.search else 1)
     return per_token * output_tokens * cell.config.tenants * (1 + _SMALL_BATCH_FACTOR.get(method, 0.7) / concurrency)

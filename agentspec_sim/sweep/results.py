@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -50,6 +51,11 @@ _FIXED_DTYPES: dict[str, pl.DataType] = {
     "cell_id": pl.Utf8(), "trace": pl.Utf8(), "drafter": pl.Utf8(), "speculative_config": pl.Utf8(),
     "max_num_seqs": pl.Int64(), "hardware": pl.Utf8(), "model": pl.Utf8(), "seed": pl.Int64(),
     "speedup": pl.Float64(), ENGINE_CONFIG: pl.Utf8(), LATENCIES: pl.List(pl.Float64()),
+    "capacity_rate": pl.Float64(), "capacity_per_gpu": pl.Float64(), "capacity_vs_normal": pl.Float64(),
+    "capacity_bracket_low": pl.Float64(), "capacity_bracket_high": pl.Float64(),
+    **{name: pl.List(pl.Float64()) for name in ("probe_rate", "probe_met", "probe_output_tok_s", "probe_ttft_p50",
+                                                "probe_ttft_p99", "probe_tpot_p50", "probe_tpot_p99",
+                                                "probe_query_latency_p50", "probe_query_latency_p99")},
 }
 Row = dict[str, Any]
 
@@ -65,16 +71,24 @@ def fill_speedups(rows: Sequence[Row], baseline_of: Mapping[str, str]) -> list[R
     `_high` (the band's runs, agentspec_sim.band) in rows that have those columns. `baseline_of` maps each
     cell_id to its group's normal cell_id."""
     goodput = {row["cell_id"]: row["goodput_tok_s"] for row in rows}
+    capacity = {row["cell_id"]: _capacity(row) for row in rows if "capacity_rate" in row}
     out = []
     for row in rows:
         base = goodput.get(baseline_of.get(row["cell_id"], ""))
         filled = {**row, "speedup": (row["goodput_tok_s"] / base) if base else None}
+        if "capacity_rate" in row:  # a capacity search's row: its capacity over normal's (inf: unbounded)
+            mine, theirs = _capacity(row), capacity.get(baseline_of.get(row["cell_id"], ""))
+            filled["capacity_vs_normal"] = (mine / theirs if theirs and math.isfinite(mine / theirs) else None)
         for bound in ("low", "high"):
             if f"goodput_tok_s_{bound}" in row:
                 value = row[f"goodput_tok_s_{bound}"]
                 filled[f"speedup_{bound}"] = value / base if base and value is not None else None
         out.append(filled)
     return out
+
+
+def _capacity(row: Row) -> float:
+    return math.inf if row.get("capacity_unbounded") else float(row.get("capacity_rate") or 0.0)
 
 
 def to_frame(rows: Sequence[Row]) -> pl.DataFrame:

@@ -10,6 +10,7 @@ workers finish in, so `-j 2` writes what `-j 1` writes (only `wall_s` is a wall-
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import polars as pl
 
+from agentspec_sim.capacity import CapacitySearch
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.sweep.cells import (
     FIGURE1_DRAFTERS,
@@ -63,18 +65,67 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     return row
 
 
+PROBE_COLUMNS = ("probe_rate", "probe_met", "probe_output_tok_s", "probe_ttft_p50", "probe_ttft_p99",
+                 "probe_tpot_p50", "probe_tpot_p99", "probe_query_latency_p50", "probe_query_latency_p99")
+
+
+def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) -> Row:
+    """One cell's capacity search (agentspec_sim/capacity.py), all its probes in this worker on one cost model;
+    its row: key columns, the capacity columns, `RunSummary.to_row()` of the run at capacity (of the isolated
+    probe where no rate passes), the engine settings, every probe as list columns (`probe_rate` 0.0: each
+    query alone; null: every query at once), and the latencies of the queries of the run at capacity."""
+    import math
+
+    from agentspec_sim.capacity import find_capacity
+    from agentspec_sim.cost import build_cost_model
+
+    config = cell.config
+    cost = build_cost_model(hardware=config.hardware, model=config.model,
+                            tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+    cap = find_capacity(workload, cell.spec, config, search, cost)
+    row = cell.key_columns()
+    gpus = config.tensor_parallel_size
+    finite = None if cap.unbounded else cap.rate
+    row.update({"capacity_rate": finite, "capacity_unbounded": cap.unbounded,
+                "capacity_per_gpu": None if finite is None else finite / gpus,
+                "capacity_output_tok_s": cap.output_tok_s, "capacity_request_throughput": cap.request_throughput,
+                "capacity_bracket_low": _finite(cap.bracket[0]), "capacity_bracket_high": _finite(cap.bracket[1]),
+                "capacity_stopped": cap.stopped, "capacity_probes": len(cap.probes),
+                "capacity_search": cell.search})
+    summary = cap.at_capacity if cap.at_capacity is not None else cap.isolated
+    for key, value in summary.to_row().items():
+        row.setdefault(key, value)
+    row[ENGINE_CONFIG] = cell.engine_config
+    probes = cap.probes
+    row["probe_rate"] = [0.0 if p.rate is None else (None if math.isinf(p.rate) else p.rate) for p in probes]
+    for column, attr in zip(PROBE_COLUMNS[1:], ("met", "output_throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_p50",
+                                                "tpot_p99", "query_latency_p50", "query_latency_p99"), strict=True):
+        row[column] = [getattr(p, attr) for p in probes]
+    row[LATENCIES] = list(cap.latencies)
+    return row
+
+
+def _finite(value: float) -> float | None:
+    import math
+
+    return value if math.isfinite(value) else None
+
+
 def sweep_cells(trace: str, drafters: Sequence[str] = FIGURE1_DRAFTERS, speculative_configs: Sequence[str] = (),
                 grid: Mapping[str, Sequence[Any]] | None = None,
                 max_num_seqs: Sequence[int] = FIGURE1_MAX_NUM_SEQS, hardware: Sequence[str] = ("a100-80g",),
                 models: Sequence[str] = ("qwen3-8b",), seeds: Sequence[int] = (0,),
-                engine: EngineConfig | None = None, max_cells: int | None = MAX_CELLS) -> list[Cell]:
+                engine: EngineConfig | None = None, max_cells: int | None = MAX_CELLS,
+                search: CapacitySearch | None = None) -> list[Cell]:
     """The cells of a sweep in results order (see `drafter_configs` and `expand_cells`); a sweep of more
-    than `max_cells` cells (None: no limit) is refused (`ResourceError`) before any is made."""
+    than `max_cells` cells (None: no limit) is refused (`ResourceError`) before any is made. `search`: each
+    cell is a capacity search."""
     grid_items = list((grid or {}).items())
     configs, given = count_configs(drafters, speculative_configs, grid_items)
     check_sweep_size(configs, given, bool(grid_items), max_num_seqs, hardware, models, seeds, max_cells)
     specs = drafter_configs(drafters, speculative_configs, grid_items)
-    return expand_cells(trace, specs, max_num_seqs, hardware, models, seeds, engine)
+    text = None if search is None else json.dumps(search.to_dict(), sort_keys=True)
+    return expand_cells(trace, specs, max_num_seqs, hardware, models, seeds, engine, text)
 
 
 def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1_DRAFTERS, *,
@@ -84,7 +135,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
               output: str | Path | None = None, resume: bool = False, jobs: int | None = 1,
               executor: str = "process", address: str | None = None, workload: Workload | None = None,
               skip_bad_lines: bool = False, progress: Progress | None = None,
-              max_cells: int | None = MAX_CELLS, band: bool = True) -> pl.DataFrame:
+              max_cells: int | None = MAX_CELLS, band: bool = True,
+              capacity: CapacitySearch | None = None) -> pl.DataFrame:
     """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
 
     `trace`: a trace path (`-`: standard input; default: the bundled coding-agent trace); `workload`: the
@@ -106,6 +158,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     and high bound (three simulations instead of one), recorded in its `<metric>_low` / `<metric>_high`
     columns (`agentspec_sim.band`); False leaves those columns null. A resumed banded cell whose earlier row
     lacks them (a file from before bands, or a run with band=False) runs again.
+    `capacity`: each cell is a capacity search under that SLO (`run_capacity_cell`: its probes run one after
+    another in the cell's worker; no band runs) instead of one run.
     """
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import STDIN_NAME, is_stdin
@@ -121,7 +175,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     stdin = workload is None and is_stdin(trace)
     trace_text = STDIN_NAME if stdin else str(trace) if trace is not None else str(default_trace_path())
     cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine,
-                        max_cells)
+                        max_cells, capacity)
     limits = _check_configs(cells)
     source = (WorkloadSource.from_stdin(skip_bad_lines) if stdin else
               WorkloadSource(trace_text, skip_bad_lines, workload, given=workload is not None))
@@ -138,7 +192,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         store.lock()  # a second sweep of this output is refused here, before it reads or runs anything
         try:
             if resume:
-                done = _kept_rows(store.previous(), cells, band)
+                done = _kept_rows(store.previous(), cells, band and capacity is None)
             store.open(done[c.cell_id] for c in cells if c.cell_id in done)
         except BaseException:
             store.release()  # an earlier run's parquet and journal stay as they were
@@ -154,7 +208,9 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
 
         jobs = min(jobs or os.cpu_count() or 1, max(1, len(todo)))  # no idle workers to start
     try:
-        with make_executor(executor, jobs, source, functools.partial(run_cell, band=band), address) as pool:
+        task = (functools.partial(run_cell, band=band) if capacity is None else
+                functools.partial(run_capacity_cell, search=capacity))
+        with make_executor(executor, jobs, source, task, address) as pool:
             # Loaded here, not before: local workers start (~1 s each, imports and their own load) meanwhile.
             loaded = source.load()
             _check_memory(loaded, todo, limits, jobs if executor == "process" else 1)
