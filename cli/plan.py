@@ -20,7 +20,7 @@ from agentspec_sim.cli.errors import UsageError
 # plan's own options; every other one shapes the sweep it runs, so with --results (a finished sweep) it is refused
 # rather than silently ignored.
 _PLAN_OPTIONS = frozenset({"results", "slo_p99_latency", "slo_ttft", "slo_tpot", "min_goodput", "allow_preemption",
-                           "as_json"})
+                           "as_json", "target_rate", "prices"})
 
 
 @app.command()
@@ -37,6 +37,18 @@ def plan(
     allow_preemption: bool = typer.Option(False, "--allow-preemption", help="Accept batch sizes at which the KV "
                                           "cache fills and vLLM preempts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of the tables."),
+    capacity: bool = typer.Option(False, "--capacity", help="Rank by capacity: the highest request rate at which "
+                                  "--slo-attainment of calls and queries meet the SLOs (--slo-ttft and --slo-tpot "
+                                  "per call, --slo-query-latency per query), per GPU. Implied by capacity results."),
+    slo_query_latency: float | None = sweep_cli.slo_query_latency_option(),
+    slo_attainment: float = sweep_cli.slo_attainment_option(),
+    capacity_tolerance: float = sweep_cli.capacity_tolerance_option(),
+    burstiness: float = sweep_cli.burstiness_option(),
+    max_concurrency: int | None = sweep_cli.max_concurrency_option(),
+    target_rate: float | None = typer.Option(None, "--target-rate", help="Queries/s to serve: the plan adds the "
+                                             "replicas that carry it."),
+    prices: Path | None = typer.Option(None, "--prices", help="$ per GPU-hour by hardware (JSON: {\"source\": …, "
+                                       "\"usd_per_gpu_hour\": {\"h100-80g\": 3.0}}); default: the bundled table."),
     drafter: str = sweep_cli.drafter_option(),
     speculative_config: list[str] = sweep_cli.speculative_config_option(),
     grid: list[str] = sweep_cli.grid_option(),
@@ -76,8 +88,27 @@ def plan(
                         ("--min-goodput", min_goodput)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise UsageError(f"{name} must be > 0 (a finite number), got {value}")
+    if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
+        raise UsageError(f"--target-rate must be > 0 queries/s (a finite number), got {target_rate}")
     slo = SLO(slo_p99_latency, slo_ttft, slo_tpot, min_goodput, allow_preemption)
+    search = None
+    if capacity and results is None:
+        if slo_p99_latency is not None or min_goodput is not None:
+            raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
+                             "(not --slo-p99-latency or --min-goodput)")
+        latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
+        load = sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1)
+        engine = sweep_cli.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len,
+                                         num_kv_blocks, tensor_parallel_size, calibration, None, replicate,
+                                         think_time, no_prefix_caching, load)
+        search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine)
+        if rate is not None:
+            raise UsageError("--rate: a capacity search varies the request rate itself")
+    elif not capacity and (slo_query_latency is not None or target_rate is not None):
+        raise UsageError("--slo-query-latency and --target-rate plan by capacity: add --capacity")
     if results is not None:
+        if capacity:
+            raise UsageError("--capacity: with --results the plan follows the file (capacity results plan by capacity)")
         if trace is not None:
             raise UsageError("--results plans from a finished sweep: give no TRACE")
         _refuse_sweep_options(ctx)
@@ -93,7 +124,20 @@ def plan(
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                                         address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json,
-                                        max_cells=max_cells, band=not no_band)
+                                        max_cells=max_cells, band=not no_band, capacity=search)
+    from agentspec_sim.sweep.capacity_plan import Prices, is_capacity_results, plan_capacity
+
+    if is_capacity_results(frame):
+        try:
+            plans = plan_capacity(frame, target_rate, Prices.load(prices))
+        except SweepError as exc:
+            raise UsageError(str(exc)) from None
+        if as_json:
+            typer.echo(json.dumps([p.to_dict() for p in plans], indent=2))
+            return
+        for p in plans:
+            _render_capacity(p)
+        return
     try:
         plans = make_plan(frame, slo)
     except SweepError as exc:
@@ -155,3 +199,67 @@ def _render(p) -> None:
         console.print(env + command, soft_wrap=True, highlight=False, markup=False)
     if p.vllm_note:
         console.print(f"note: {p.vllm_note}", highlight=False, markup=False)
+
+
+def _rate(value: float | None) -> str:
+    return "unbounded" if value is None else ("0" if value == 0 else f"{value:.3g}")
+
+
+def _render_capacity(p) -> None:
+    """The capacity plan: each drafter's capacity at each max_num_seqs, its best, the pick and the serve line."""
+    console = Console()
+    sizes = sorted({size for d in p.drafters for size in d.by_batch})
+    search = p.search
+    slo = search["slo"]
+    slo_text = ", ".join(f"{name} ≤ {slo[key]:g} s" for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"),
+                                                                      ("query", "query_latency_s")) if slo[key])
+    table = Table(title=f"capacity · {Path(p.trace).name} · {p.hardware} · {p.model}", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  caption=f"queries/s at ≥ {search['target']:.0%} SLO attainment ({slo_text}) · load: {p.protocol} · "
+                          f"by max_num_seqs; * each drafter's best per GPU")
+    table.add_column("drafter", no_wrap=True)
+    for size in sizes:
+        table.add_column(str(size), justify="right", no_wrap=True)
+    for d in p.drafters:
+        best = d.best.max_num_seqs if d.best else None
+        table.add_row(d.drafter, *((_rate(d.by_batch[s]) + ("*" if s == best else "")) if s in d.by_batch else "—"
+                                   for s in sizes))
+    console.print(table)
+    detail = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                   caption="at each drafter's best max_num_seqs · tok/s: output tokens/s at capacity · "
+                           "$/Mtok at the price of " + (f"${p.usd_per_gpu_hour:g}/GPU-hour" if p.usd_per_gpu_hour
+                                                        else "(no price for this hardware)"))
+    for name in ("drafter", "batch", "q/s/GPU", "tok/s", "$/Mtok", "TTFT p99 s", "TPOT p99 s", "query p99 s"):
+        detail.add_column(name, justify="left" if name == "drafter" else "right", no_wrap=True)
+    if p.target_rate is not None:
+        detail.add_column("replicas", justify="right")
+    for d in p.drafters:
+        b = d.best
+        if b is None:
+            detail.add_row(d.drafter, "none", *("—" for _ in range(6 + (p.target_rate is not None))))
+            continue
+        row = [d.drafter, str(b.max_num_seqs), _rate(b.capacity_per_gpu), f"{b.output_tok_s:,.0f}",
+               "—" if b.usd_per_million_tokens is None else f"{b.usd_per_million_tokens:.3f}",
+               seconds(b.ttft_p99_s), seconds(b.tpot_p99_s), seconds(b.query_latency_p99_s)]
+        if p.target_rate is not None:
+            row.append("—" if b.replicas is None else str(b.replicas))
+        detail.add_row(*row)
+    console.print(detail)
+    console.print(f"[bold]best:[/] {p.reason}", highlight=False)
+    if p.best is not None:
+        env = "".join(f"{k}={v} " for k, v in p.vllm_env.items())
+        command = " ".join(shlex.quote(a) for a in ["vllm", "serve", p.vllm_model, *p.vllm_args])
+        console.print(env + command, soft_wrap=True, highlight=False, markup=False)
+    if p.vllm_note:
+        console.print(f"note: {p.vllm_note}", highlight=False, markup=False)
+    if p.price_source:
+        console.print(f"prices: {p.price_source}", highlight=False, markup=False)
+
+
+def render_capacity_grid(frame, output: Path) -> None:
+    """`sweep --capacity`'s table: every plan's capacities (no price, no target)."""
+    from agentspec_sim.sweep.capacity_plan import plan_capacity
+
+    for p in plan_capacity(frame):
+        _render_capacity(p)
+    Console().print(f"{frame.height} cells in {output}")

@@ -14,6 +14,7 @@ from rich.table import Table
 from agentspec_sim.cli import sweep_options as shared
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import trace_argument
+from agentspec_sim.cli.errors import UsageError
 
 
 @app.command()
@@ -41,6 +42,18 @@ def sweep(
     tensor_parallel_size: int = shared.tensor_parallel_size_option(),
     calibration: Path | None = shared.calibration_option(),
     rate: float | None = shared.rate_option(),
+    request_rate: float | None = shared.request_rate_option(),
+    burstiness: float = shared.burstiness_option(),
+    max_concurrency: int | None = shared.max_concurrency_option(),
+    copies: int = shared.copies_option(),
+    capacity: bool = typer.Option(False, "--capacity", help="Each cell is a capacity search: the highest request "
+                                  "rate at which --slo-attainment of calls and queries meet the --slo-* options "
+                                  "(docs/sweep-and-plan.md)."),
+    slo_ttft: float | None = shared.slo_ttft_option(),
+    slo_tpot: float | None = shared.slo_tpot_option(),
+    slo_query_latency: float | None = shared.slo_query_latency_option(),
+    slo_attainment: float = shared.slo_attainment_option(),
+    capacity_tolerance: float = shared.capacity_tolerance_option(),
     replicate: int = shared.replicate_option(),
     think_time: float | None = shared.think_time_option(),
     no_prefix_caching: bool = shared.no_prefix_caching_option(),
@@ -50,15 +63,27 @@ def sweep(
 ) -> None:
     """Simulate every drafter configuration at every max batch size (× hardware × model × seed); write a
     results parquet cell by cell (resumable with --resume)."""
+    load = shared.load_settings(rate, request_rate, burstiness, max_concurrency, copies)
     engine = shared.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
-                           tensor_parallel_size, calibration, rate, replicate, think_time, no_prefix_caching)
+                                  tensor_parallel_size, calibration, None, replicate, think_time, no_prefix_caching,
+                                  load)
+    slo = shared.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
+    search = (shared.capacity_search(slo, slo_attainment, capacity_tolerance, burstiness, engine) if capacity
+              else None)
+    if search is None and slo.any:
+        raise UsageError("the --slo-* options are for --capacity (a sweep's rows otherwise hold one run each)")
     frame = shared.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                           max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds, engine=engine,
                           output=output, resume=resume, jobs=jobs, executor=executor, address=address,
                           skip_bad_lines=skip_bad_lines, show_progress=not quiet, max_cells=max_cells,
-                          band=not no_band)
+                          band=not no_band, capacity=search)
     if not quiet:
-        _render(frame, output)
+        if search is not None:
+            from agentspec_sim.cli.plan import render_capacity_grid
+
+            render_capacity_grid(frame, output)
+        else:
+            _render(frame, output)
 
 
 def _render(frame, output: Path) -> None:

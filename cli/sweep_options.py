@@ -96,8 +96,104 @@ def calibration_option():
 
 
 def rate_option():
-    return typer.Option(None, "--rate", help="Queries arrive as a Poisson process of this many per second "
-                        "(default: the trace's arrival times, else all at 0).")
+    return typer.Option(None, "--rate", help="The same as --request-rate (its older name).")
+
+
+def request_rate_option():
+    return typer.Option(None, "--request-rate", help="Send queries at this many per second as `vllm bench serve "
+                        "--request-rate` does (gamma gaps, Poisson at --burstiness 1; inf: all at once). Default: "
+                        "the trace's arrival times, else all at 0.")
+
+
+def burstiness_option():
+    return typer.Option(1.0, "--burstiness", help="vllm bench serve's --burstiness: the gamma shape of the gaps "
+                        "between queries (1: Poisson; < 1 burstier; inf: evenly spaced).")
+
+
+def max_concurrency_option():
+    return typer.Option(None, "--max-concurrency", help="vllm bench serve's --max-concurrency: at most N queries "
+                        "in flight, the next starting when one ends (with no rate: a closed loop of N agents).")
+
+
+def copies_option():
+    return typer.Option(1, "--copies", help="Run each query alone as B identical copies submitted together, the "
+                        "next query's when they finish (the offline LLM.generate([prompt] * B) protocol of "
+                        "published per-request speedups).")
+
+
+def slo_ttft_option():
+    return typer.Option(None, "--slo-ttft", help="TTFT SLO, seconds: a call meets it at or below this.")
+
+
+def slo_tpot_option():
+    return typer.Option(None, "--slo-tpot", help="TPOT SLO, seconds per output token after the first.")
+
+
+def slo_query_latency_option():
+    return typer.Option(None, "--slo-query-latency", help="Query latency SLO, seconds: the agent's whole query.")
+
+
+def slo_attainment_option():
+    return typer.Option(0.9, "--slo-attainment", help="Share of calls and of queries that must meet the SLOs at "
+                        "capacity (DistServe's 90 %).")
+
+
+def capacity_tolerance_option():
+    return typer.Option(0.05, "--capacity-tolerance", help="Relative precision of a capacity search's rate.")
+
+
+def load_settings(rate: float | None, request_rate: float | None, burstiness: float, max_concurrency: int | None,
+                  copies: int) -> dict:
+    """EngineConfig keywords of the load protocol (engine/load.py); --rate is --request-rate's older name."""
+    import math
+
+    if rate is not None:
+        if request_rate is not None:
+            raise UsageError("--rate is --request-rate's older name: give one of them")
+        if not (math.isfinite(rate) and rate > 0):
+            raise UsageError(f"--rate: must be a finite number of queries per second > 0, got {rate}")
+        request_rate = rate
+    if request_rate is not None and not (request_rate > 0):  # NaN too
+        raise UsageError(f"--request-rate: must be > 0 queries per second (inf: all at once), got {request_rate}")
+    if not burstiness > 0:
+        raise UsageError(f"--burstiness: must be > 0 (1 is Poisson), got {burstiness}")
+    if copies > 1 and (request_rate is not None or max_concurrency is not None):
+        raise UsageError("--copies runs each query alone: it takes no --request-rate or --max-concurrency")
+    if copies < 1:
+        raise UsageError(f"--copies: must be ≥ 1, got {copies}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise UsageError(f"--max-concurrency: must be ≥ 1, got {max_concurrency}")
+    settings: dict = {"burstiness": burstiness, "max_concurrency": max_concurrency, "copies": copies}
+    if request_rate is not None:
+        settings.update(arrival="request-rate", rate=request_rate)
+    elif max_concurrency is not None:
+        settings.update(arrival="request-rate", rate=math.inf)  # vLLM's default rate: send all, the slots gate them
+    return settings
+
+
+def latency_slo(ttft: float | None, tpot: float | None, query_latency: float | None):
+    from agentspec_sim.slo import parse_slo_options
+
+    try:
+        return parse_slo_options(ttft, tpot, query_latency)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def capacity_search(slo, attainment: float, tolerance: float, burstiness: float, engine):
+    """The capacity search the options ask for (agentspec_sim/capacity.py); its load protocol is the request
+    rate it varies, so --request-rate and --copies do not apply."""
+    from agentspec_sim.capacity import CapacitySearch
+
+    if engine.copies > 1 or (engine.arrival == "request-rate" and engine.max_concurrency is None):
+        raise UsageError("a capacity search varies the request rate itself: give no --request-rate, --rate or "
+                         "--copies")
+    if not slo.any:
+        raise UsageError("a capacity search needs a latency SLO: --slo-ttft, --slo-tpot and/or --slo-query-latency")
+    try:
+        return CapacitySearch(slo, target=attainment, tolerance=tolerance, burstiness=burstiness)
+    except ValueError as exc:
+        raise UsageError(f"--slo-attainment / --capacity-tolerance: {exc}") from None
 
 
 def replicate_option():
@@ -126,24 +222,22 @@ def skip_bad_lines_option():
 def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.92,
                   max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: int = 1,
                   calibration: Path | None = None, rate: float | None = None, replicate: int = 1,
-                  think_time: float | None = None, no_prefix_caching: bool = False):
+                  think_time: float | None = None, no_prefix_caching: bool = False, load: dict | None = None):
     """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell)."""
     import math
 
     from agentspec_sim.engine import EngineConfig, EngineConfigError
 
     # What EngineConfig lets through (NaN compares false with every bound) but no run can use.
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise UsageError(f"--rate: must be a finite number of queries per second > 0, got {rate}")
+    load = load if load is not None else load_settings(rate, None, 1.0, None, 1)
     if think_time is not None and not (math.isfinite(think_time) and think_time >= 0):
         raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
     try:
         return EngineConfig(max_num_batched_tokens=max_num_batched_tokens,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                             num_kv_blocks=num_kv_blocks, tensor_parallel_size=tensor_parallel_size,
-                            calibration=str(calibration) if calibration else None, rate=rate,
-                            arrival="poisson" if rate is not None else "recorded", replicate=replicate,
-                            think_time=think_time, enable_prefix_caching=not no_prefix_caching)
+                            calibration=str(calibration) if calibration else None, replicate=replicate,
+                            think_time=think_time, enable_prefix_caching=not no_prefix_caching, **load)
     except EngineConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -151,7 +245,7 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
 def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[str], grid: list[str],
                   max_num_seqs: str, hardware: str, model: str, seeds: int, engine, output: Path | None,
                   resume: bool, jobs: int | None, executor: str, address: str | None, skip_bad_lines: bool,
-                  show_progress: bool = True, max_cells: int = 10_000, band: bool = True):
+                  show_progress: bool = True, max_cells: int = 10_000, band: bool = True, capacity=None):
     """`run_sweep` with a progress bar; bad options → UsageError. On Ctrl-C or SIGTERM (`Interrupted`, see
     cli/errors.py) `run_sweep` writes the finished cells; the note says how many, and the exit code is
     130 or 143."""
@@ -194,7 +288,7 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
     try:
         return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                          address=address, skip_bad_lines=skip_bad_lines, progress=progress, max_cells=max_cells,
-                         band=band, **options)
+                         band=band, capacity=capacity, **options)
     except (SweepError, SpecConfigError, EngineConfigError, SimulationError) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # a bad hardware/model profile name or file

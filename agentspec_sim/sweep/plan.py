@@ -302,6 +302,18 @@ def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo:
                if unavoidable else "")
     reason = (f"{winner.drafter} at max_num_seqs {best.max_num_seqs} has the highest goodput meeting the objectives "
               f"({best.goodput_tok_s:,.0f} tok/s{speed}); larger: {winner.why}{runner_up}{refused}")
+    config, args, env, note, served = serve_flags(best, model, engine, rows)
+    overlaps, band_note = band_overlaps(winner, ranked[1:])
+    return Plan(trace, hardware, model, slo, drafters, best, reason, config, args, env, note, served, engine, overlaps,
+                band_note)
+
+
+def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list[dict[str, Any]]
+                ) -> tuple[dict[str, Any] | None, list[str], dict[str, str], str | None, str]:
+    """What deploys the chosen configuration `best` (a Choice or CapacityChoice: its speculative_config,
+    max_num_seqs, k): (its vLLM --speculative-config, the `vllm serve` flags after the model, the environment,
+    a note on what the flags cannot say, the served model). `rows`: the group's cells with the metric the
+    k-by-batch-size schedule maximises as `goodput_tok_s`."""
     from agentspec_sim.cost.profiles import served_model_name
 
     config = _vllm_config(best, rows)
@@ -327,9 +339,7 @@ def _plan_group(trace: str, hardware: str, model: str, cells: pl.DataFrame, slo:
         args += ["--speculative-config", json.dumps(config, sort_keys=True)]
         if method in _NOT_IN_VLLM or method.startswith("test-"):
             notes.insert(0, f"{method} is simulated here; vLLM 0.33 has no such method")
-    overlaps, band_note = band_overlaps(winner, ranked[1:])
-    return Plan(trace, hardware, model, slo, drafters, best, reason, config, args, env, "; ".join(notes) or None,
-                served_model_name(model) or model, engine, overlaps, band_note)
+    return config, args, env, "; ".join(notes) or None, served_model_name(model) or model
 
 
 def _draft_model(config: dict[str, Any], model: str) -> str | None:
