@@ -101,11 +101,13 @@ def burst_note(workload: Workload, config) -> str | None:
     """The line a latency table needs when every query arrives at once (the default trace records no
     arrival_s, and without --rate every query's first call then arrives at t = 0): TTFT and query latency
     are then mostly queueing behind the whole trace, not what a user of a loaded server sees. None otherwise."""
-    if config.arrival == "poisson" or (len(workload.queries) < 2 and config.replicate < 2):
+    if (config.arrival in ("poisson", "request-rate") or config.copies > 1 or config.max_concurrency is not None
+            or (len(workload.queries) < 2 and config.replicate < 2)):
         return None
     recorded = config.arrival == "recorded"
     starts = {(q.calls[0].arrival_s or 0.0) if recorded else 0.0 for q in workload.queries}
     if len(starts) > 1:
         return None
     return ("note: every query arrives at once (the trace records no arrival_s), so TTFT and query latency are "
-            "queueing behind the whole burst; --rate Q makes queries arrive as a Poisson process of Q per second")
+            "queueing behind the whole burst; --request-rate Q sends them as vllm bench serve does (Poisson, Q per "
+            "second), --max-concurrency N as N agents in a closed loop")

@@ -43,8 +43,10 @@ def plan(
     slo_query_latency: float | None = sweep_cli.slo_query_latency_option(),
     slo_attainment: float = sweep_cli.slo_attainment_option(),
     capacity_tolerance: float = sweep_cli.capacity_tolerance_option(),
+    request_rate: float | None = sweep_cli.request_rate_option(),
     burstiness: float = sweep_cli.burstiness_option(),
     max_concurrency: int | None = sweep_cli.max_concurrency_option(),
+    copies: int = sweep_cli.copies_option(),
     target_rate: float | None = typer.Option(None, "--target-rate", help="Queries/s to serve: the plan adds the "
                                              "replicas that carry it."),
     prices: Path | None = typer.Option(None, "--prices", help="$ per GPU-hour by hardware (JSON: {\"source\": …, "
@@ -102,8 +104,8 @@ def plan(
                                          num_kv_blocks, tensor_parallel_size, calibration, None, replicate,
                                          think_time, no_prefix_caching, load)
         search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine)
-        if rate is not None:
-            raise UsageError("--rate: a capacity search varies the request rate itself")
+        if rate is not None or request_rate is not None or copies != 1:
+            raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")
     elif not capacity and (slo_query_latency is not None or target_rate is not None):
         raise UsageError("--slo-query-latency and --target-rate plan by capacity: add --capacity")
     if results is not None:
@@ -117,9 +119,12 @@ def plan(
         except SweepError as exc:
             raise UsageError(str(exc)) from None
     else:
-        engine = sweep_cli.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len,
-                                         num_kv_blocks, tensor_parallel_size, calibration, rate, replicate,
-                                         think_time, no_prefix_caching)
+        if search is None:  # a capacity search's engine was made above
+            engine = sweep_cli.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len,
+                                             num_kv_blocks, tensor_parallel_size, calibration, None, replicate,
+                                             think_time, no_prefix_caching,
+                                             sweep_cli.load_settings(rate, request_rate, burstiness, max_concurrency,
+                                                                     copies))
         frame = sweep_cli.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,

@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from agentspec_sim.cli import sweep_options
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import (
     REJECTION_LEGEND,
@@ -44,8 +45,14 @@ def replay(
     hardware: str = typer.Option("a100-80g", "--hardware", help="Hardware profile."),
     model: str = typer.Option("qwen3-8b", "--model", help="Model profile (or a config.json path)."),
     calibration: Path | None = typer.Option(None, "--calibration", help="Fitted cost-profile file."),
-    rate: float | None = typer.Option(None, "--rate", help="Queries arrive as a Poisson process of this many per "
-                                      "second (default: the trace's arrival times, else all at 0)."),
+    rate: float | None = sweep_options.rate_option(),
+    request_rate: float | None = sweep_options.request_rate_option(),
+    burstiness: float = sweep_options.burstiness_option(),
+    max_concurrency: int | None = sweep_options.max_concurrency_option(),
+    copies: int = sweep_options.copies_option(),
+    slo_ttft: float | None = sweep_options.slo_ttft_option(),
+    slo_tpot: float | None = sweep_options.slo_tpot_option(),
+    slo_query_latency: float | None = sweep_options.slo_query_latency_option(),
     replicate: int = typer.Option(1, "--replicate", help="Run N independent copies of every query."),
     think_time: float | None = typer.Option(None, "--think-time", help="Seconds between a call's finish and the "
                                             "next call of its query (default: the trace's think_s)."),
@@ -64,7 +71,9 @@ def replay(
     from agentspec_sim.drafters.base import SpecConfigError, parse_drafter, parse_drafter_list
     from agentspec_sim.engine import EngineConfig, EngineConfigError, SimulationError
 
-    _check_options(seed, rate, think_time)
+    _check_options(seed, think_time)
+    load = sweep_options.load_settings(rate, request_rate, burstiness, max_concurrency, copies)
+    slo = sweep_options.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
     _check_outputs(output, steps, trace=trace, calibration=calibration, model=model, hardware=hardware,
                    speculative_config=speculative_config)
     try:
@@ -74,9 +83,8 @@ def replay(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
             tensor_parallel_size=tensor_parallel_size, hardware=hardware, model=model,
-            calibration=str(calibration) if calibration else None, rate=rate,
-            arrival="poisson" if rate is not None else "recorded", replicate=replicate, think_time=think_time,
-            enable_prefix_caching=not no_prefix_caching, seed=seed, check_invariants=check,
+            calibration=str(calibration) if calibration else None, replicate=replicate, think_time=think_time,
+            enable_prefix_caching=not no_prefix_caching, seed=seed, check_invariants=check, **load,
         )
     except (SpecConfigError, EngineConfigError) as exc:
         raise UsageError(str(exc)) from None
@@ -105,7 +113,7 @@ def replay(
 
     try:
         runs, bands, cost = _run(workload, specs, config, show_progress=not as_json, on_result=keep,
-                                 band=not no_band, on_band=None if as_json else _say_band_finished)
+                                 band=not no_band, on_band=None if as_json else _say_band_finished, slo=slo)
     except KeyboardInterrupt as exc:
         exc.note = _write_finished(path, config, finished, output, steps)  # type: ignore[attr-defined]
         raise
@@ -118,7 +126,8 @@ def replay(
 
     from agentspec_sim.cost.profiles import calibration_note
 
-    document = {"trace": str(path), "config": _config_dict(config), "cost_model": calibration_note(cost),
+    document = {"trace": str(path), "config": _config_dict(config), "slo": slo.to_dict(),
+                "cost_model": calibration_note(cost),
                 "acceptance_models": _acceptance_notes(specs, config),
                 "runs": [_run_dict(r, s, b) for (r, s), b in zip(runs, bands, strict=True)]}
     if steps is not None:
@@ -131,7 +140,7 @@ def replay(
         typer.echo(json.dumps(document, indent=2))
         return
     _render(path, runs, burst_note(workload, config), document["cost_model"], bands,
-            document["acceptance_models"])
+            document["acceptance_models"], slo)
 
 
 def _acceptance_notes(specs, config) -> dict[str, str]:
@@ -148,14 +157,12 @@ def _acceptance_notes(specs, config) -> dict[str, str]:
     return notes
 
 
-def _check_options(seed: int, rate: float | None, think_time: float | None) -> None:
+def _check_options(seed: int, think_time: float | None) -> None:
     """What EngineConfig does not check, before any work starts."""
     import math
 
     if seed < 0:
         raise UsageError(f"--seed: must be ≥ 0, got {seed}")
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise UsageError(f"--rate: must be a finite number of queries per second > 0, got {rate}")
     if think_time is not None and not math.isfinite(think_time):
         raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
 
@@ -227,7 +234,7 @@ def _say_band_finished(summary) -> None:
     Console(stderr=True, highlight=False).print(f"finished {summary.drafter}", markup=False)
 
 
-def _run(workload, specs, config, show_progress: bool, on_result=None, band: bool = True, on_band=None):
+def _run(workload, specs, config, show_progress: bool, on_result=None, band: bool = True, on_band=None, slo=None):
     """`compare`'s runs, then (`band`) each banded configuration's two bound runs (agentspec_sim/band.py):
     (runs, bands, the cost model they all priced with), a band or None per run. `on_band(summary)` sees each
     bound run as it completes."""
@@ -256,7 +263,7 @@ def _run(workload, specs, config, show_progress: bool, on_result=None, band: boo
         # One cost model for every run: its memo of linear-layer times is filled once, not per band.
         cost = build_cost_model(hardware=config.hardware, model=config.model,
                                 tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
-        runs = compare(workload, specs, config, cost_model=cost, progress=report, on_result=on_result)
+        runs = compare(workload, specs, config, cost_model=cost, progress=report, on_result=on_result, slo=slo)
         bands = []
         for result, _ in runs:
             got = run_band(workload, result.spec, config, runs[0][0], cost_model=cost, progress=report) if band \
@@ -297,7 +304,7 @@ def _write_steps(path: Path, results) -> None:
 
 
 def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None, bands=None,
-            acceptance_notes: dict[str, str] | None = None) -> None:
+            acceptance_notes: dict[str, str] | None = None, slo=None) -> None:
     from agentspec_sim.band import format_interval
 
     bands = bands or [None] * len(runs)
@@ -330,6 +337,19 @@ def _render(path: Path, runs, note: str | None = None, cost_note: str | None = N
             seconds(s.ttft.p50), seconds(s.tpot.p50), seconds(s.query_latency.p99),
         )
     console.print(table)
+    console.print(f"load: {first.protocol}", highlight=False, markup=False)
+    for _, s in runs:
+        parts = [f"{s.request_throughput:.4g} queries/s", f"{s.output_throughput_tok_s:,.0f} output tok/s over "
+                 f"{s.duration_s:,.1f} s (vLLM bench serve's throughputs)"]
+        met = s.attainment
+        if slo is not None and slo.any:
+            shares = [f"{name} {met[key]:.1%}" for name, key in (("calls", "calls"), ("queries", "queries"))
+                      if met.get(key) is not None]
+            parts.append(f"SLO attainment ({slo.describe()}): {', '.join(shares)}")
+        if s.speedup_mean_per_query is not None:
+            parts.append(f"speedup: {s.speedup_mean_per_query:.3f}× per query (mean of batch throughputs), "
+                         f"{s.speedup:.3f}× pooled")
+        console.print(f"  {s.drafter}: " + "; ".join(parts), highlight=False, markup=False)
     if note:
         console.print(note, highlight=False)
     bound = {"none": "no call ever waited for capacity", "max_num_seqs": "calls waited mostly on max_num_seqs",

@@ -102,9 +102,10 @@ def test_seconds_read_at_a_glance():
 def test_a_burst_at_t0_is_called_queueing(trace, tmp_path, monkeypatch, capsys):
     note = "every query arrives at once"
     code, out, _ = run_cli(["replay", str(trace), "--max-num-seqs", "4"], monkeypatch, capsys)
-    assert code == 0 and note in out and "--rate" in out
-    code, out, _ = run_cli(["replay", str(trace), "--max-num-seqs", "4", "--rate", "2"], monkeypatch, capsys)
-    assert code == 0 and note not in out
+    assert code == 0 and note in out and "--request-rate" in out and "--max-concurrency" in out
+    for load in (["--rate", "2"], ["--request-rate", "2"], ["--max-concurrency", "2"], ["--copies", "2"]):
+        code, out, _ = run_cli(["replay", str(trace), "--max-num-seqs", "4", *load], monkeypatch, capsys)
+        assert code == 0 and note not in out, load
     spread = write_trace(tmp_path / "spread.jsonl", arrivals=[0.0, 5.0, 10.0])
     code, out, _ = run_cli(["replay", str(spread), "--max-num-seqs", "4"], monkeypatch, capsys)
     assert code == 0 and note not in out

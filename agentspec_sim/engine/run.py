@@ -16,6 +16,7 @@ from agentspec_sim.trace.schema import Workload
 
 if TYPE_CHECKING:
     from agentspec_sim.metrics import RunSummary
+    from agentspec_sim.slo import LatencySLO
 
 
 def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str, Any] = "ngram",
@@ -59,9 +60,11 @@ def bind_engine_context(spec: SpeculativeConfig, config: EngineConfig, workload:
 def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Mapping[str, Any]],
             config: EngineConfig | None = None, cost_model: StepCostModel | None = None,
             progress: Callable[[str, int, int], None] | None = None,
-            on_result: Callable[[RunResult, RunSummary], None] | None = None) -> list[tuple[RunResult, RunSummary]]:
+            on_result: Callable[[RunResult, RunSummary], None] | None = None,
+            slo: LatencySLO | None = None) -> list[tuple[RunResult, RunSummary]]:
     """Run `normal` first, then each drafter configuration (duplicates of normal dropped), on the same
-    workload and engine; each summary's speedup is against that `normal` run. `on_result` sees each run
+    workload and engine; each summary's speedup is against that `normal` run, its attainment of `slo`
+    (agentspec_sim/slo.py) where given. `on_result` sees each run
     as it completes (so an interrupted caller keeps the finished ones). A setting vLLM refuses and a run
     that would not fit in memory fail before the first run (and the cost model) starts."""
     from agentspec_sim.metrics import summarize
@@ -84,7 +87,7 @@ def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Map
         report = None if progress is None else (lambda done, total, name=spec.name: progress(name, done, total))
         result = simulate(workload, spec, config, cost_model, report)
         baseline = baseline or result
-        out.append((result, summarize(result, baseline)))
+        out.append((result, summarize(result, baseline, slo)))
         if on_result is not None:
             on_result(*out[-1])
     return out

@@ -86,6 +86,8 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
     `sources`: how the results were made (shown verbatim under the title). Raises ResultsError when
     `batch` is missing from a setting or a step log lacks its columns."""
     out = Path(out_dir)
+    if "capacity_rate" in results.columns:
+        return write_capacity_report(results, out, title=title, sources=sources)
     means = seed_means(results)
     drafters = _drafter_order(results)
     style = plots.Style(drafters)
@@ -207,3 +209,55 @@ def _latency_lines(setting: pl.DataFrame, drafters: Sequence[str], batch: int) -
             p50, p90, p99 = np.percentile(values, (50, 90, 99))
             parts.append(f"{drafter} {p50:,.1f} / {p90:,.1f} / {p99:,.1f}")
     return "; ".join(parts)
+
+
+def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "agentspec-sim report",
+                          sources: Sequence[str] = ()) -> Report:
+    """`report.md` and its PNGs for capacity-search results (`sweep --capacity`): per setting, the capacity
+    table, latency against offered load at each drafter's best max_num_seqs with the SLO and each capacity
+    marked, and capacity against max_num_seqs; the load protocol in every title."""
+    from agentspec_sim.sweep.capacity_plan import plan_capacity
+
+    drafters = _drafter_order(results)
+    style = plots.Style(drafters)
+    report = Report(markdown=out / "report.md")
+    lines = [f"# {title}", ""]
+    lines += [f"    {s}" for s in sources] + ([""] if sources else [])
+    lines += [f"{results.height} capacity searches. A configuration's capacity is the highest request rate "
+              "(queries/s, sent as `vllm bench serve --request-rate` sends them) at which the SLO attainment target "
+              "holds for calls (TTFT, TPOT) and queries (query latency); docs/sweep-and-plan.md.", ""]
+    for plan in plan_capacity(results):
+        name = workload_name(plan.trace)
+        label = f"{name} · {plan.model} · {plan.hardware}"
+        slug = _slug(name, plan.hardware, plan.model)
+        setting = results.filter((pl.col("trace") == plan.trace) & (pl.col("hardware") == plan.hardware)
+                                 & (pl.col("model") == plan.model) & (pl.col("seed") == results["seed"].min()))
+        slo = plan.search["slo"]
+        best_rows = []
+        for d in plan.drafters:
+            if d.best is None:
+                continue
+            match = setting.filter((pl.col("drafter") == d.drafter) & (pl.col("max_num_seqs") == d.best.max_num_seqs))
+            if match.height:
+                best_rows.append(match.row(0, named=True))
+        load = f"load: {plan.protocol}, ≥ {plan.search['target']:.0%} attainment"
+        latency = plots.latency_vs_load(best_rows, style, slo, f"Latency vs offered load — {label} — {load}",
+                                        out / f"latency-load-{slug}.png")
+        capacity = plots.capacity_vs_batch(setting, style, f"Capacity vs max batch size — {label}\n{load}",
+                                           out / f"capacity-batch-{slug}.png")
+        report.figures += [latency, capacity]
+        sizes = sorted({size for d in plan.drafters for size in d.by_batch})
+        header = "| drafter | " + " | ".join(str(s) for s in sizes) + " |"
+        table = [header, "|" + "---|" * (len(sizes) + 1)]
+        for d in plan.drafters:
+            cells = ["unbounded" if d.by_batch.get(s, 0) is None else
+                     ("—" if s not in d.by_batch else f"{d.by_batch[s]:.3g}") for s in sizes]
+            table.append(f"| {d.drafter} | " + " | ".join(cells) + " |")
+        lines += [f"## {label}", "", f"Trace `{plan.trace}`; {load}; SLO "
+                  + ", ".join(f"{k} ≤ {v:g} s" for k, v in slo.items() if v) + ".", "",
+                  "Capacity (queries/s) by max_num_seqs:", "", *table, "", f"**Pick:** {plan.reason}", "",
+                  f"![Latency vs offered load]({latency.name})", "", f"![Capacity vs max batch size]({capacity.name})",
+                  ""]
+    with atomic_text(report.markdown) as handle:
+        handle.write("\n".join(lines).rstrip() + "\n")
+    return report

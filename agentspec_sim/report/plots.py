@@ -239,3 +239,72 @@ def step_drafts_vs_batch(per_step: pl.DataFrame, budget: Sequence[tuple[int, int
     _outside_legend(ax)
     fig.tight_layout()
     return _save(fig, path)
+
+
+_LATENCY_PANELS = (("ttft", "TTFT", "ttft_s"), ("tpot", "TPOT", "tpot_s"), ("query_latency", "query latency",
+                                                                             "query_latency_s"))
+
+
+def latency_vs_load(rows: Sequence[dict], style: Style, slo: dict, title: str, path: Path) -> Path:
+    """Latency against offered load, one line per drafter (its probes at its best max_num_seqs, `rows`: capacity
+    rows with the probe_* list columns): TTFT, TPOT and query latency, p99 solid and p50 dashed; each SLO a
+    horizontal line, each drafter's capacity a dotted vertical line in its colour. Probes at rate 0 (each query
+    alone) and at an infinite rate (all at once) have no place on a rate axis and are left out."""
+    fig, axes = plt.subplots(1, 3, figsize=(13.0, 4.0))
+    for ax, (key, name, slo_key) in zip(axes, _LATENCY_PANELS, strict=True):
+        for row in rows:
+            drafter, color = row["drafter"], style.color(row["drafter"])
+            rates = np.array([np.nan if r is None else r for r in row["probe_rate"]], dtype=float)
+            keep = np.isfinite(rates) & (rates > 0)
+            order = np.argsort(rates[keep])
+            for pct, line in (("p99", "-"), ("p50", "--")):
+                values = np.array([np.nan if v is None else v for v in row[f"probe_{key}_{pct}"]], dtype=float)
+                ax.plot(rates[keep][order], values[keep][order], line, marker=style.marker(drafter) if pct == "p99"
+                        else None, color=color, markersize=4,
+                        label=f"{drafter} (max_num_seqs {row['max_num_seqs']})" if pct == "p99" else None)
+            if row.get("capacity_rate"):
+                ax.axvline(row["capacity_rate"], color=color, linestyle=":", linewidth=1.2)
+        if slo.get(slo_key):
+            ax.axhline(slo[slo_key], color="red", linewidth=1.2, label=f"SLO {slo[slo_key]:g} s")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load (queries/s, log)")
+        ax.set_ylabel(f"{name} (s, log): p99 solid, p50 dashed")
+        ax.grid(True, alpha=0.3, which="both")
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    fig.legend(handles, labels, fontsize="small", loc="lower center", ncol=min(4, len(labels)),
+               bbox_to_anchor=(0.5, -0.02))
+    fig.suptitle(title + "\n(dotted verticals: each drafter's capacity)", fontsize="medium")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return _save(fig, path)
+
+
+def capacity_vs_batch(setting: pl.DataFrame, style: Style, title: str, path: Path) -> Path:
+    """Capacity (queries/s at the attainment target; an unbounded cell drawn as a hollow marker at the top of the
+    axis) against max_num_seqs, one line per drafter."""
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
+    sizes = setting["max_num_seqs"].unique().sort().to_list()
+    finite = setting.filter(~pl.col("capacity_unbounded"))["capacity_rate"].drop_nulls()
+    top = float(finite.max()) * 1.5 if finite.len() and finite.max() else 1.0
+    for drafter in style.drafters:
+        rows = setting.filter(pl.col("drafter") == drafter).sort("max_num_seqs")
+        if rows.height == 0:
+            continue
+        x = rows["max_num_seqs"].to_numpy()
+        unbounded = rows["capacity_unbounded"].to_numpy()
+        y = np.where(unbounded, top, rows["capacity_rate"].fill_null(0.0).to_numpy())
+        ax.plot(x, y, marker=style.marker(drafter), color=style.color(drafter), label=drafter)
+        if unbounded.any():
+            ax.scatter(x[unbounded], y[unbounded], s=80, facecolors="none", edgecolors=style.color(drafter))
+    _batch_axis(ax, sizes)
+    ax.set_ylabel("capacity (queries/s; hollow: unbounded)")
+    ax.set_title(title, fontsize="medium")
+    ax.grid(True, alpha=0.3)
+    _outside_legend(ax)
+    fig.tight_layout()
+    return _save(fig, path)
