@@ -1,6 +1,6 @@
 """The simulator's speed, in one script: prints tables and writes benchmarks/results.json.
 
-Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic,cold,proxy] [--trace PATH]… [--queries N]
+Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic,cold,proxy,capacity] [--trace PATH]… [--queries N]
                                 [--drafters normal,ngram,suffix,agentspec] [--seqs 1,32,256]
                                 [--scale reflexion:1M,3M,10M coding:1M] [--scale-drafter agentspec]
                                 [--sweep-jobs 1,2] [--sweep-repeats R] [--sweep-queries N]
@@ -32,6 +32,9 @@ engine and scale runs not repeated this time):
 - cold: a fresh install's first runs — `agentspec-sim replay traces/swe-agent.jsonl.zst --drafter normal`
   and the README's `agentspec-sim replay` — in a child with empty numba and table caches (every kernel
   the run uses compiled, every table built: CPU and wall seconds), then again warm; --cold-repeats R.
+- capacity: `agentspec-sim sweep TRACE --capacity --slo-ttft 5 --slo-tpot 0.1` (--capacity-slo) over the
+  Figure-1 drafters × max_num_seqs 1, 4, 16, 64, 256, -j J for each J in --sweep-jobs, the table cache empty
+  but for the loaded trace: wall and CPU seconds, probes (one simulation each), CPU seconds per probe.
 - arctic: benchmarks/suffix_vs_arctic.py (suffix vs ArcticInference's C++ per call-step and per call
   start) when arctic-inference is installed; otherwise recorded as skipped.
 - proxy: benchmarks/proxy_bench.py, the recording proxy on loopback against the stub server, whole and
@@ -347,6 +350,45 @@ def section_sweep(args, console) -> dict:
             "max_num_seqs": FIGURE1_SEQS, "runs": runs}
 
 
+CAPACITY_SEQS = "1,4,16,64,256"
+
+
+def section_capacity(args, console) -> dict:
+    """`agentspec-sim sweep TRACE --capacity` over the Figure-1 drafters × max_num_seqs 1, 4, 16, 64, 256 with
+    the SLOs of docs/sweep-and-plan.md's worked example, -j J for each J in --sweep-jobs: wall and CPU seconds
+    in all processes, probes (simulations) in all, CPU seconds per probe; the table cache as a user's first
+    search of the trace finds it (empty: the search builds the drafters' tables) unless --capacity-warm."""
+    import polars as pl
+
+    from agentspec_sim.trace.bundled import default_trace_path
+
+    trace = Path(args.trace[0]) if args.trace else default_trace_path()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for jobs in (int(j) for j in args.sweep_jobs.split(",")):
+            env = {**os.environ, "AGENTSPEC_SIM_CACHE": str(Path(tmp) / f"cache-{jobs}")}
+            _load_into_cache(trace, env)
+            out = Path(tmp) / f"capacity-{jobs}.parquet"
+            cmd = [sys.executable, "-m", "agentspec_sim.cli", "sweep", str(trace), "--capacity",
+                   *args.capacity_slo.split(), "--max-num-seqs", CAPACITY_SEQS, "-j", str(jobs), "-o", str(out), "-q"]
+            t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+            if done.returncode != 0:
+                raise SystemExit(f"capacity -j {jobs} failed: {done.stderr.strip().splitlines()[-1:]}")
+            frame = pl.read_parquet(out)
+            probes = int(frame["capacity_probes"].sum())
+            per_drafter = {d: int(p) for d, p in frame.group_by("drafter", maintain_order=True)
+                           .agg(pl.col("capacity_probes").sum()).rows()}
+            runs.append({"trace": trace.name, "jobs": jobs, "slo": args.capacity_slo, "cells": frame.height,
+                         "probes": probes, "probes_by_drafter": per_drafter, "wall_s": wall, "cpu_s": cpu,
+                         "cpu_s_per_probe": cpu / probes, "load_average": os.getloadavg()[0]})
+            console.print(f"capacity -j {jobs}: {frame.height} searches, {probes} probes in {wall:.1f} s wall, "
+                          f"{cpu:.1f} CPU s ({cpu / probes:.2f} CPU s per probe)")
+    return {"trace": trace.name, "max_num_seqs": CAPACITY_SEQS, "runs": runs}
+
+
 def section_arctic(args, console) -> dict:
     try:
         import arctic_inference  # noqa: F401
@@ -418,7 +460,7 @@ def section_proxy(args, console) -> dict:
 
 
 SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_sweep, "arctic": section_arctic,
-            "cold": section_cold, "proxy": section_proxy}
+            "cold": section_cold, "proxy": section_proxy, "capacity": section_capacity}
 
 
 def child_main(argv: list[str]) -> None:
@@ -455,6 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweep-queries", type=int, default=None, help="sweep only the first N queries")
     parser.add_argument("--sweep-drafters", default=None, help="sweep these drafters (default: sweep's own list)")
     parser.add_argument("--cold-repeats", type=int, default=1, help="cold: run each cold/warm pair R times")
+    parser.add_argument("--capacity-slo", default="--slo-ttft 5 --slo-tpot 0.1",
+                        help="capacity: the SLO options of the search")
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="JSON results file")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")

@@ -93,6 +93,12 @@ def plan(
     if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
         raise UsageError(f"--target-rate must be > 0 queries/s (a finite number), got {target_rate}")
     slo = SLO(slo_p99_latency, slo_ttft, slo_tpot, min_goodput, allow_preemption)
+    from agentspec_sim.sweep.capacity_plan import Prices, is_capacity_results, plan_capacity
+
+    try:
+        price_table = Prices.load(prices)  # a bad price file fails before any sweep runs
+    except SweepError as exc:
+        raise UsageError(str(exc)) from None
     search = None
     if capacity and results is None:
         if slo_p99_latency is not None or min_goodput is not None:
@@ -130,11 +136,9 @@ def plan(
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                                         address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json,
                                         max_cells=max_cells, band=not no_band, capacity=search)
-    from agentspec_sim.sweep.capacity_plan import Prices, is_capacity_results, plan_capacity
-
     if is_capacity_results(frame):
         try:
-            plans = plan_capacity(frame, target_rate, Prices.load(prices))
+            plans = plan_capacity(frame, target_rate, price_table)
         except SweepError as exc:
             raise UsageError(str(exc)) from None
         if as_json:
