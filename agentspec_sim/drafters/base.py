@@ -324,6 +324,16 @@ class BaseDrafter:
         # Model-free proposers (n-gram lookup, suffix trees) run on the CPU between steps.
         return float(cost.model_free_draft_time(len(rows))) if len(rows) else 0.0
 
+    def draft_time_bound(self, cost: StepCostModel, num_calls: int, draft_len: int,
+                         context_lens: np.ndarray) -> float | None:
+        """The most seconds one proposal over at most `num_calls` rows, drafts of at most `draft_len` tokens and
+        contexts of at most `context_lens`, can take (`draft_time` is non-decreasing in each): the event loop's
+        horizon (engine/simulator.py `_step_bound`). None for a drafter that prices drafting its own way and
+        states no bound."""
+        if type(self).draft_time is not BaseDrafter.draft_time:
+            return None
+        return float(cost.model_free_draft_time(num_calls)) if num_calls else 0.0
+
 
 # --------------------------------------------------------------------------------------------
 # Registry

@@ -627,6 +627,18 @@ class ModelBasedDrafter(BaseDrafter):
         except ValueError as exc:  # the target model has no such draft network (e.g. mtp on Qwen3-8B)
             raise SpecConfigError(f"method {self.name!r}: {exc}") from None
 
+    def draft_time_bound(self, cost: StepCostModel, num_calls: int, draft_len: int,
+                         context_lens: np.ndarray) -> float | None:
+        """`draft_time` of `num_calls` rows drafting `draft_len` tokens at these (largest) contexts."""
+        if not num_calls:
+            return 0.0
+        try:
+            return float(cost.draft_model_time(num_calls, draft_len, context_lens, kind=self.name))
+        except TypeError:
+            return float(cost.draft_model_time(num_calls, draft_len, context_lens))
+        except ValueError:
+            return None
+
     def acceptance_tables(self, tokens: np.ndarray, hist_off: np.ndarray, prompt_len: np.ndarray,
                           target_len: np.ndarray, calls: Sequence, call_ids: Sequence[str],
                           tokens_digest: bytes | None = None) -> AcceptanceTables:

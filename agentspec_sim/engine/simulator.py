@@ -349,7 +349,8 @@ class Simulator:
         (one when other events are pending), price them, and push DONE at the end of the last."""
         sched, log = self.scheduler, self.log
         chain = not self.heap
-        room = self.max_run_steps if chain else 1
+        room = self.max_run_steps if chain or self.max_run_steps == 1 else min(self.max_run_steps,
+                                                                               self._steps_before(self.heap[0][0]))
         seqs = self.limits.max_num_seqs
         steps = 0
         drafting = self.fast.run_state() if self.fast is not None else None  # also for one step: same containers
@@ -369,6 +370,63 @@ class Simulator:
             return
         end = self._price(self.step_count, self.step_count + steps)
         self._push(end, DONE, (self.step_count, self.step_count + steps))
+
+    def _steps_before(self, t_next: float) -> int:
+        """How many steps a run may take with an event pending at `t_next` (an arrival): as many as surely all
+        start before it, so none of them would have seen it — m with (m − 1)·τ < t_next − now, τ an upper
+        bound on one step's drafting plus forward time over the next steps (`_step_bound`). The run stops
+        anyway at the first step in which a call finishes (its successor arrives through the event loop), so
+        nothing joins the engine inside it. At least 1 (the one step per event of the plain loop)."""
+        gap = t_next - self.now
+        if gap <= 0.0:
+            return 1
+        bound = self._step_bound()
+        if bound is None or not bound > 0.0:
+            return 1
+        steps = gap / (bound * (1.0 + 1e-9))  # the margin covers the rounding of summed step times
+        return max(1, int(min(steps, float(self.max_run_steps))))
+
+    def _step_bound(self) -> float | None:
+        """Seconds no step can exceed while the calls now in the engine (running and waiting) are all it holds:
+        the cost model priced on a batch that dominates every batch they can form (MONOTONE: more tokens or
+        context never cost less) — min(max_num_seqs, calls) calls, each at the largest final context of
+        those calls, each with the most tokens one can schedule in a step: 1 + the longest draft the budget
+        policy allows, or its prefill left (capped by the token budget); any call's whole context when the
+        KV cache could run out (a preempted call is recomputed) — plus the drafter's bound on one proposal
+        over those rows. None where that cannot be bounded (a policy or drafter with no stated maximum)."""
+        qu = self.scheduler.qu
+        rows = np.concatenate([qu.running[:int(qu.q[0])], self.scheduler._waiting_rows()])
+        if rows.shape[0] == 0:
+            return None
+        k = self._draft_len_bound()
+        col = self.table.cols
+        final = col["prompt_len"][rows] + col["target_len"][rows]
+        n = min(rows.shape[0], self.limits.max_num_seqs)
+        context = np.sort(final)[::-1][:n].astype(np.int64)
+        budget = self.limits.max_num_batched_tokens
+        bs = self.config.block_size
+        demand = int(((final + (k or budget)) // bs + 2).sum())
+        if k is not None and demand <= self.kv.pool.usable:  # every call fits at once: nothing is preempted
+            left = col["prompt_len"][rows] + col["num_emitted"][rows] - col["num_computed"][rows]
+            tokens = max(1 + k, min(budget, int(left.max())))
+        else:
+            tokens = min(budget, int(final.max()))
+        forward = float(self.cost.step_time(BatchShape(np.full(n, tokens, dtype=np.int64), context,
+                                                       np.zeros(n, dtype=bool))).total_s)
+        if self.spec.num_speculative_tokens == 0 and k == 0:
+            return forward
+        draft = self.drafters[0].draft_time_bound(self.cost, n, max(k or 1, 1), context)
+        return None if draft is None else forward + draft
+
+    def _draft_len_bound(self) -> int | None:
+        """The longest draft the budget policy lets a call propose (drafters propose within it); None: unstated."""
+        policy = self.policy
+        if isinstance(policy, FixedK):
+            return max(policy.k, self.spec.num_speculative_tokens)
+        if isinstance(policy, BatchSizeSchedule):
+            return max(int(self._k_of_batch().max()), self.spec.num_speculative_tokens)
+        k_max = getattr(policy, "k_max", None)
+        return None if k_max is None else max(int(k_max), self.spec.num_speculative_tokens)
 
     def _price(self, k0: int, k1: int) -> float:
         """Times of steps k0 … k1 − 1 (logged, not yet priced); returns the end of the last one.
