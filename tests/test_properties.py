@@ -75,12 +75,25 @@ def engines(draw, trace, k: int):
     lookahead = draw(st.sampled_from([0, k]))
     need = max((cdiv(min(c.prompt_len + min(c.output_len, max_len - c.prompt_len) + lookahead, max_len), block)
                 for c in trace.calls if c.prompt_len < max_len), default=1)
-    arrival = draw(st.sampled_from(["recorded", "zero", "poisson"]))
+    # The load protocols (engine/load.py): the trace's arrivals, a burst, Poisson, vLLM bench serve's request
+    # rate (gamma, any burstiness), max concurrency (closed loop or gated rate), identical copies.
+    arrival = draw(st.sampled_from(["recorded", "zero", "poisson", "request-rate", "max-concurrency", "copies"]))
+    load: dict = {"replicate": draw(st.integers(1, 2))}
+    if arrival == "poisson":
+        load.update(arrival="poisson", rate=draw(st.floats(1.0, 200.0)))
+    elif arrival in ("request-rate", "max-concurrency"):
+        load.update(arrival="request-rate", rate=draw(st.sampled_from([float("inf"), 5.0, 80.0])),
+                    burstiness=draw(st.sampled_from([0.25, 1.0, float("inf")])))
+        if arrival == "max-concurrency":
+            load["max_concurrency"] = draw(st.integers(1, 3))
+    elif arrival == "copies":
+        load = {"copies": draw(st.integers(2, 3))}
+    else:
+        load["arrival"] = arrival
     return config(
         max_num_seqs=seqs, max_num_batched_tokens=max(seqs, draw(st.sampled_from([8, 16, 48, 256]))),
         block_size=block, max_model_len=max_len, num_kv_blocks=need + 1 + draw(st.sampled_from([0, 1, 3, 8, 40])),
-        enable_prefix_caching=draw(st.booleans()), replicate=draw(st.integers(1, 2)), arrival=arrival,
-        rate=draw(st.floats(1.0, 200.0)) if arrival == "poisson" else None, seed=draw(st.integers(0, 2**16)),
+        enable_prefix_caching=draw(st.booleans()), seed=draw(st.integers(0, 2**16)), **load,
     )
 
 

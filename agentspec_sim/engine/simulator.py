@@ -26,7 +26,11 @@ vLLM's n-gram proposers `ngram` and `ngram-v2`; `eagle3`/`mtp` from their accept
 `agentspec` from its history in steps where no call starts or finishes (`InlineHistory`); `suffix`
 in steps where exactly the active calls emitted (`InlineSuffix`); anything else stops the run and
 the drafter's own Python hooks do that step), every next call of a query arriving the instant its
-predecessor ends (those join the waiting queue inside the run). It prices them in one `step_times`
+predecessor ends (those join the waiting queue inside the run). With an event pending (a query sent
+later under a load protocol, a call after its think time) a run takes as many steps as surely all start
+before that event (`_step_bound`: an upper bound on a step's time from the cost model, which is
+MONOTONE) and ends at the first step in which a call finishes, so no step of it could have seen the
+event. It prices them in one `step_times`
 call and pushes one DONE at the end of the last; DONE then does for the run what it does for one
 step. The steps, their order and their times are those of one step per STEP event
 (`max_run_steps = 1`; tests/test_engine_golden.py pins whole runs, tests/test_engine_fast_paths.py
