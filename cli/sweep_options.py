@@ -153,6 +153,9 @@ def load_settings(rate: float | None, request_rate: float | None, burstiness: fl
         if not (math.isfinite(rate) and rate > 0):
             raise UsageError(f"--rate: must be a finite number of queries per second > 0, got {rate}")
         request_rate = rate
+        Console(stderr=True, highlight=False).print(
+            f"note: --rate {rate:g} is --request-rate {rate:g}, vllm bench serve's name: queries are sent as it sends "
+            "them (Poisson gaps rescaled so the last is sent at N/R; the first after one gap)", markup=False)
     if request_rate is not None and not (request_rate > 0):  # NaN too
         raise UsageError(f"--request-rate: must be > 0 queries per second (inf: all at once), got {request_rate}")
     if not burstiness > 0:
