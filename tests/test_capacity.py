@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.optimize import brentq
 from simhelpers import ConstantCost, agent_query, call, config, workload
 
@@ -49,6 +51,24 @@ def test_search_stops_at_once_when_no_rate_can_meet_the_slo():
     cap = find_capacity(single_calls(20, 4), "normal", config(max_num_seqs=4, check_invariants=False), search,
                         StepClockCost())
     assert cap.rate == 0.0 and len(cap.probes) == 1 and "alone" in cap.stopped
+
+
+@given(seed=st.integers(0, 2**16), queries=st.integers(4, 24), seqs=st.integers(1, 4),
+       ttft=st.sampled_from([0.02, 0.05, 0.2]), latency=st.sampled_from([None, 0.5, 2.0]),
+       factor=st.floats(1.01, 4.0), drafter=st.sampled_from(["normal", "ngram", "suffix"]))
+@settings(deadline=None)
+def test_looser_slos_never_lower_capacity_property(seed, queries, seqs, ttft, latency, factor, drafter):
+    """At every rate a looser SLO passes whatever a stricter one passes (the same runs), and the search's path only
+    diverges upward: its capacity is never lower, whatever the trace's attainment curve looks like."""
+    rng = np.random.default_rng(seed)
+    wl = workload(*[agent_query(rng, f"q{i}", int(rng.integers(1, 3)), out_len=int(rng.integers(4, 16)), vocab=6,
+                                think_s=0.05) for i in range(queries)])
+    cfg = config(max_num_seqs=seqs, check_invariants=False)
+    strict = LatencySLO(ttft_s=ttft, query_latency_s=latency)
+    cost = ConstantCost(per_token_s=1e-4)
+    a = find_capacity(wl, drafter, cfg, CapacitySearch(strict, tolerance=0.1), cost)
+    b = find_capacity(wl, drafter, cfg, CapacitySearch(strict.looser(factor), tolerance=0.1), cost)
+    assert b.rate >= a.rate, (a.rate, b.rate, a.probes, b.probes)
 
 
 def test_a_looser_slo_never_lowers_capacity():
