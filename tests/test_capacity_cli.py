@@ -120,3 +120,16 @@ def test_a_price_file_overrides_and_bad_ones_are_refused(tmp_path):
 
     with pytest.raises(SweepError, match="must be a price > 0"):
         Prices.load(bad)
+
+
+def test_sweep_under_copies_records_the_per_query_speedup(trace, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "copies.parquet"
+    code, text, err = run_cli(["sweep", str(trace), "--copies", "4", "--drafter", "ngram", "--max-num-seqs", "4",
+                               "-j", "1", "-o", str(out)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "per-query mean" in " ".join(text.split())
+    frame = pl.read_parquet(out)
+    assert frame["drafter"].to_list() == ["normal", "ngram"]
+    per_query = frame["speedup_mean_per_query"].to_list()
+    assert per_query[0] == pytest.approx(1.0) and per_query[1] is not None and per_query[1] > 0
+    assert frame["query_batch_s"].list.len().to_list() == [12, 12]  # one batch time per trace query

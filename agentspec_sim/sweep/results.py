@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from agentspec_sim import outputs, strict_json
@@ -44,6 +45,9 @@ from agentspec_sim.sweep.cells import SweepError
 
 KEY_COLUMNS = ("cell_id", "trace", "drafter", "speculative_config", "max_num_seqs", "hardware", "model", "seed")
 LATENCIES = "query_latencies_s"
+# Under --copies: each trace query's batch time (its copies' send to the last one's finish), for the per-query
+# speedup (`speedup_mean_per_query`, agentspec_sim/metrics.py).
+BATCH_TIMES = "query_batch_s"
 # The engine settings the sweep's cells share, as JSON (`Cell.engine_config`); absent in files written before
 # it was recorded.
 ENGINE_CONFIG = "engine_config"
@@ -51,6 +55,7 @@ _FIXED_DTYPES: dict[str, pl.DataType] = {
     "cell_id": pl.Utf8(), "trace": pl.Utf8(), "drafter": pl.Utf8(), "speculative_config": pl.Utf8(),
     "max_num_seqs": pl.Int64(), "hardware": pl.Utf8(), "model": pl.Utf8(), "seed": pl.Int64(),
     "speedup": pl.Float64(), ENGINE_CONFIG: pl.Utf8(), LATENCIES: pl.List(pl.Float64()),
+    BATCH_TIMES: pl.List(pl.Float64()), "speedup_mean_per_query": pl.Float64(),
     "capacity_rate": pl.Float64(), "capacity_per_gpu": pl.Float64(), "capacity_vs_normal": pl.Float64(),
     "capacity_bracket_low": pl.Float64(), "capacity_bracket_high": pl.Float64(),
     **{name: pl.List(pl.Float64()) for name in ("probe_rate", "probe_met", "probe_output_tok_s", "probe_ttft_p50",
@@ -71,11 +76,21 @@ def fill_speedups(rows: Sequence[Row], baseline_of: Mapping[str, str]) -> list[R
     `_high` (the band's runs, agentspec_sim.band) in rows that have those columns. `baseline_of` maps each
     cell_id to its group's normal cell_id."""
     goodput = {row["cell_id"]: row["goodput_tok_s"] for row in rows}
+    by_id = {row["cell_id"]: row for row in rows}
     capacity = {row["cell_id"]: _capacity(row) for row in rows if "capacity_rate" in row}
     out = []
     for row in rows:
         base = goodput.get(baseline_of.get(row["cell_id"], ""))
         filled = {**row, "speedup": (row["goodput_tok_s"] / base) if base else None}
+        if BATCH_TIMES in row:  # --copies: the mean over queries of normal's batch time over this one's
+            from agentspec_sim.metrics import speedup_mean_per_query
+
+            base_row = by_id.get(baseline_of.get(row["cell_id"], ""))
+            mine = np.array([np.nan if x is None else x for x in row[BATCH_TIMES]], dtype=float)
+            theirs = (np.array([np.nan if x is None else x for x in base_row[BATCH_TIMES]], dtype=float)
+                      if base_row is not None and base_row.get(BATCH_TIMES) is not None else None)
+            filled["speedup_mean_per_query"] = (speedup_mean_per_query(mine, theirs) if theirs is not None
+                                                and theirs.shape == mine.shape else None)
         if "capacity_rate" in row:  # a capacity search's row: its capacity over normal's (inf: unbounded)
             mine, theirs = _capacity(row), capacity.get(baseline_of.get(row["cell_id"], ""))
             filled["capacity_vs_normal"] = (mine / theirs if theirs and math.isfinite(mine / theirs) else None)

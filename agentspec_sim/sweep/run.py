@@ -33,7 +33,15 @@ from agentspec_sim.sweep.cells import (
     start_order,
 )
 from agentspec_sim.sweep.executors import WorkloadSource, make_executor
-from agentspec_sim.sweep.results import ENGINE_CONFIG, LATENCIES, ResultStore, Row, fill_speedups, to_frame
+from agentspec_sim.sweep.results import (
+    BATCH_TIMES,
+    ENGINE_CONFIG,
+    LATENCIES,
+    ResultStore,
+    Row,
+    fill_speedups,
+    to_frame,
+)
 from agentspec_sim.trace.schema import Workload
 
 Progress = Callable[[int, int, Row | None], None]
@@ -62,6 +70,10 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     row.update(empty_columns() if bounds is None else bounds.columns())
     row[ENGINE_CONFIG] = cell.engine_config
     row[LATENCIES] = [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
+    if config.copies > 1:  # each query's batch time: the sweep divides normal's by it (speedup_mean_per_query)
+        from agentspec_sim.metrics import per_query_batch_s
+
+        row[BATCH_TIMES] = [None if x != x else float(x) for x in per_query_batch_s(result)]
     return row
 
 
