@@ -49,16 +49,21 @@ def request_rate_arrivals(n: int, rate: float, burstiness: float, rng: np.random
     return times
 
 
-def protocol(config: EngineConfig) -> str:
-    """The load protocol of a run in a few words, for tables and plot titles."""
+def protocol(config: EngineConfig, varied_rate: bool = False) -> str:
+    """The load protocol of a run in a few words, for tables and plot titles; `varied_rate`: a capacity search's,
+    whose request rate R is what varies."""
     think = "" if config.think_time is None else f", think {config.think_time:g} s"
     if config.copies > 1:
         return f"copies {config.copies} (each query alone, offline batch){think}"
-    if config.arrival == "request-rate":
-        rate = "inf" if math.isinf(config.rate) else f"{config.rate:g}"
+    if config.arrival == "request-rate" or varied_rate:
         shape = ("Poisson" if config.burstiness == 1 else
                  "evenly spaced" if math.isinf(config.burstiness) else f"gamma, burstiness {config.burstiness:g}")
-        text = f"request rate {rate}/s ({shape})" if not math.isinf(config.rate) else "request rate inf (all at once)"
+        if varied_rate:
+            text = f"request rate R ({shape})"
+        elif math.isinf(config.rate):
+            text = "request rate inf (all at once)"
+        else:
+            text = f"request rate {config.rate:g}/s ({shape})"
     elif config.arrival == "poisson":
         text = f"Poisson {config.rate:g}/s, first at 0"
     elif config.arrival == "zero":

@@ -225,11 +225,9 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
     search = json.loads(group["capacity_search"][0])
     shared = {k: v for k, v in (engine or {}).items() if k in EngineConfig.__dataclass_fields__}
     try:
-        shown = protocol(replace(EngineConfig(**shared), arrival="request-rate", rate=1.0,
-                                 burstiness=search["burstiness"]))
-    except (TypeError, ValueError):
-        shown = "request rate"
-    shown = shown.replace("request rate 1/s", "request rate R")
+        shown = protocol(replace(EngineConfig(**shared), burstiness=search["burstiness"]), varied_rate=True)
+    except (TypeError, ValueError):  # settings this version does not know
+        shown = "request rate R"
     plan_base = dict(trace=trace, hardware=hardware, model=model, search=search, protocol=shown, drafters=drafters,
                      target_rate=target_rate, price_source=prices.source if price else None, usd_per_gpu_hour=price,
                      engine=engine)
