@@ -9,7 +9,8 @@ attainment `met` ≥ `target`:
 1. Isolated probe: every query alone (max concurrency 1, no rate). If even then attainment misses the
    target, no rate can meet it (more load only adds queueing): capacity 0 after one probe.
 2. Bracket: from a first guess — Little's law with the isolated latency, min(max_num_seqs, queries) /
-   mean query latency, halved — double the rate while it passes, halve it while it fails, until one
+   p50 query latency, halved, or ¾ of the engine's throughput ceiling at a full batch (`throughput_ceiling`)
+   where that is lower — double the rate while it passes, halve it while it fails, until one
    passing and one failing rate are found. A rate that still passes at `max_rate_factor` × the guess is
    probed at an infinite rate (every query at once); passing there, the capacity is unbounded on this
    trace (`unbounded`) and ranked by the throughput of that probe.
@@ -29,6 +30,8 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.slo import LatencySLO
@@ -113,10 +116,12 @@ def probe_config(config: EngineConfig, rate: float | None, burstiness: float) ->
     return replace(config, arrival="request-rate", rate=rate, burstiness=burstiness, copies=1)
 
 
-def search_capacity(config: EngineConfig, search: CapacitySearch, run: ProbeRun, queries: int) -> Capacity:
+def search_capacity(config: EngineConfig, search: CapacitySearch, run: ProbeRun, queries: int,
+                    ceiling: Callable[[Any], float | None] | None = None) -> Capacity:
     """The capacity of one configuration (module docstring). `run(config)` replays the trace on `config` and
     returns (its Probe, its RunSummary, its completed queries' latencies); `queries` is the number of query
-    instances the trace sends."""
+    instances the trace sends; `ceiling(isolated summary)`, an estimate of the most queries/s the engine can
+    serve (`throughput_ceiling`), caps the first guess."""
     probes: list[Probe] = []
     summaries: dict[float | None, tuple[Any, tuple[float, ...]]] = {}
     target = search.target
@@ -141,6 +146,9 @@ def search_capacity(config: EngineConfig, search: CapacitySearch, run: ProbeRun,
     latency = max(alone.query_latency_p50 or 1.0, 1e-9)
     seats = max(1, min(config.max_num_seqs or 256, queries))
     guess = 0.5 * seats / latency
+    top = ceiling(summaries[None][0]) if ceiling is not None else None
+    if top is not None and top > 0:
+        guess = min(guess, 0.75 * float(top))
     # Past every query sent within one isolated query's latency the load is a burst: try all at once instead.
     burst = max(2 * guess, 2 * queries / latency)
     lo, hi = 0.0, math.inf
@@ -177,6 +185,26 @@ def search_capacity(config: EngineConfig, search: CapacitySearch, run: ProbeRun,
     return answer(lo, (lo, hi), stopped)
 
 
+def throughput_ceiling(workload: Any, config: EngineConfig, cost_model: Any, isolated: Any) -> float | None:
+    """Queries/s the engine could serve at most, roughly: max_num_seqs calls decoding at the trace's mean
+    context (output-token weighted), each step emitting the isolated run's mean acceptance length per call,
+    over the mean output tokens per query. A guess for the search's start (the batch stops limiting the load
+    long before it fills), not a bound."""
+    from agentspec_sim.cost.base import BatchShape
+    from agentspec_sim.engine.config import resolve
+
+    calls = [c for q in workload.queries for c in q.calls]
+    out = np.array([c.output_len for c in calls], dtype=np.float64)
+    if not calls or out.sum() <= 0:
+        return None
+    context = float(((np.array([c.prompt_len for c in calls], dtype=np.float64) + out / 2) * out).sum() / out.sum())
+    seqs = resolve(config).max_num_seqs
+    step = float(cost_model.step_time(BatchShape.decode(seqs, int(context))).total_s)
+    per_step = seqs * (isolated.mean_acceptance_length or 1.0)
+    per_query = out.sum() / len(workload.queries)
+    return per_step / step / per_query if step > 0 else None
+
+
 def summary_probe(summary: Any) -> Probe:
     """A Probe from a run's RunSummary (agentspec_sim.metrics)."""
     a = summary.attainment
@@ -208,4 +236,5 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
         latencies = tuple(float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"])
         return summary_probe(summary), summary, latencies
 
-    return search_capacity(config, search, run, len(workload.queries) * config.replicate)
+    return search_capacity(config, search, run, len(workload.queries) * config.replicate,
+                           lambda isolated: throughput_ceiling(workload, config, cost_model, isolated))

@@ -378,6 +378,10 @@ def section_capacity(args, console) -> dict:
             if done.returncode != 0:
                 raise SystemExit(f"capacity -j {jobs} failed: {done.stderr.strip().splitlines()[-1:]}")
             frame = pl.read_parquet(out)
+            if args.capacity_keep:
+                import shutil
+
+                shutil.copyfile(out, args.capacity_keep)
             probes = int(frame["capacity_probes"].sum())
             per_drafter = {d: int(p) for d, p in frame.group_by("drafter", maintain_order=True)
                            .agg(pl.col("capacity_probes").sum()).rows()}
@@ -499,6 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cold-repeats", type=int, default=1, help="cold: run each cold/warm pair R times")
     parser.add_argument("--capacity-slo", default="--slo-ttft 5 --slo-tpot 0.1",
                         help="capacity: the SLO options of the search")
+    parser.add_argument("--capacity-keep", type=Path, default=None, help="capacity: keep the results parquet here")
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="JSON results file")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
