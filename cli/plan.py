@@ -112,7 +112,7 @@ def plan(
         search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine)
         if rate is not None or request_rate is not None or copies != 1:
             raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")
-    elif not capacity and (slo_query_latency is not None or target_rate is not None):
+    elif not capacity and results is None and (slo_query_latency is not None or target_rate is not None):
         raise UsageError("--slo-query-latency and --target-rate plan by capacity: add --capacity")
     if results is not None:
         if capacity:
@@ -136,7 +136,13 @@ def plan(
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                                         address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json,
                                         max_cells=max_cells, band=not no_band, capacity=search)
+    if not is_capacity_results(frame) and (target_rate is not None or slo_query_latency is not None):
+        raise UsageError("--target-rate, --slo-query-latency: these results hold no capacity search (sweep "
+                         "--capacity writes them)")
     if is_capacity_results(frame):
+        if results is not None and any(v is not None for v in (slo_ttft, slo_tpot, slo_p99_latency, min_goodput)):
+            raise UsageError("--slo-*: these capacity results were searched under their own SLO (their "
+                             "capacity_search column); run the search again to change it")
         try:
             plans = plan_capacity(frame, target_rate, price_table)
         except SweepError as exc:
@@ -236,12 +242,14 @@ def _render_capacity(p) -> None:
     console.print(table)
     detail = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
                    caption="at each drafter's best max_num_seqs · tok/s: output tokens/s at capacity · "
-                           "$/Mtok at the price of " + (f"${p.usd_per_gpu_hour:g}/GPU-hour" if p.usd_per_gpu_hour
-                                                        else "(no price for this hardware)"))
-    for name in ("drafter", "batch", "q/s/GPU", "tok/s", "$/Mtok", "TTFT p99 s", "TPOT p99 s", "query p99 s"):
+                           "$/Mtok at " + (f"${p.usd_per_gpu_hour:g}/GPU-hour" if p.usd_per_gpu_hour
+                                           else "(no price for this hardware)")
+                           + " · p99 latencies at capacity, seconds"
+                           + (f" · repl.: replicas for {p.target_rate:g} queries/s" if p.target_rate else ""))
+    for name in ("drafter", "batch", "q/s/GPU", "tok/s", "$/Mtok", "TTFT p99", "TPOT p99", "query p99"):
         detail.add_column(name, justify="left" if name == "drafter" else "right", no_wrap=True)
     if p.target_rate is not None:
-        detail.add_column("replicas", justify="right")
+        detail.add_column("repl.", justify="right")
     for d in p.drafters:
         b = d.best
         if b is None:

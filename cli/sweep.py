@@ -95,6 +95,7 @@ def _render(frame, output: Path) -> None:
         banded = "speedup_low" in part.columns and part["speedup_low"].null_count() < part.height
         table = Table(title=f"speedup · {hardware} · {model}", box=box.SIMPLE_HEAD, pad_edge=False,
                       caption="vs normal, by max_num_seqs; mean over seeds"
+                      + (f" · load: {part['protocol'][0]}" if "protocol" in part.columns else "")
                       + (" · pooled (all tokens ÷ all time); the per-query mean of --copies is the results' "
                          "speedup_mean_per_query column" if "speedup_mean_per_query" in part.columns else "")
                       + ("\n* an acceptance-model uncertainty band: its low/high-bound runs are the results' "

@@ -81,9 +81,12 @@ def test_sweep_capacity_then_plan_and_report_from_its_results(trace, tmp_path, m
     frame = pl.read_parquet(out)
     assert frame.height == 4 and frame["capacity_probes"].min() >= 1
     assert frame.filter(pl.col("drafter") == "normal")["capacity_vs_normal"].to_list() == [1.0, 1.0]
-    code, text, err = run_cli(["plan", "--results", str(out), "--json"], monkeypatch, capsys)
+    code, text, err = run_cli(["plan", "--results", str(out), "--json", "--target-rate", "2"], monkeypatch, capsys)
     assert code == 0, err
     assert json.loads(text)[0]["best"]["drafter"] in ("normal", "ngram")
+    assert json.loads(text)[0]["target_rate"] == 2
+    code, _, err = run_cli(["plan", "--results", str(out), "--slo-ttft", "9"], monkeypatch, capsys)
+    assert "searched under their own SLO" in one_error_line(code, err)
     code, text, err = run_cli(["report", str(out), "-o", str(tmp_path / "rep")], monkeypatch, capsys)
     assert code == 0, err
     names = sorted(p.name for p in (tmp_path / "rep").iterdir())

@@ -304,6 +304,29 @@ def test_ray_executor_matches_inline(tiny, tmp_path):
     assert _sans_wall(inline).equals(_sans_wall(on_ray))
 
 
+def _capacity_args() -> dict:
+    from agentspec_sim.capacity import CapacitySearch
+    from agentspec_sim.slo import LatencySLO
+
+    return dict(drafters=["ngram"], max_num_seqs=[1, 4],
+                capacity=CapacitySearch(LatencySLO(ttft_s=0.02, tpot_s=0.02), tolerance=0.1))
+
+
+def test_capacity_searches_on_worker_processes_equal_inline(tiny):
+    inline = run_sweep(tiny, jobs=1, **_capacity_args())
+    workers = run_sweep(tiny, jobs=2, **_capacity_args())
+    assert inline["capacity_probes"].min() >= 2
+    assert _sans_wall(inline).equals(_sans_wall(workers))
+
+
+@pytest.mark.extra("ray")
+def test_capacity_searches_on_ray_equal_inline(tiny):
+    pytest.importorskip("ray")
+    inline = run_sweep(tiny, jobs=1, **_capacity_args())
+    on_ray = run_sweep(tiny, jobs=2, executor="ray", **_capacity_args())
+    assert _sans_wall(inline).equals(_sans_wall(on_ray))
+
+
 def test_process_workers_do_not_outlive_a_killed_parent(slow_trace, tmp_path):
     out = tmp_path / "orphans.parquet"
     process = subprocess.Popen(_cli("sweep", str(slow_trace), "-o", str(out), *SWEEP_ARGS), stderr=subprocess.PIPE)

@@ -4,9 +4,10 @@ a target rate needs and what a million output tokens cost there.
 
 Rules (docs/sweep-and-plan.md, "Capacity"):
 - Seeds: a configuration's capacity is its least over seeds (the SLO must hold for every seed).
-- Per drafter configuration: the max_num_seqs of highest capacity per GPU (capacity ÷ tensor_parallel_size);
-  ties to the smaller batch. Unbounded (meets the SLO with every query at once) ranks above any finite rate,
-  then by output tok/s.
+- Per drafter configuration: the max_num_seqs of highest capacity per GPU (capacity ÷ tensor_parallel_size),
+  or the smallest one within the search's tolerance of it (a larger batch buys nothing the search can tell
+  apart, and costs KV memory and latency). Unbounded (meets the SLO with every query at once) ranks above
+  any finite rate, then by output tok/s.
 - Overall: the highest capacity per GPU; ties to `normal`, then the smaller batch. The reason names the
   runner-up and the margin, and says when the margin is within the simulator's stated error: the step-cost
   model's error against measured kernels (`COST_MODEL_ERROR`, docs/cost-model.md) or the search's own
@@ -214,10 +215,17 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
             drafters.append(DrafterCapacity(label, by_batch, None, f"no swept max_num_seqs meets the SLO at any "
                                             f"load (max_num_seqs {mine[0].max_num_seqs}: {mine[0].stopped})"))
             continue
-        best = max(feasible, key=lambda c: (*c.rank_key(), -c.max_num_seqs))
+        top = max(feasible, key=lambda c: (*c.rank_key(), -c.max_num_seqs))
+        # A larger batch that sustains no more than the search can tell apart buys nothing: the smallest
+        # max_num_seqs within the search's tolerance of the most (less KV memory, shorter latencies).
+        tolerance = float(json.loads(group["capacity_search"][0]).get("tolerance", 0.0))
+        best = min((c for c in feasible if _within(c, top, tolerance)), key=lambda c: c.max_num_seqs)
         larger = [c for c in mine if c.max_num_seqs > best.max_num_seqs]
         why = ("the largest batch size swept" if not larger else
-               f"max_num_seqs {larger[0].max_num_seqs} sustains {_describe_rate(larger[0])}")
+               f"max_num_seqs {larger[0].max_num_seqs} sustains {_describe_rate(larger[0])}"
+               + (f"; the most, {_describe_rate(top)} at max_num_seqs {top.max_num_seqs}, is within the search's "
+                  f"±{tolerance:.0%}" if top is not best and top is not larger[0] else
+                  " (within the search's tolerance)" if top is larger[0] and top is not best else ""))
         drafters.append(DrafterCapacity(label, by_batch, best, why))
     ranked = sorted((d for d in drafters if d.best is not None),
                     key=lambda d: (tuple(-x for x in d.best.rank_key()),
@@ -261,6 +269,15 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
                                                    for r in group.to_dicts()])
     return CapacityPlan(**plan_base, best=winner, reason=reason, within_error=within, vllm_speculative_config=config,
                         vllm_args=args, vllm_env=env, vllm_note=note, vllm_model=served)
+
+
+def _within(c: CapacityChoice, top: CapacityChoice, tolerance: float) -> bool:
+    """Whether `c` sustains as much load per GPU as `top` to within the search's tolerance."""
+    if top.capacity_rate is None:
+        return c.capacity_rate is None and c.output_tok_s * (1 + tolerance) >= top.output_tok_s
+    if c.capacity_rate is None:
+        return True
+    return (c.capacity_per_gpu or 0.0) * (1 + tolerance) >= (top.capacity_per_gpu or 0.0)
 
 
 def _capacity_value(row: dict[str, Any]) -> float:
