@@ -22,6 +22,23 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"agentspec-sim {version('agentspec-sim')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            typer.echo("agentspec-sim (not installed: no version recorded)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="Print the installed version and exit.")) -> None:
+    """Trace-driven simulator of speculative decoding for batched LLM-agent serving."""
+
+
 def _register() -> None:
     # Each command module adds itself to `app`; imported here so `--help` lists them all.
     from agentspec_sim.cli import (  # noqa: F401

@@ -56,14 +56,17 @@ def check(
     err = Console(stderr=True)
     try:
         if update:
-            old, new = _update(lib, baseline, traces or [], drafter, max_num_seqs, hardware, model, err)
-            # An old baseline without the token-level rate is diffed by the call-mean one it does record.
-            shown = rejection if old is None or all(lib.REJECTION[rejection] in c for c in old.cells) else "call"
-            result = lib.compare_cells(old.cells if old else [], new.cells, tolerance, goodput_tolerance,
-                                       rejection=shown)
-            if old is not None:
-                _render(console, result, updating=True)
-            lib.save_baseline(new, baseline)
+            # One writer at a time: a second `check --update` of the same baseline is refused while this one
+            # reads, re-measures and rewrites it (two at once would both report success and lose one update).
+            with _sole_writer(baseline):
+                old, new = _update(lib, baseline, traces or [], drafter, max_num_seqs, hardware, model, err)
+                # An old baseline without the token-level rate is diffed by the call-mean one it does record.
+                shown = rejection if old is None or all(lib.REJECTION[rejection] in c for c in old.cells) else "call"
+                result = lib.compare_cells(old.cells if old else [], new.cells, tolerance, goodput_tolerance,
+                                           rejection=shown)
+                if old is not None:
+                    _render(console, result, updating=True)
+                lib.save_baseline(new, baseline)
             if junit is not None:
                 lib.write_junit(lib.compare_cells(new.cells, new.cells, tolerance, goodput_tolerance,
                                                   rejection=rejection), junit)
@@ -98,6 +101,21 @@ def check(
         raise typer.Exit(1)
     console.print(f"ok: {len(result.diffs)} cells within tolerance ({lib.REJECTION_LABEL[rejection]} "
                   f"+{tolerance * 100:g} pp, goodput/speedup −{goodput_tolerance * 100:g}%)")
+
+
+def _sole_writer(baseline: Path):
+    """The baseline's writer lock (`outputs.sole_writer`, `<baseline>.lock` beside the file a symlink points
+    to); none for a device or FIFO, which is written through once."""
+    import contextlib
+    import os
+
+    from agentspec_sim.outputs import is_special, sole_writer
+
+    if is_special(baseline):
+        return contextlib.nullcontext()
+    real = Path(os.path.realpath(baseline))
+    real.parent.mkdir(parents=True, exist_ok=True)  # as saving the baseline would (its lock goes beside it)
+    return sole_writer(baseline, real.with_name(real.name + ".lock"))
 
 
 def _check_outputs(baseline: Path, junit: Path | None, traces: list[Path], update: bool) -> None:

@@ -261,6 +261,8 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
 
     if seeds < 1:
         raise UsageError(f"--seeds must be ≥ 1, got {seeds}")
+    if jobs is not None and jobs < 1:  # 0 would otherwise read as "unset" (one per CPU)
+        raise UsageError(f"--jobs must be ≥ 1 (leave it out for one per CPU), got {jobs}")
     if max_cells < 1:
         raise UsageError(f"--max-cells must be ≥ 1, got {max_cells}")
     try:

@@ -26,6 +26,9 @@ class EngineConfigError(ValueError):
 
 # The compiled engine counts tokens, blocks and calls in int64: a larger setting would overflow.
 MAX_SETTING = 2**62
+# The latest simulated time a call may arrive: at 1e11 s float64 still resolves ~2e-5 s, below any step's time
+# (Unix timestamps as arrival_s, ~1.8e9 s, fit); past ~1e13 s a millisecond step no longer moves the clock.
+MAX_CLOCK_S = 1e11
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class EngineConfig:
                                     "max_concurrency or replicate")
         if self.think_time is not None and self.think_time < 0:
             raise EngineConfigError(f"think_time must be ≥ 0, got {self.think_time}")
+        if self.think_time is not None and self.think_time > MAX_CLOCK_S:
+            raise EngineConfigError(f"think_time must be ≤ {MAX_CLOCK_S:.0e} s (past it the simulated clock cannot "
+                                    f"resolve one step), got {self.think_time:g}")
         if self.replicate_stagger_s < 0:
             raise EngineConfigError(f"replicate_stagger_s must be ≥ 0, got {self.replicate_stagger_s}")
 

@@ -55,7 +55,7 @@ import polars as pl
 from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
 from agentspec_sim.drafters.protocol import BaseDrafter, RunView, SpeculativeConfig, make_drafter
-from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
+from agentspec_sim.engine.config import MAX_CLOCK_S, EngineConfig, ResolvedLimits
 from agentspec_sim.engine.invariants import check_run
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
 from agentspec_sim.engine.layout import call_layout
@@ -259,6 +259,12 @@ class Simulator:
             copies = [q.index for q in self.queries if q.tenant > 0]
             if copies and cfg.replicate_stagger_s > 0:
                 starts[copies] += self.rng_stagger.uniform(0.0, cfg.replicate_stagger_s, size=len(copies))
+        if starts.shape[0] and not float(starts.max()) <= MAX_CLOCK_S:
+            late = int(np.argmax(starts))
+            raise SimulationError(
+                f"query {self.queries[late].query_id!r} would be sent at {float(starts[late]):.3g} s: past "
+                f"{MAX_CLOCK_S:.0e} s (~3,000 years) the simulated clock (float64) can no longer resolve one step; "
+                "raise the request rate (or check the trace's arrival_s)")
         if is_gated(cfg):
             self._gate_queries(starts)
             return
@@ -332,6 +338,11 @@ class Simulator:
     def _on_arrive(self, payload: tuple[_QueryRun, int]) -> None:
         query, k = payload
         state = query.calls[k]
+        if not self.now <= MAX_CLOCK_S:
+            raise SimulationError(
+                f"call {state.call_id!r} would arrive at {self.now:.3g} s: past {MAX_CLOCK_S:.0e} s (~3,000 years) the "
+                "simulated clock (float64) can no longer resolve one step; check the request rate, --think-time and "
+                "the trace's arrival_s / think_s")
         state.arrival_s = self.now
         if state.prompt_len >= self.limits.max_model_len:
             state.status = REFUSED
