@@ -187,26 +187,15 @@ def _check_outputs(output: Path | None, steps: Path | None, *, trace: Path | Non
 def _check_draft_networks(specs, config) -> None:
     """A model-based drafter (eagle3, mtp) needs its draft network in the target model's profile: say so
     before the `normal` run rather than after it."""
-    import numpy as np
-
-    from agentspec_sim.drafters.base import drafter_class
-    from agentspec_sim.drafters.model_based import ModelBasedDrafter
-
-    needy = [s for s in specs if issubclass(drafter_class(s.method), ModelBasedDrafter)]
-    if not needy:
-        return
-    from agentspec_sim.cost import build_cost_model
+    from agentspec_sim.drafters.base import SpecConfigError
+    from agentspec_sim.engine.run import check_draft_networks
 
     try:
-        cost = build_cost_model(hardware=config.hardware, model=config.model,
-                                tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+        check_draft_networks(specs, config)
+    except SpecConfigError as exc:
+        raise UsageError(str(exc)) from None
     except ValueError as exc:  # a profile that does not load
         raise UsageError(str(exc)) from None
-    for spec in needy:
-        try:
-            cost.draft_model_time(1, max(1, spec.num_speculative_tokens), np.ones(1, dtype=np.int64), kind=spec.method)
-        except ValueError as exc:  # the target model has no such draft network
-            raise UsageError(f"method {spec.method!r}: {exc}") from None
 
 
 def _write_finished(path: Path, config, finished: list, output: Path | None, steps: Path | None) -> str:
@@ -362,6 +351,10 @@ def _render(path: Path, runs, note: str | None = None, cost_note: str | None = N
     console.print(f"batch (normal): mean {first.batch_size_mean:.1f}, max {first.batch_size_max}; {bound}; "
                   f"preemptions {first.preemptions}; refused calls {first.refused_calls} (prompt over "
                   f"max_model_len; {first.skipped_calls} later calls of their queries skipped)")
+    if first.truncated_calls:
+        console.print(f"[yellow]{first.truncated_calls:,} call(s) cut at max_model_len {limits['max_model_len']:,}: "
+                      "vLLM stops a request there, so their recorded output is emitted only up to it (`inspect` "
+                      "lists them; --max-model-len raises the limit)[/yellow]", highlight=False)
     for result, s in runs:
         if result.extra.get("history_evictions"):
             console.print(f"[yellow]{s.drafter}: its live history passed the simulator's memory bound and dropped "

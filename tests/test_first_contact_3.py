@@ -65,3 +65,58 @@ def test_version(monkeypatch, capsys):
 
     code, out, _ = run_cli(["--version"], monkeypatch, capsys)
     assert code == 0 and out.strip() == f"agentspec-sim {version('agentspec-sim')}"
+
+
+def test_a_symlink_loop_and_a_dangling_link_say_what_they_are(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone.jsonl")
+    code, _, err = run_cli(["inspect", str(tmp_path / "a")], monkeypatch, capsys)
+    assert "a symlink loop" in one_error_line(code, err)
+    code, _, err = run_cli(["inspect", str(tmp_path / "dangling")], monkeypatch, capsys)
+    assert "which does not exist" in one_error_line(code, err)
+
+
+def test_cut_calls_are_said_in_the_table(trace, monkeypatch, capsys):  # noqa: F811
+    """A call longer than max_model_len is emitted only up to it: the table says so, not only --json."""
+    code, out, err = run_cli(["replay", str(trace), "--drafter", "ngram", "--max-model-len", "100"], monkeypatch,
+                             capsys)
+    assert code == 0, err
+    assert "cut at max_model_len 100" in " ".join(out.split())
+
+
+def test_a_draft_network_the_model_lacks_is_refused_before_any_cell(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "mtp.parquet"
+    code, _, err = run_cli(["sweep", str(trace), "--drafter", "ngram,mtp", "-o", str(out), "-j", "1"], monkeypatch,
+                           capsys)
+    assert "no 'mtp' draft network" in one_error_line(code, err)
+    assert not list(tmp_path.glob("mtp.parquet*"))  # nothing written, no journal a later plan could read
+
+
+def test_the_kv_message_names_the_batch_flags(monkeypatch, capsys):
+    code, _, err = run_cli(["replay", "--max-num-seqs", "1000000000", "--max-num-batched-tokens", "1000000000"],
+                           monkeypatch, capsys)
+    line = one_error_line(code, err)
+    assert "max_num_batched_tokens 1,000,000,000" in line and "max_num_seqs 1,000,000,000" in line
+
+
+def test_plan_serve_line_says_what_vllm_needs(tmp_path, trace, monkeypatch, capsys):  # noqa: F811
+    code, out, err = run_cli(["plan", str(trace), "--drafter", "suffix", "--max-num-seqs", "2", "--max-model-len",
+                              "100000", "-j", "1", "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    import json
+
+    (p,) = json.loads(out)
+    assert p["vllm_env"].get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1"
+    if p["best"]["drafter"] == "suffix":
+        assert "arctic-inference" in p["vllm_note"]
+
+
+def test_a_suffix_serve_line_says_arctic_inference_is_needed():
+    from types import SimpleNamespace
+
+    from agentspec_sim.sweep.plan import serve_flags
+
+    best = SimpleNamespace(speculative_config={"method": "suffix", "num_speculative_tokens": 32}, max_num_seqs=8, k=32)
+    config, args, env, note, served = serve_flags(best, "qwen3-8b", {}, [])
+    assert config["method"] == "suffix" and "arctic-inference" in note and env == {}

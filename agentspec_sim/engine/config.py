@@ -192,7 +192,9 @@ def resolve(config: EngineConfig) -> ResolvedLimits:
         if blocks < 2:
             raise EngineConfigError(f"no KV cache memory left: {config.model} on {config.tensor_parallel_size}× "
                                     f"{config.hardware} at gpu_memory_utilization {config.gpu_memory_utilization} "
-                                    f"leaves {capacity} tokens")
+                                    f"leaves {capacity} tokens after the weights and the activations vLLM reserves "
+                                    f"for max_num_batched_tokens {tokens:,} and max_num_seqs {seqs:,}; lower "
+                                    "those, or raise gpu_memory_utilization or tensor_parallel_size")
     return ResolvedLimits(seqs, tokens, max_model_len, blocks, config.max_num_seqs is None,
                           config.max_num_batched_tokens is None)
 

@@ -93,6 +93,33 @@ def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Map
     return out
 
 
+def check_draft_networks(specs: Sequence[SpeculativeConfig], config: EngineConfig,
+                         cost_model: StepCostModel | None = None) -> None:
+    """A model-based drafter (eagle3, mtp) needs its draft network in the target model's profile (mtp: MTP
+    layers): `SpecConfigError` naming the method before any run starts, not at its first run."""
+    import numpy as np
+
+    from agentspec_sim.drafters.base import SpecConfigError, drafter_class
+    from agentspec_sim.drafters.model_based import ModelBasedDrafter
+
+    needy = [s for s in specs if issubclass(drafter_class(s.method), ModelBasedDrafter)]
+    if not needy:
+        return
+    if cost_model is None:
+        from agentspec_sim.cost import build_cost_model
+
+        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
+                                      tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+    for spec in needy:
+        try:
+            cost_model.draft_model_time(1, max(1, spec.num_speculative_tokens), np.ones(1, dtype=np.int64),
+                                        kind=spec.method)
+        except TypeError:  # a cost model without draft kinds prices every method alike
+            return
+        except ValueError as exc:  # the target model has no such draft network
+            raise SpecConfigError(f"method {spec.method!r} on {config.model}: {exc}") from None
+
+
 def kernels_compiled() -> bool:
     """False when the next run in this environment compiles the engine's kernels first (numba's cache
     is empty or stale: a fresh install, an edited source file). The command line says so before it

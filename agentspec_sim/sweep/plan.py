@@ -325,9 +325,19 @@ def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list
         notes.append("these results do not record the sweep's engine settings (a file from an older version): add "
                      "the --max-model-len, --max-num-batched-tokens, … flags the sweep ran with")
     env: dict[str, str] = {}
+    limit = _model_context(model)
+    if engine is not None and engine.get("max_model_len") and limit and engine["max_model_len"] > limit:
+        # vLLM refuses a max_model_len past the model's derived limit unless told to allow it.
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        notes.append(f"--max-model-len {engine['max_model_len']:,} is past {model}'s context ({limit:,}): vLLM 0.33 "
+                     "serves it only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and the model's output past its trained "
+                     "length is not what the trace recorded")
     if config is not None:
         method = config["method"]
-        env = dict(_VLLM_ENV.get(method, {}))
+        env.update(_VLLM_ENV.get(method, {}))
+        if method == "suffix":
+            notes.append("vLLM's suffix method needs ArcticInference installed beside it (pip install "
+                         "arctic-inference)")
         if method in _NEEDS_DRAFT_MODEL and not config.get("model"):
             config["model"] = _draft_model(config, model) or REQUIRED_DRAFT_MODEL
             if config["model"] == REQUIRED_DRAFT_MODEL:
@@ -340,6 +350,17 @@ def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list
         if method in _NOT_IN_VLLM or method.startswith("test-"):
             notes.insert(0, f"{method} is simulated here; vLLM 0.33 has no such method")
     return config, args, env, "; ".join(notes) or None, served_model_name(model) or model
+
+
+def _model_context(model: str) -> int | None:
+    """The context vLLM derives for `model` (its profile's), None when the profile does not load."""
+    try:
+        from agentspec_sim.cost import load_model
+
+        profile = load_model(model)
+    except ValueError:
+        return None
+    return int(getattr(profile, "max_model_len", 0) or profile.default_max_model_len or 0) or None
 
 
 def _draft_model(config: dict[str, Any], model: str) -> str | None:

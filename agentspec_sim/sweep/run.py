@@ -268,17 +268,26 @@ def _kept_rows(previous: Mapping[str, Row], cells: Sequence[Cell], band: bool) -
 
 
 def _check_configs(cells: Sequence[Cell]) -> dict[EngineConfig, ResolvedLimits]:
-    """Resolve every distinct engine config here, so a bad profile name or limit, or a calibration fitted on
-    other hardware or another model, fails before any worker starts (EngineConfigError, ProfileError,
-    ResourceError); their limits, by config."""
+    """Resolve every distinct engine config here, so a bad profile name or limit, a calibration fitted on
+    other hardware or another model, or a draft network the model lacks fails before any worker starts
+    (EngineConfigError, ProfileError, ResourceError, SpecConfigError); their limits, by config."""
     from agentspec_sim.cost import build_cost_model
     from agentspec_sim.engine.config import resolve
+    from agentspec_sim.engine.run import check_draft_networks
 
     limits = {}
     for config in dict.fromkeys(cell.config for cell in cells):
         limits[config] = resolve(config)
         if config.calibration is not None:
             build_cost_model(config.hardware, config.model, config.tensor_parallel_size, config.calibration)
+    # A draft network the model lacks (mtp on a model without MTP layers) fails here, not at its first cell.
+    seen: set[tuple[str, str, int, str | None, str]] = set()
+    for cell in cells:
+        key = (cell.config.hardware, cell.config.model, cell.config.tensor_parallel_size, cell.config.calibration,
+               cell.spec.method)
+        if key not in seen:
+            seen.add(key)
+            check_draft_networks([cell.spec], cell.config)
     return limits
 
 

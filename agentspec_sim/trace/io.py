@@ -143,6 +143,21 @@ def check_memory(path: str | Path) -> None:
                          f"by query, or set {MEMORY_ENV} to allow more")
 
 
+def _missing(p: Path) -> str:
+    """Why an existing-looking path does not resolve to a file: a symlink loop, a dangling symlink, or nothing."""
+    import errno
+    import os
+
+    if os.path.islink(p):
+        try:
+            os.stat(p)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "a symlink loop (it never resolves to a file)"
+            return f"a symlink to {os.readlink(p)}, which does not exist"
+    return "no such file"
+
+
 def read_trace_bytes(path: str | Path) -> bytes:
     """The decompressed content of a trace file; unreadable, corrupt or truncated files raise TraceError,
     and so does a file too large to load in the memory available (`check_memory`). `-`: standard input."""
@@ -152,7 +167,7 @@ def read_trace_bytes(path: str | Path) -> bytes:
     if p.is_dir():
         raise TraceError(str(p), 0, "file", "is a directory, not a trace file")
     if not p.exists():
-        raise TraceError(str(p), 0, "file", "no such file")
+        raise TraceError(str(p), 0, "file", _missing(p))
     check_memory(p)
     try:
         if not p.is_file():  # a device or FIFO has no size to check first (/dev/zero would fill memory)
