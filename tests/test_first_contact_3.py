@@ -118,5 +118,5 @@ def test_a_suffix_serve_line_says_arctic_inference_is_needed():
     from agentspec_sim.sweep.plan import serve_flags
 
     best = SimpleNamespace(speculative_config={"method": "suffix", "num_speculative_tokens": 32}, max_num_seqs=8, k=32)
-    config, args, env, note, served = serve_flags(best, "qwen3-8b", {}, [])
+    config, _args, env, note, _served = serve_flags(best, "qwen3-8b", {}, [])
     assert config["method"] == "suffix" and "arctic-inference" in note and env == {}
