@@ -120,3 +120,32 @@ def test_a_suffix_serve_line_says_arctic_inference_is_needed():
     best = SimpleNamespace(speculative_config={"method": "suffix", "num_speculative_tokens": 32}, max_num_seqs=8, k=32)
     config, _args, env, note, _served = serve_flags(best, "qwen3-8b", {}, [])
     assert config["method"] == "suffix" and "arctic-inference" in note and env == {}
+
+
+def test_the_vllm_worker_starts_from_a_checkouts_root_with_a_non_editable_install(tmp_path):
+    """`validate vllm` from the checkout's root with `pip install .`: the child `python -m
+    agentspec_sim.validation.vllm_worker` must not let the checkout's `agentspec_sim/` (no `validation/` in it)
+    shadow the installed package. The worker is started with `-P` (no working directory on sys.path)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--target", str(target), str(root)], check=True, capture_output=True)
+    import sysconfig
+
+    # A non-editable install: the copy in `target`, the venv's packages for its dependencies, and no `.pth`
+    # processing (-S), so this checkout's editable finder is not in play.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), sysconfig.get_paths()["purelib"]])}
+    probe = "import agentspec_sim.validation.vllm_worker as w; print(w.__file__)"
+    # What the worker was started as before: the checkout's package wins and has no `validation`.
+    shadowed = subprocess.run([sys.executable, "-S", "-c", probe], cwd=root, env=env, capture_output=True, text=True)
+    assert shadowed.returncode != 0 and "agentspec_sim.validation" in shadowed.stderr
+    from agentspec_sim.validation import vllm_worker
+
+    started = subprocess.run([sys.executable, "-S", *vllm_worker._ISOLATED, "-c", probe], cwd=root, env=env,
+                             capture_output=True, text=True)
+    assert started.returncode == 0 and started.stdout.strip().startswith(str(target)), started.stderr

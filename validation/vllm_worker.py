@@ -54,6 +54,12 @@ class WorkerFailure:
     message: str
 
 
+# `-P` (Python ≥ 3.11): the child does not put its working directory first on sys.path. Run from a checkout's
+# root with a non-editable install, the checkout's `agentspec_sim/` (which holds no `validation/`) would shadow
+# the installed package and `-m agentspec_sim.validation.vllm_worker` would not be found.
+_ISOLATED = ("-P",)
+
+
 def run_in_subprocess(request: WorkerRequest, *, progress: Callable[[int, int], None] | None = None,
                       env: Mapping[str, str] | None = None, log_tail_lines: int = 25) -> VllmRun:
     """Run `request` in a child process; raise MethodUnavailable or VllmRunError when it fails."""
@@ -62,8 +68,9 @@ def run_in_subprocess(request: WorkerRequest, *, progress: Callable[[int, int], 
         req_path.write_bytes(pickle.dumps(request))
         child_env = {**os.environ, **(env or {})}
         with log_path.open("w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "agentspec_sim.validation.vllm_worker", str(req_path),
-                                     str(res_path)], stdout=subprocess.PIPE, stderr=log, text=True, env=child_env)
+            proc = subprocess.Popen([sys.executable, *_ISOLATED, "-m", "agentspec_sim.validation.vllm_worker",
+                                     str(req_path), str(res_path)], stdout=subprocess.PIPE, stderr=log, text=True,
+                                    env=child_env)
             assert proc.stdout is not None
             for line in proc.stdout:
                 parts = line.split()
