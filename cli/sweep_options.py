@@ -293,7 +293,8 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
     try:
         return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                          address=address, skip_bad_lines=skip_bad_lines, progress=progress, max_cells=max_cells,
-                         band=band, capacity=capacity, **options)
+                         band=band, capacity=capacity, notify=lambda text: console.print(
+                             f"note: {text}", highlight=False, markup=False), **options)
     except (SweepError, SpecConfigError, EngineConfigError, SimulationError) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # a bad hardware/model profile name or file

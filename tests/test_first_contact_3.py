@@ -149,3 +149,43 @@ def test_the_vllm_worker_starts_from_a_checkouts_root_with_a_non_editable_instal
     started = subprocess.run([sys.executable, "-S", *vllm_worker._ISOLATED, "-c", probe], cwd=root, env=env,
                              capture_output=True, text=True)
     assert started.returncode == 0 and started.stdout.strip().startswith(str(target)), started.stderr
+
+
+@pytest.mark.parametrize("name", ["openai-chat", "otel-genai"])
+def test_converters_read_a_utf8_bom(tmp_path, name):
+    """A log saved with a UTF-8 byte-order mark (Windows editors, PowerShell) converts as without one."""
+    import json
+
+    from agentspec_sim.trace.convert import CONVERTERS
+    from agentspec_sim.trace.convert.base import ConvertOptions
+
+    if name == "openai-chat":
+        line = json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                           "response": {"choices": [{"message": {"content": "hello"}}]}})
+    else:
+        span = {"name": "chat", "traceId": "t1", "spanId": "s1", "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+                "attributes": [
+                    {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                    {"key": "gen_ai.input.messages", "value": {"stringValue": json.dumps(
+                        [{"role": "user", "parts": [{"type": "text", "content": "hi"}]}])}},
+                    {"key": "gen_ai.output.messages", "value": {"stringValue": json.dumps(
+                        [{"role": "assistant", "parts": [{"type": "text", "content": "hello"}]}])}}]}
+        line = json.dumps({"resourceSpans": [{"resource": {"attributes": []},
+                                              "scopeSpans": [{"scope": {}, "spans": [span]}]}]})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain, bom = tmp_path / "a" / "log.jsonl", tmp_path / "b" / "log.jsonl"
+    plain.write_text(line + "\n", encoding="utf-8")
+    bom.write_bytes(b"\xef\xbb\xbf" + (line + "\n").encode())
+    got = [list(CONVERTERS[name].convert([p], ConvertOptions())) for p in (plain, bom)]
+    strip = [[{k: v for k, v in r.items() if k != "source"} for r in records] for records in got]
+    assert strip[0] == strip[1] and len(got[0]) == 2
+
+
+def test_resume_with_another_grid_says_what_it_drops(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "s.parquet"
+    base = ["sweep", str(trace), "-o", str(out), "-j", "1", "--max-num-seqs", "2", "-q"]
+    code, _, err = run_cli([*base, "--drafter", "ngram"], monkeypatch, capsys)
+    assert code == 0, err
+    code, _, err = run_cli([*base, "--drafter", "suffix", "--resume"], monkeypatch, capsys)
+    assert code == 0 and "1 finished cell(s)" in " ".join(err.split()), err  # ngram's; normal's is kept

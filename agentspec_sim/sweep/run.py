@@ -148,7 +148,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
               executor: str = "process", address: str | None = None, workload: Workload | None = None,
               skip_bad_lines: bool = False, progress: Progress | None = None,
               max_cells: int | None = MAX_CELLS, band: bool = True,
-              capacity: CapacitySearch | None = None) -> pl.DataFrame:
+              capacity: CapacitySearch | None = None, notify: Callable[[str], None] | None = None) -> pl.DataFrame:
     """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
 
     `trace`: a trace path (`-`: standard input; default: the bundled coding-agent trace); `workload`: the
@@ -170,6 +170,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     and high bound (three simulations instead of one), recorded in its `<metric>_low` / `<metric>_high`
     columns (`agentspec_sim.band`); False leaves those columns null. A resumed banded cell whose earlier row
     lacks them (a file from before bands, or a run with band=False) runs again.
+    `notify(text)` hears what the sweep does that the caller did not ask for in so many words (a resume that
+    drops finished cells no longer in the grid).
     `capacity`: each cell is a capacity search under that SLO (`run_capacity_cell`: its probes run one after
     another in the cell's worker; no band runs) instead of one run.
     """
@@ -204,7 +206,13 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         store.lock()  # a second sweep of this output is refused here, before it reads or runs anything
         try:
             if resume:
-                done = _kept_rows(store.previous(), cells, band and capacity is None)
+                previous = store.previous()
+                done = _kept_rows(previous, cells, band and capacity is None)
+                grid = {cell.cell_id for cell in cells}
+                dropped = sum(1 for cell_id in previous if cell_id not in grid)
+                if dropped and notify is not None:
+                    notify(f"--resume: {dropped} finished cell(s) of {output} are not in this sweep's grid (other "
+                           "drafters, sizes, engine settings or search) and are dropped from it")
             store.open(done[c.cell_id] for c in cells if c.cell_id in done)
         except BaseException:
             store.release()  # an earlier run's parquet and journal stay as they were

@@ -283,7 +283,7 @@ def usage_of(extra: object) -> dict | None:
 
 def _load(path: Path) -> dict:
     try:
-        data = strict_json.loads(path.read_text("utf-8"))
+        data = strict_json.loads(path.read_text("utf-8-sig"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     except json.JSONDecodeError as exc:

@@ -212,7 +212,7 @@ def convert(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[dict]:
     models: set[str] = set()
     for path in files:
         try:
-            text = path.read_text("utf-8")
+            text = path.read_text("utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConvertError(path, f"cannot read as UTF-8 text ({exc})") from None
         for n, line in enumerate(text.splitlines(), start=1):

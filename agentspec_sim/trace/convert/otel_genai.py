@@ -202,7 +202,7 @@ class _NoContent(Exception):
 def _requests(path: Path) -> Iterator[tuple[int, dict]]:
     """(line, ExportTraceServiceRequest) of a file: one JSON document, or one per line."""
     try:
-        text = path.read_text("utf-8")
+        text = path.read_text("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read as UTF-8 text ({exc})") from None
     try:

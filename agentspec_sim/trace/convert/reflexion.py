@@ -329,7 +329,7 @@ def _check_str_list(path: Path, n: int, row: dict, key: str) -> None:
 def _read_rows(path: Path) -> tuple[list[dict], int]:
     """The file's result rows, and how many rows without a run were skipped."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     rows, skipped = [], 0
@@ -368,7 +368,7 @@ def _has_result_row(path: Path) -> bool:
     other runs in the same folders are passed over, e.g. LATS's test-generation logs (`solution`:
     the list of generated asserts) beside its programming runs."""
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:
             for line in f:
                 row = strict_json.loads(line) if line.strip() else None
                 if _is_result_row(row):

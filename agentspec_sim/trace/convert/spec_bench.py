@@ -61,7 +61,7 @@ _VANILLA_MARKERS = ("vanilla", "baseline")
 
 def _read_jsonl(path: Path) -> list[tuple[int, object]]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     rows = []
@@ -79,7 +79,7 @@ def _read_jsonl(path: Path) -> list[tuple[int, object]]:
 def _kind(path: Path) -> str | None:
     """'questions', 'answers' or None, from the file's first row."""
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:
             first = next((line for line in f if line.strip()), "")
         row = strict_json.loads(first)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):

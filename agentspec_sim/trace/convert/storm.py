@@ -107,7 +107,7 @@ def _response_text(response: object) -> tuple[str, str | None] | None:
 def _read_history(path: Path) -> list[tuple[int, dict, list[dict], str, str | None]]:
     """(line index, row, messages, output text, finish reason) per call, validated."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     out = []

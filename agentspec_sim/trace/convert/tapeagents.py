@@ -121,7 +121,7 @@ def _read_llm_calls(db: Path) -> dict[str, tuple]:
 
 def _read_tape(path: Path) -> dict:
     try:
-        tape = strict_json.loads(path.read_text(encoding="utf-8"))
+        tape = strict_json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConvertError(path, f"cannot read ({exc})") from None
     except json.JSONDecodeError as exc:
