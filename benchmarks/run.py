@@ -307,6 +307,16 @@ def section_scale(args, console) -> dict:
     return {"drafter": args.scale_drafter, "max_num_seqs": 256, "runs": runs}
 
 
+def _timed_child(cmd: list[str], env: dict[str, str], what: str) -> tuple[float, float]:
+    """(wall, CPU seconds of it and every process it started) of one command; SystemExit when it fails."""
+    t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return wall, (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+
+
 def section_sweep(args, console) -> dict:
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import load_trace, write_trace
@@ -331,12 +341,7 @@ def section_sweep(args, console) -> dict:
                        FIGURE1_SEQS, "-j", str(jobs), "-o", str(out), "-q"]
                 if args.sweep_drafters:
                     cmd += ["--drafter", args.sweep_drafters]
-                t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-                cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
-                if done.returncode != 0:
-                    raise SystemExit(f"sweep -j {jobs} failed: {done.stderr.strip().splitlines()[-1:]}")
+                wall, cpu = _timed_child(cmd, env, f"sweep -j {jobs}")
                 import polars as pl
 
                 cells = pl.read_parquet(out).height
@@ -371,12 +376,7 @@ def section_capacity(args, console) -> dict:
             out = Path(tmp) / f"capacity-{jobs}.parquet"
             cmd = [sys.executable, "-m", "agentspec_sim.cli", "sweep", str(trace), "--capacity",
                    *args.capacity_slo.split(), "--max-num-seqs", CAPACITY_SEQS, "-j", str(jobs), "-o", str(out), "-q"]
-            t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
-            if done.returncode != 0:
-                raise SystemExit(f"capacity -j {jobs} failed: {done.stderr.strip().splitlines()[-1:]}")
+            wall, cpu = _timed_child(cmd, env, f"capacity -j {jobs}")
             frame = pl.read_parquet(out)
             if args.capacity_keep:
                 import shutil

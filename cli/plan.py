@@ -139,29 +139,20 @@ def plan(
     if not is_capacity_results(frame) and (target_rate is not None or slo_query_latency is not None):
         raise UsageError("--target-rate, --slo-query-latency: these results hold no capacity search (sweep "
                          "--capacity writes them)")
-    if is_capacity_results(frame):
-        if results is not None and any(v is not None for v in (slo_ttft, slo_tpot, slo_p99_latency, min_goodput)):
-            raise UsageError("--slo-*: these capacity results were searched under their own SLO (their "
-                             "capacity_search column); run the search again to change it")
-        try:
-            plans = plan_capacity(frame, target_rate, price_table)
-        except SweepError as exc:
-            raise UsageError(str(exc)) from None
-        if as_json:
-            typer.echo(json.dumps([p.to_dict() for p in plans], indent=2))
-            return
-        for p in plans:
-            _render_capacity(p)
-        return
+    by_capacity = is_capacity_results(frame)
+    if by_capacity and results is not None and any(v is not None for v in (slo_ttft, slo_tpot, slo_p99_latency,
+                                                                           min_goodput)):
+        raise UsageError("--slo-*: these capacity results were searched under their own SLO (their "
+                         "capacity_search column); run the search again to change it")
     try:
-        plans = make_plan(frame, slo)
+        plans = plan_capacity(frame, target_rate, price_table) if by_capacity else make_plan(frame, slo)
     except SweepError as exc:
         raise UsageError(str(exc)) from None
     if as_json:
         typer.echo(json.dumps([p.to_dict() for p in plans], indent=2))
         return
     for p in plans:
-        _render(p)
+        (_render_capacity if by_capacity else _render)(p)
 
 
 def _refuse_sweep_options(ctx: typer.Context) -> None:
