@@ -198,9 +198,13 @@ def _render(p) -> None:
     console.print(f"[bold]best:[/] {p.reason}")
     if p.band_note:
         console.print(f"uncertain: {p.band_note}", highlight=False, markup=False)
+    _print_serve_line(console, p)
+
+
+def _print_serve_line(console: Console, p) -> None:
+    """The `vllm serve` line of a plan's pick (quoted for a POSIX shell, so it pastes as it is) and its note."""
     if p.best is not None:
         env = "".join(f"{k}={v} " for k, v in p.vllm_env.items())
-        # Quoted for a POSIX shell, so the line pastes as it is.
         command = " ".join(shlex.quote(a) for a in ["vllm", "serve", p.vllm_model, *p.vllm_args])
         console.print(env + command, soft_wrap=True, highlight=False, markup=False)
     if p.vllm_note:
@@ -254,12 +258,7 @@ def _render_capacity(p) -> None:
         detail.add_row(*row)
     console.print(detail)
     console.print(f"[bold]best:[/] {p.reason}", highlight=False)
-    if p.best is not None:
-        env = "".join(f"{k}={v} " for k, v in p.vllm_env.items())
-        command = " ".join(shlex.quote(a) for a in ["vllm", "serve", p.vllm_model, *p.vllm_args])
-        console.print(env + command, soft_wrap=True, highlight=False, markup=False)
-    if p.vllm_note:
-        console.print(f"note: {p.vllm_note}", highlight=False, markup=False)
+    _print_serve_line(console, p)
     if p.price_source:
         console.print(f"prices: {p.price_source}", highlight=False, markup=False)
 
