@@ -147,3 +147,15 @@ def test_attainment_counts_calls_and_queries():
     assert a["calls_ttft"] == pytest.approx(2 / 3) and a["calls_tpot"] == 1.0 and a["calls"] == pytest.approx(2 / 3)
     assert a["queries"] == pytest.approx(1 / 3) and a["met"] == pytest.approx(1 / 3)
     assert attainment(result, LatencySLO())["met"] is None
+
+
+def test_copies_ignore_recorded_arrivals_between_batches():
+    """Under --copies each query's batch is sent the instant the previous one ends, whatever arrival_s says."""
+    rng = np.random.default_rng(4)
+    queries = [[call(f"c{i}", rng.integers(0, 50, 8), rng.integers(0, 50, 6), query=f"q{i}",
+                     arrival_s=100.0 * i)] for i in range(3)]
+    q = simulate(workload(*queries), "normal", config(copies=2), ConstantCost()).queries
+    starts, ends = q["arrival_s"].to_numpy().reshape(2, 3), q["finish_s"].to_numpy().reshape(2, 3)
+    assert starts[:, 0].tolist() == [0.0, 0.0]
+    for i in (1, 2):
+        assert starts[0, i] == starts[1, i] == pytest.approx(ends[:, i - 1].max())

@@ -286,11 +286,12 @@ class Simulator:
             per_copy = len(self.queries) // cfg.copies  # instances are copy-major (engine/layout.py)
             groups = [[self.queries[t * per_copy + q] for t in range(cfg.copies)] for q in range(per_copy)]
             self.gate_limit = 1
+            self.gate_due = [0.0] * len(groups)  # each batch the instant the previous one ends
         else:
             order = sorted(self.queries, key=lambda q: (starts[q.index], q.index))
             groups = [[q] for q in order]
             self.gate_limit = int(cfg.max_concurrency)
-        self.gate_due = [float(starts[g[0].index]) for g in groups]
+            self.gate_due = [float(starts[g[0].index]) for g in groups]
         self.gate_groups = groups
         self.gate_of = {q.index: i for i, g in enumerate(groups) for q in g}
         self.gate_left = [len(g) for g in groups]
