@@ -142,7 +142,7 @@ def test_changed_trace_is_bad_input_not_regression(setup, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    (None, "no such baseline (create it with --update)"),
+    (None, "no such baseline; create it with --update"),
     ("{\n  oops", ":2: not JSON"),
     ('{"version": 2}', "version: expected 1"),
     ('{"version": 1, "traces": [], "engine": {}, "max_num_seqs": [1], "drafters": [], "cells": []}', "traces: empty"),

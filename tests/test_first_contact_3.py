@@ -189,3 +189,30 @@ def test_resume_with_another_grid_says_what_it_drops(trace, tmp_path, monkeypatc
     assert code == 0, err
     code, _, err = run_cli([*base, "--drafter", "suffix", "--resume"], monkeypatch, capsys)
     assert code == 0 and "1 finished cell(s)" in " ".join(err.split()), err  # ngram's; normal's is kept
+
+
+def test_report_finds_the_trace_from_another_folder(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """The results keep the trace's absolute path (`trace_file`): a report run elsewhere still has Figure 5."""
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(trace, work / "agents.jsonl")
+    monkeypatch.chdir(work)
+    code, _, err = run_cli(["sweep", "agents.jsonl", "--drafter", "ngram", "--max-num-seqs", "2", "-j", "1", "-o",
+                            "r.parquet", "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, _, err = run_cli(["report", str(work / "r.parquet"), "-o", "rep"], monkeypatch, capsys)
+    assert code == 0, err
+    text = (elsewhere / "rep" / "report.md").read_text()
+    assert "AgentSpec's premise" in text and "Not computed" not in text
+
+
+def test_a_missing_relative_baseline_says_where_it_looked(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["check"], monkeypatch, capsys)
+    line = one_error_line(code, err)
+    assert f"in {tmp_path}" in line and "--baseline PATH" in line

@@ -108,6 +108,9 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
                   "were also run at its low and high bound, with the same trace, engine and seed: the plots shade "
                   "the band between those runs and the tables give it after the value as [low–high], the low "
                   "bound's run first.", ""]
+    # Where each trace was when the sweep ran (its absolute path), so a report run elsewhere still finds it.
+    files = (dict(results.select("trace", "trace_file").drop_nulls().unique(subset="trace", keep="first").rows())
+             if "trace_file" in results.columns else {})
     batches: dict[tuple[str, str, str], int] = {}
     premises: dict[str, list[str]] = {}  # trace → its Figure-5 lines (one analysis per trace, not per setting)
     for trace, hardware, model in settings:
@@ -133,7 +136,8 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
                                   out / f"time-breakdown-{slug}.png")),
         ]
         if trace not in premises:
-            premises[trace] = ["### Where repeated output comes from (paper Figure 5)", "", *_premise_lines(trace), ""]
+            premises[trace] = ["### Where repeated output comes from (paper Figure 5)", "",
+                               *_premise_lines(trace, files.get(trace)), ""]
         lines += [f"## {label}", "", f"Trace `{trace}`.", "", *premises[trace]]
         for caption, path in figures:
             report.figures.append(path)
@@ -171,12 +175,15 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
     return report
 
 
-def _premise_lines(trace: str) -> list[str]:
+def _premise_lines(trace: str, absolute: str | None = None) -> list[str]:
     """The trace's repeated-span profile (paper Figure 5) and AgentSpec's premise verdict
-    (`analysis.repetition.isolation_premise`), when the trace file is where the results say."""
+    (`analysis.repetition.isolation_premise`), when the trace file is where the results say: the path as given
+    (from here), else its absolute path when the sweep ran."""
     from agentspec_sim.analysis.repetition import isolation_premise, premise_sentence, workload_repetition
     from agentspec_sim.trace.io import load_trace
 
+    if not Path(trace).is_file() and absolute is not None and Path(absolute).is_file():
+        trace = absolute
     if not Path(trace).is_file():
         return [f"Not computed: `{trace}` is not a file here (run the report where the trace is)."]
     try:

@@ -112,7 +112,9 @@ def load_baseline(path: str | Path) -> Baseline:
     try:
         data = strict_json.load_path(path)
     except FileNotFoundError:
-        raise BaselineError(f"{path}: no such baseline (create it with --update)") from None
+        where = "" if Path(path).is_absolute() else f" in {Path.cwd()} (a relative path: give --baseline PATH from " \
+                                                    "elsewhere)"
+        raise BaselineError(f"{path}: no such baseline{where}; create it with --update") from None
     except UnicodeDecodeError as exc:
         raise BaselineError(f"{path}: not UTF-8 text (byte {exc.start}); a baseline is a JSON file") from None
     except json.JSONDecodeError as exc:

@@ -45,6 +45,18 @@ from agentspec_sim.sweep.cells import SweepError
 
 KEY_COLUMNS = ("cell_id", "trace", "drafter", "speculative_config", "max_num_seqs", "hardware", "model", "seed")
 LATENCIES = "query_latencies_s"
+# The trace file's absolute path when the sweep ran (the `trace` column is the path as given, part of each cell's
+# identity): what `report` reads the trace from when it runs in another folder. Absent in older files.
+TRACE_FILE = "trace_file"
+
+
+def trace_file(trace: str) -> str | None:
+    """The absolute path of a sweep's trace as given (None for standard input)."""
+    from agentspec_sim.trace.io import is_stdin
+
+    return None if is_stdin(trace) else os.path.abspath(trace)
+
+
 # Under --copies: each trace query's batch time (its copies' send to the last one's finish), for the per-query
 # speedup (`speedup_mean_per_query`, agentspec_sim/metrics.py).
 BATCH_TIMES = "query_batch_s"
@@ -54,7 +66,7 @@ ENGINE_CONFIG = "engine_config"
 _FIXED_DTYPES: dict[str, pl.DataType] = {
     "cell_id": pl.Utf8(), "trace": pl.Utf8(), "drafter": pl.Utf8(), "speculative_config": pl.Utf8(),
     "max_num_seqs": pl.Int64(), "hardware": pl.Utf8(), "model": pl.Utf8(), "seed": pl.Int64(),
-    "speedup": pl.Float64(), ENGINE_CONFIG: pl.Utf8(), LATENCIES: pl.List(pl.Float64()),
+    "speedup": pl.Float64(), ENGINE_CONFIG: pl.Utf8(), LATENCIES: pl.List(pl.Float64()), TRACE_FILE: pl.Utf8(),
     BATCH_TIMES: pl.List(pl.Float64()), "speedup_mean_per_query": pl.Float64(),
     "capacity_rate": pl.Float64(), "capacity_per_gpu": pl.Float64(), "capacity_vs_normal": pl.Float64(),
     "capacity_bracket_low": pl.Float64(), "capacity_bracket_high": pl.Float64(),

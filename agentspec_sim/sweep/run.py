@@ -37,10 +37,12 @@ from agentspec_sim.sweep.results import (
     BATCH_TIMES,
     ENGINE_CONFIG,
     LATENCIES,
+    TRACE_FILE,
     ResultStore,
     Row,
     fill_speedups,
     to_frame,
+    trace_file,
 )
 from agentspec_sim.trace.schema import Workload
 
@@ -69,11 +71,12 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     bounds = run_band(workload, cell.spec, config, cost_model=cost) if band else None
     row.update(empty_columns() if bounds is None else bounds.columns())
     row[ENGINE_CONFIG] = cell.engine_config
-    row[LATENCIES] = [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
+    row[TRACE_FILE] = trace_file(cell.trace)
     if config.copies > 1:  # each query's batch time: the sweep divides normal's by it (speedup_mean_per_query)
         from agentspec_sim.metrics import per_query_batch_s
 
         row[BATCH_TIMES] = [None if x != x else float(x) for x in per_query_batch_s(result)]
+    row[LATENCIES] = [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
     return row
 
 
@@ -113,6 +116,7 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) ->
     for column, attr in zip(PROBE_COLUMNS[1:], ("met", "output_throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_p50",
                                                 "tpot_p99", "query_latency_p50", "query_latency_p99"), strict=True):
         row[column] = [getattr(p, attr) for p in probes]
+    row[TRACE_FILE] = trace_file(cell.trace)
     row[LATENCIES] = list(cap.latencies)
     return row
 
