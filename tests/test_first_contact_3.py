@@ -216,3 +216,18 @@ def test_a_missing_relative_baseline_says_where_it_looked(tmp_path, monkeypatch,
     code, _, err = run_cli(["check"], monkeypatch, capsys)
     line = one_error_line(code, err)
     assert f"in {tmp_path}" in line and "--baseline PATH" in line
+
+
+def test_an_arrival_before_the_previous_calls_is_refused_naming_the_line(tmp_path, monkeypatch, capsys):
+    from agentspec_sim.trace.io import write_records
+
+    records = [{"type": "meta", "version": 1, "tokenizer": None, "vocab_size": 100},
+               {"type": "call", "id": "a", "agent_id": 0, "query_id": 0, "seq": 0, "arrival_s": 10.0,
+                "prompt_tokens": [1, 2], "output_tokens": [3]},
+               {"type": "call", "id": "b", "agent_id": 0, "query_id": 0, "seq": 1, "arrival_s": 4.0,
+                "prompt_tokens": [1, 2, 3], "output_tokens": [4]}]
+    path = tmp_path / "back.jsonl"
+    write_records(records, path)
+    code, _, err = run_cli(["replay", str(path)], monkeypatch, capsys)
+    line = one_error_line(code, err)
+    assert "back.jsonl:3: arrival_s" in line and "before the arrival of call 'a'" in line

@@ -592,6 +592,15 @@ def _order_queries(raw: list[_RawCall], source: str, errors: _Errors) -> list[li
                 if problem:
                     errors.report(TraceError(source, c.line, "prompt_extends", problem))
                     break
+            if c.arrival_s is not None:
+                # A query's calls run one after another: a recorded arrival before an earlier call's is not a
+                # timeline (DESIGN: a call never arrives before its predecessor ends).
+                earlier = [g for g in good if g.arrival_s is not None]
+                if earlier and c.arrival_s < earlier[-1].arrival_s:
+                    errors.report(TraceError(source, c.line, "arrival_s",
+                                             f"{c.arrival_s:g} is before the arrival of call {earlier[-1].id!r} "
+                                             f"(seq {earlier[-1].seq}, {earlier[-1].arrival_s:g}) of the same query"))
+                    break
             good.append(c)
             valid_ids.add(c.id)
         if good:
