@@ -284,13 +284,15 @@ def load_vllm_metrics(path: str | Path) -> list[Observation]:
     out = []
     for line_no, rec in _records(path):
         metrics = rec.get("spec_decode_metrics", rec) if isinstance(rec, dict) else None
-        if not isinstance(metrics, dict) or "per_step_accepted" not in metrics:
-            raise CalibrationError(f"{path}:{line_no}: per_step_accepted: missing (need per_step_drafted and "
-                                   "per_step_accepted arrays)")
+        for name in ("per_step_accepted", "per_step_drafted"):
+            if not isinstance(metrics, dict) or name not in metrics:
+                raise CalibrationError(f"{path}:{line_no}: {name}: missing (need per_step_drafted and "
+                                       "per_step_accepted arrays: vLLM's per_request_spec_decode_metrics=\"detailed\")")
         acc = _step_counts(metrics["per_step_accepted"], f"{path}:{line_no}: per_step_accepted")
-        drafted = _step_counts(metrics.get("per_step_drafted", []), f"{path}:{line_no}: per_step_drafted")
+        drafted = _step_counts(metrics["per_step_drafted"], f"{path}:{line_no}: per_step_drafted")
         if drafted.shape != acc.shape:
-            raise CalibrationError(f"{path}:{line_no}: per_step_drafted and per_step_accepted differ in length")
+            raise CalibrationError(f"{path}:{line_no}: per_step_drafted and per_step_accepted differ in length "
+                                   f"({drafted.shape[0]} vs {acc.shape[0]} steps)")
         if acc.size and (acc.min() < 0 or (acc > drafted).any()):
             raise CalibrationError(f"{path}:{line_no}: per_step_accepted must be in [0, per_step_drafted]")
         keep = drafted > 0  # steps without drafts are not drafts (vLLM does not count them)

@@ -231,3 +231,12 @@ def test_an_arrival_before_the_previous_calls_is_refused_naming_the_line(tmp_pat
     code, _, err = run_cli(["replay", str(path)], monkeypatch, capsys)
     line = one_error_line(code, err)
     assert "back.jsonl:3: arrival_s" in line and "before the arrival of call 'a'" in line
+
+
+def test_a_metrics_file_without_per_step_drafted_names_the_missing_field(tmp_path):
+    from agentspec_sim.calibrate_acceptance import CalibrationError, load_vllm_metrics
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"per_step_accepted": [1, 0, 2]}\n')
+    with pytest.raises(CalibrationError, match=r"m.jsonl:1: per_step_drafted: missing"):
+        load_vllm_metrics(path)
