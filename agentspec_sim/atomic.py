@@ -48,6 +48,35 @@ def _umask() -> int:
     return current
 
 
+def remove_stale_temporaries(target: Path) -> int:
+    """Remove the temporary files of `target` that writers killed mid-write (SIGKILL, power loss) left beside
+    it — `.NAME.PID.XXXXXXXX.tmp` whose process no longer exists; a live writer's are kept. Returns how many."""
+    import glob
+
+    removed = 0
+    prefix = f".{target.name}."
+    for leftover in target.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = leftover.name[len(prefix):].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            leftover.unlink()
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's process, or a pid this system cannot signal: keep its file
+    return True
+
+
 def check_writable(path: str | Path) -> None:
     """Raise the OSError a write to `path` would meet, before any work: the target is a directory, or
     a parent is a file. (Permissions and disk space are only known when writing.)"""
@@ -148,7 +177,9 @@ def atomic_binary(path: str | Path, compress: bool = True, sync: bool = True) ->
             fd = os.open(given, os.O_WRONLY | os.O_TRUNC)  # the device or FIFO itself (O_TRUNC is ignored there)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            remove_stale_temporaries(target)
+            # The writer's pid in the name: a later writer can tell a killed writer's leftover from a live one's.
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
             os.chmod(tmp_name, _mode_for(target))
     except OSError as exc:
         if tmp_name is not None:

@@ -240,3 +240,23 @@ def test_a_metrics_file_without_per_step_drafted_names_the_missing_field(tmp_pat
     path.write_text('{"per_step_accepted": [1, 0, 2]}\n')
     with pytest.raises(CalibrationError, match=r"m.jsonl:1: per_step_drafted: missing"):
         load_vllm_metrics(path)
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL mid-write leaves `.NAME.PID.….tmp`; the next write of NAME removes it when PID is gone, and leaves
+    a live writer's alone."""
+    import os
+    import subprocess
+    import sys
+
+    from agentspec_sim.atomic import write_json_atomic
+
+    out = tmp_path / "summary.json"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f".summary.json.{dead}.abc123.tmp").write_bytes(b"")
+    live = tmp_path / f".summary.json.{os.getpid()}.zzz999.tmp"
+    live.write_bytes(b"")
+    write_json_atomic(out, {"a": 1})
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(["summary.json", live.name])
