@@ -20,6 +20,9 @@ def convert(
     tokens: bool = typer.Option(False, "--tokens", help="Write token ids instead of text (faster to load)."),
     tokenizer: str = typer.Option("qwen3", help="Tokenizer named in the trace's meta line."),
     max_queries: int | None = typer.Option(None, "--max-queries", help="Keep only the first N queries."),
+    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip input lines that cannot be read (a "
+                                        "truncated last line…) and say how many; line-oriented formats "
+                                        "(openai-chat, otel-genai)."),
 ) -> None:
     """Convert raw agent logs into an agentspec-sim trace (validated by loading it back)."""
     from agentspec_sim.trace.convert import CONVERTERS
@@ -32,7 +35,12 @@ def convert(
 
     # An existing output inside an INPUT folder counts as an input: the converter reads that folder.
     check_outputs(Output("--output", output, TRACE_SUFFIXES), inputs={"INPUT": inputs, "--tokenizer": tokenizer})
-    summary = convert_to_trace(fmt, inputs, output, tokens=tokens, tokenizer=tokenizer, max_queries=max_queries)
+    summary = convert_to_trace(fmt, inputs, output, tokens=tokens, tokenizer=tokenizer, max_queries=max_queries,
+                               skip_bad_lines=skip_bad_lines)
+    if summary["skipped"]:
+        first = summary["skipped"][0]
+        Console(stderr=True, highlight=False).print(
+            f"skipped {len(summary['skipped']):,} bad input line(s); the first: {first}", markup=False)
     Console(stderr=True).print(
         f"wrote {output}: {summary['queries']} queries, {summary['calls']} calls, "
         f"{summary['prompt_tokens']:,} prompt / {summary['output_tokens']:,} output tokens"

@@ -260,3 +260,20 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     write_json_atomic(out, {"a": 1})
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(["summary.json", live.name])
+
+
+def test_convert_skip_bad_lines_skips_a_truncated_line_and_says_so(tmp_path, monkeypatch, capsys):
+    import json
+
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                       "response": {"choices": [{"message": {"content": "hello"}}]}})
+    log = tmp_path / "log.jsonl"
+    log.write_text(good + "\n" + good + "\n" + good[: len(good) // 2] + "\n")  # the last line cut short
+    out = tmp_path / "t.jsonl"
+    code, _, err = run_cli(["convert", "openai-chat", str(log), "-o", str(out)], monkeypatch, capsys)
+    assert "line 3: not valid JSON" in one_error_line(code, err) and not out.exists()
+    code, _, err = run_cli(["convert", "openai-chat", str(log), "-o", str(out), "--skip-bad-lines"], monkeypatch,
+                           capsys)
+    assert code == 0, err
+    assert "skipped 1 bad input line(s); the first:" in err and "line 3" in err
+    assert "2 queries" in err or "2 calls" in err

@@ -11,13 +11,15 @@ from agentspec_sim.trace.tokenizer import UnknownTokenizerError, load_tokenizer
 
 
 def convert_records(fmt: str, inputs: Sequence[Path], tokenizer: str = "qwen3",
-                    max_queries: int | None = None) -> list[dict]:
-    """The trace records a converter makes of `inputs` (meta first), optionally the first N queries."""
+                    max_queries: int | None = None, skipped: list[ConvertError] | None = None) -> list[dict]:
+    """The trace records a converter makes of `inputs` (meta first), optionally the first N queries. `skipped`:
+    a line-oriented converter skips the lines it cannot read and appends why to this list (else it refuses)."""
     try:
         tok = load_tokenizer(tokenizer)
     except UnknownTokenizerError as exc:
         raise ConvertError(tokenizer, str(exc)) from None
-    opts = ConvertOptions(tokenizer=tokenizer, eot_text=tok.eot_text or "")
+    opts = ConvertOptions(tokenizer=tokenizer, eot_text=tok.eot_text or "", skip_bad_lines=skipped is not None,
+                          skipped=skipped if skipped is not None else [])
     records = list(CONVERTERS[fmt].convert([Path(p) for p in inputs], opts))
     if not records or records[0].get("type") != "meta":
         raise ConvertError(inputs[0] if inputs else fmt, "the converter produced no trace")
@@ -37,9 +39,11 @@ def convert_records(fmt: str, inputs: Sequence[Path], tokenizer: str = "qwen3",
 
 
 def convert_to_trace(fmt: str, inputs: Sequence[Path], output: Path, tokens: bool = False,
-                     tokenizer: str = "qwen3", max_queries: int | None = None) -> dict:
-    """Convert and write; the records are loaded first, so a written trace always loads."""
-    records = convert_records(fmt, inputs, tokenizer, max_queries)
+                     tokenizer: str = "qwen3", max_queries: int | None = None, skip_bad_lines: bool = False) -> dict:
+    """Convert and write; the records are loaded first, so a written trace always loads. The summary's
+    `skipped` lists the input lines skipped as unreadable (with `skip_bad_lines`)."""
+    skipped: list[ConvertError] | None = [] if skip_bad_lines else None
+    records = convert_records(fmt, inputs, tokenizer, max_queries, skipped)
     workload = parse_records(enumerate(records, start=1), source=f"<{fmt} converter>")
     if tokens:
         write_trace(workload, output)
@@ -48,7 +52,7 @@ def convert_to_trace(fmt: str, inputs: Sequence[Path], output: Path, tokens: boo
     return {
         "queries": len(workload.queries), "calls": workload.num_calls,
         "prompt_tokens": workload.prompt_tokens, "output_tokens": workload.output_tokens,
-        "bytes": _size_written(output),
+        "bytes": _size_written(output), "skipped": list(skipped or []),
     }
 
 

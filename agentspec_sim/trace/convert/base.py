@@ -8,7 +8,7 @@ the loader does, so a converted trace is checked by exactly the code that will r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -22,14 +22,24 @@ class ConvertError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ConvertOptions:
-    """What every converter needs to know about the target tokenizer.
+    """What every converter needs to know about the target tokenizer, and how it treats bad lines.
 
     `eot_text` is the end-of-turn string the model emits at the end of each output (Qwen3:
-    `<|im_end|>`); converters append it to every recorded output.
+    `<|im_end|>`); converters append it to every recorded output. `skip_bad_lines`: a line-oriented
+    converter skips a line it cannot read (a truncated last line, a stray log line) instead of refusing
+    the file, and records why in `skipped` (`skip_or_raise`).
     """
 
     tokenizer: str = "qwen3"
     eot_text: str = "<|im_end|>"
+    skip_bad_lines: bool = False
+    skipped: list[ConvertError] = field(default_factory=list)
+
+    def skip_or_raise(self, error: ConvertError) -> None:
+        """Record `error` as a skipped line with `skip_bad_lines`, else raise it."""
+        if not self.skip_bad_lines:
+            raise error
+        self.skipped.append(error)
 
 
 ConvertFn = Callable[[Sequence[Path], ConvertOptions], Iterator[dict]]

@@ -218,7 +218,11 @@ def convert(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[dict]:
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
-            call = _parse_line(path, n, line)
+            try:
+                call = _parse_line(path, n, line)
+            except ConvertError as exc:
+                opts.skip_or_raise(exc)  # --skip-bad-lines: counted and named, not fatal
+                continue
             queries.setdefault(call["key"], []).append(call)
             if call["model"]:
                 models.add(call["model"])

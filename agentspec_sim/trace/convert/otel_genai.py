@@ -199,8 +199,9 @@ class _NoContent(Exception):
     """A model-call span without its messages: the instrumentation's content capture was off."""
 
 
-def _requests(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line, ExportTraceServiceRequest) of a file: one JSON document, or one per line."""
+def _requests(path: Path, opts: ConvertOptions | None = None) -> Iterator[tuple[int, dict]]:
+    """(line, ExportTraceServiceRequest) of a file: one JSON document, or one per line (a line that is not JSON
+    refused, or skipped and recorded with `opts.skip_bad_lines`)."""
     try:
         text = path.read_text("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
@@ -214,9 +215,14 @@ def _requests(path: Path) -> Iterator[tuple[int, dict]]:
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
-                yield n, strict_json.loads(line)
+                doc = strict_json.loads(line)
             except ValueError as exc:
-                raise ConvertError(path, f"line {n}: not valid JSON ({exc})") from None
+                error = ConvertError(path, f"line {n}: not valid JSON ({exc})")
+                if opts is None:
+                    raise error from None
+                opts.skip_or_raise(error)
+                continue
+            yield n, doc
 
 
 def _nano(value: object) -> int:
@@ -233,7 +239,7 @@ def convert(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[dict]:
     models: set[str] = set()
     no_content = [0]
     for path in files:
-        for n, request in _requests(path):
+        for n, request in _requests(path, opts):
             if not isinstance(request, dict) or not isinstance(request.get("resourceSpans", []), list):
                 raise ConvertError(path, f"line {n}: not an OTLP trace export (no resourceSpans list)")
             for resource in request.get("resourceSpans", []):
