@@ -37,6 +37,8 @@ def convert(
     check_outputs(Output("--output", output, TRACE_SUFFIXES), inputs={"INPUT": inputs, "--tokenizer": tokenizer})
     summary = convert_to_trace(fmt, inputs, output, tokens=tokens, tokenizer=tokenizer, max_queries=max_queries,
                                skip_bad_lines=skip_bad_lines)
+    for note in summary["notes"]:
+        Console(stderr=True, highlight=False).print(f"note: {note}", markup=False)
     if summary["skipped"]:
         first = summary["skipped"][0]
         Console(stderr=True, highlight=False).print(

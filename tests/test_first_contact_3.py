@@ -277,3 +277,44 @@ def test_convert_skip_bad_lines_skips_a_truncated_line_and_says_so(tmp_path, mon
     assert code == 0, err
     assert "skipped 1 bad input line(s); the first:" in err and "line 3" in err
     assert "2 queries" in err or "2 calls" in err
+
+
+def test_openai_chat_chains_a_resent_history_without_query_ids(tmp_path, monkeypatch, capsys):
+    import json
+
+    def line(messages, response, **extra):
+        return json.dumps({"messages": messages, "response": response, **extra})
+
+    u1, u2, u3 = ({"role": "user", "content": t} for t in ("fix the bug", "tests fail", "now?"))
+    a1, a2 = ({"role": "assistant", "content": t} for t in ("patch 1", "patch 2"))
+    log = tmp_path / "agent.jsonl"
+    log.write_text("\n".join([
+        line([u1], "patch 1"),
+        line([{"role": "user", "content": "unrelated"}], "ok"),
+        line([u1, a1, u2], "patch 2"),
+        line([u1, a1, u2, a2, u3], "done"),
+        line([u1, a1, {"role": "user", "content": "a fork"}], "other"),  # goes on from the first call, not the last
+    ]) + "\n")
+    from agentspec_sim.trace.convert import CONVERTERS
+    from agentspec_sim.trace.convert.base import ConvertOptions
+
+    records = list(CONVERTERS["openai-chat"].convert([log], ConvertOptions()))[1:]
+    by_query: dict = {}
+    for r in records:
+        by_query.setdefault(r["query_id"], []).append(r["seq"])
+    assert sorted(len(v) for v in by_query.values()) == [1, 1, 3]  # the chain, the unrelated call, the fork
+    chain = [r for r in records if r["query_id"] == "agent.jsonl:1"]
+    assert [r["seq"] for r in chain] == [0, 1, 2] and chain[1]["prompt_extends"] == chain[0]["id"]
+
+
+def test_one_query_id_in_two_files_is_said(tmp_path, monkeypatch, capsys):
+    import json
+
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_text(json.dumps({"messages": [{"role": "user", "content": name}], "response": "x",
+                                                 "query_id": "q7"}) + "\n")
+    out = tmp_path / "t.jsonl"
+    code, _, err = run_cli(["convert", "openai-chat", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "-o",
+                            str(out)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "query_id 'q7'" in err and "a.jsonl, b.jsonl" in err

@@ -11,7 +11,8 @@ from agentspec_sim.trace.tokenizer import UnknownTokenizerError, load_tokenizer
 
 
 def convert_records(fmt: str, inputs: Sequence[Path], tokenizer: str = "qwen3",
-                    max_queries: int | None = None, skipped: list[ConvertError] | None = None) -> list[dict]:
+                    max_queries: int | None = None, skipped: list[ConvertError] | None = None,
+                    notes: list[str] | None = None) -> list[dict]:
     """The trace records a converter makes of `inputs` (meta first), optionally the first N queries. `skipped`:
     a line-oriented converter skips the lines it cannot read and appends why to this list (else it refuses)."""
     try:
@@ -19,7 +20,7 @@ def convert_records(fmt: str, inputs: Sequence[Path], tokenizer: str = "qwen3",
     except UnknownTokenizerError as exc:
         raise ConvertError(tokenizer, str(exc)) from None
     opts = ConvertOptions(tokenizer=tokenizer, eot_text=tok.eot_text or "", skip_bad_lines=skipped is not None,
-                          skipped=skipped if skipped is not None else [])
+                          skipped=skipped if skipped is not None else [], notes=notes if notes is not None else [])
     records = list(CONVERTERS[fmt].convert([Path(p) for p in inputs], opts))
     if not records or records[0].get("type") != "meta":
         raise ConvertError(inputs[0] if inputs else fmt, "the converter produced no trace")
@@ -43,7 +44,8 @@ def convert_to_trace(fmt: str, inputs: Sequence[Path], output: Path, tokens: boo
     """Convert and write; the records are loaded first, so a written trace always loads. The summary's
     `skipped` lists the input lines skipped as unreadable (with `skip_bad_lines`)."""
     skipped: list[ConvertError] | None = [] if skip_bad_lines else None
-    records = convert_records(fmt, inputs, tokenizer, max_queries, skipped)
+    notes: list[str] = []
+    records = convert_records(fmt, inputs, tokenizer, max_queries, skipped, notes)
     workload = parse_records(enumerate(records, start=1), source=f"<{fmt} converter>")
     if tokens:
         write_trace(workload, output)
@@ -52,7 +54,7 @@ def convert_to_trace(fmt: str, inputs: Sequence[Path], output: Path, tokens: boo
     return {
         "queries": len(workload.queries), "calls": workload.num_calls,
         "prompt_tokens": workload.prompt_tokens, "output_tokens": workload.output_tokens,
-        "bytes": _size_written(output), "skipped": list(skipped or []),
+        "bytes": _size_written(output), "skipped": list(skipped or []), "notes": notes,
     }
 
 

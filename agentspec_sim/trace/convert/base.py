@@ -34,6 +34,7 @@ class ConvertOptions:
     eot_text: str = "<|im_end|>"
     skip_bad_lines: bool = False
     skipped: list[ConvertError] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the converter decided that the user should hear
 
     def skip_or_raise(self, error: ConvertError) -> None:
         """Record `error` as a skipped line with `skip_bad_lines`, else raise it."""

@@ -20,8 +20,11 @@ Rules:
   the previous call.
 - Calls with the same (`agent_id`, `query_id`) form one query, ordered by file order (files in the
   order given), and are chained with the delta form where a call re-sends the previous history.
-  A call without `query_id` is a query of its own (query id `<file name>:<line>`). The default
-  `agent_id` is `"openai-chat"`.
+  A call without `query_id` joins the query of an earlier call without one whose whole conversation —
+  its messages, then its response as the assistant's turn — it re-sends and goes on from (an agent that
+  re-sends its history, as the recording proxy chains it); otherwise it is a query of its own (query id
+  `<file name>:<line>`). One `query_id` in several files is one query, in file order, and the converter
+  says so. The default `agent_id` is `"openai-chat"`.
 - `arrival_s` is taken as given; otherwise `timestamp` (epoch seconds or ISO 8601) becomes an
   arrival relative to the earliest timestamp in the input.
 - Any line of the wrong shape is rejected with `ConvertError(file, "line N: ...")`.
@@ -198,10 +201,33 @@ def _parse_line(path: Path, n: int, line: str) -> dict:
     if model is None and isinstance(obj.get("model"), str):
         model = obj["model"]
     return {
-        "key": (agent_id, query_id), "messages": msgs, "response": text, "role": obj.get("role"),
+        "key": (agent_id, query_id), "anonymous": "query_id" not in obj, "messages": msgs, "response": text,
+        "role": obj.get("role"),
         "arrival_s": float(arrival) if arrival is not None else None, "timestamp": timestamp,
         "model": model, "fields": fields,
     }
+
+
+def _conversation(messages: list[dict], response: str | None = None) -> tuple:
+    """A chat as a hashable key: its (role, content) pairs, then the response as the assistant's turn."""
+    turns = tuple((m["role"], m["content"]) for m in messages)
+    return turns if response is None else (*turns, ("assistant", response))
+
+
+def _continued(call: dict, conversations: dict[tuple, tuple], queries: dict[tuple, list[dict]]) -> tuple | None:
+    """The query an anonymous call goes on: the longest earlier conversation (messages + response) its messages
+    start with and go beyond, whose query it extends at its end (not a fork from the middle of one)."""
+    messages = call["messages"]
+    for end in range(len(messages) - 1, 0, -1):
+        if messages[end - 1]["role"] != "assistant":
+            continue
+        key = conversations.get(_conversation(messages[:end]))
+        if key is None:
+            continue
+        last = queries[key][-1]
+        if _conversation(last["messages"], last["response"]) == _conversation(messages[:end]):
+            return key
+    return None
 
 
 @register("openai-chat", "generic JSONL chat log: one {messages, response} object per LLM call")
@@ -210,6 +236,10 @@ def convert(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[dict]:
     files = expand_inputs(paths, "*.jsonl")
     queries: dict[tuple, list[dict]] = {}
     models: set[str] = set()
+    # Calls without a query_id: the conversation each one leaves (its messages, then its response) → its query,
+    # so a later call that re-sends that history and goes on joins it (as the recording proxy chains them).
+    conversations: dict[tuple, tuple] = {}
+    files_of: dict[tuple, list[str]] = {}
     for path in files:
         try:
             text = path.read_text("utf-8-sig")
@@ -223,9 +253,20 @@ def convert(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[dict]:
             except ConvertError as exc:
                 opts.skip_or_raise(exc)  # --skip-bad-lines: counted and named, not fatal
                 continue
+            if call["anonymous"]:
+                call["key"] = _continued(call, conversations, queries) or call["key"]
+                conversations[_conversation(call["messages"], call["response"])] = call["key"]
+            else:
+                names = files_of.setdefault(call["key"], [])
+                if path.name not in names:
+                    names.append(path.name)
             queries.setdefault(call["key"], []).append(call)
             if call["model"]:
                 models.add(call["model"])
+    for (agent_id, query_id), names in files_of.items():
+        if len(names) > 1:
+            opts.notes.append(f"query_id {query_id!r} (agent {agent_id!r}) is in {len(names)} files "
+                              f"({', '.join(names)}): its calls are one query, in the order the files were given")
     if not queries:
         raise ConvertError(files[0] if files else "input", "no calls (empty file)")
     stamps = [c["timestamp"] for calls in queries.values() for c in calls if c["timestamp"] is not None]
