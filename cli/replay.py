@@ -107,13 +107,14 @@ def replay(
 
     def keep(result, summary) -> None:
         finished.append((result, summary))
-        if not as_json:  # one line per finished run: progress that also shows in logs (no terminal)
-            Console(stderr=True, highlight=False).print(
-                f"finished {summary.drafter}: {summary.calls:,} calls in {result.wall_s:.1f} s", markup=False)
+        # One line per finished run on stderr: progress that also shows in logs, and with --json (whose
+        # document is standard output's alone) a run of minutes is not silent.
+        Console(stderr=True, highlight=False).print(
+            f"finished {summary.drafter}: {summary.calls:,} calls in {result.wall_s:.1f} s", markup=False)
 
     try:
-        runs, bands, cost = _run(workload, specs, config, show_progress=not as_json, on_result=keep,
-                                 band=not no_band, on_band=None if as_json else _say_band_finished, slo=slo)
+        runs, bands, cost = _run(workload, specs, config, show_progress=True, on_result=keep,
+                                 band=not no_band, on_band=_say_band_finished, slo=slo)
     except KeyboardInterrupt as exc:
         exc.note = _write_finished(path, config, finished, output, steps)  # type: ignore[attr-defined]
         raise

@@ -54,7 +54,7 @@ def test_a_live_history_over_the_memory_bound_is_reported(trace, monkeypatch):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "passed the simulator's memory bound and dropped" in " ".join(result.output.split())
-    runs = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)["runs"]
+    runs = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)["runs"]
     assert "history_evictions" not in runs[0] and runs[1]["history_evictions"] > 0  # normal has no history
 
 
@@ -67,7 +67,7 @@ def test_json_and_steps(trace, tmp_path):
         "--max-num-seqs", "2", "--seed", "3", "--replicate", "2",
     ])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     assert [r["drafter"] for r in doc["runs"]] == ["normal", "ngram", "ngram k=3 n=2..2"]
     assert doc["runs"][0]["speedup"] == pytest.approx(1.0)
     assert doc["runs"][1]["mean_acceptance_length"] > 1

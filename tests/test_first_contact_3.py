@@ -318,3 +318,13 @@ def test_one_query_id_in_two_files_is_said(tmp_path, monkeypatch, capsys):
                             str(out)], monkeypatch, capsys)
     assert code == 0, err
     assert "query_id 'q7'" in err and "a.jsonl, b.jsonl" in err
+
+
+def test_replay_json_shows_progress_on_stderr(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """`replay --json -o F` ran silent for minutes: its progress goes to stderr, the document alone to stdout."""
+    import json
+
+    code, out, err = run_cli(["replay", str(trace), "--drafter", "ngram", "--json", "-o", str(tmp_path / "r.json")],
+                             monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(out)["runs"] and "finished normal" in err and "finished ngram" in err
