@@ -163,14 +163,22 @@ def row_values(row: Mapping[str, Any], metric: str) -> list[float] | None:
 
 def format_interval(value: float | None, values: Sequence[float | None] | None, spec: str = ".2f",
                     suffix: str = "", sep: str = " ") -> str:
-    """`3.12 [2.95–3.30]`: the point value, then (after `sep`) its band as the runs gave it, the low bound's
-    first; the point value alone where there is no band, `—` where there is no value."""
+    """`3.12 [2.95–3.30]`: the point value, then (after `sep`) its band, the low bound's run first; the point
+    value alone where there is no band, `—` where there is no value. The interval shown always holds the point:
+    the bound runs differ from the point run in acceptance only, and where that moves the result less than the
+    engine's own scheduling does, the point can fall just outside them (`1.110× [1.110–1.122×]`, not
+    `[1.111–1.122×]`: the runs span 1.110 to 1.122)."""
     if value is None:
         return "—"
     text = f"{value:{spec}}{suffix}"
     if values is None or any(v is None for v in values):
         return text
-    return f"{text}{sep}[{values[0]:{spec}}–{values[1]:{spec}}{suffix}]"
+    low, high = float(values[0]), float(values[1])
+    if low <= high:
+        low, high = min(low, value), max(high, value)
+    else:  # a band whose low bound's run came out higher: kept in that order, widened the same way
+        low, high = max(low, value), min(high, value)
+    return f"{text}{sep}[{low:{spec}}–{high:{spec}}{suffix}]"
 
 
 __all__ = ["BOUNDS", "COLUMNS", "METRICS", "Band", "bound_config", "bound_configs", "empty_columns", "empty_fields",

@@ -92,6 +92,10 @@ def test_helpers_for_rows_and_text():
     assert band.format_interval(3.123, [2.951, 3.304]) == "3.12 [2.95–3.30]"
     assert band.format_interval(1.5, [1.25, 1.75], ".3f", "×") == "1.500× [1.250–1.750×]"
     assert band.format_interval(3.1, None) == "3.10" and band.format_interval(None, [1, 2]) == "—"
+    # The point just outside its bound runs (scheduling noise larger than the acceptance change): the interval
+    # shown spans all three runs, so a value never sits outside its own band.
+    assert band.format_interval(1.110, [1.111, 1.122], ".3f", "×") == "1.110× [1.110–1.122×]"
+    assert band.format_interval(1.130, [1.111, 1.122], ".3f", "×") == "1.130× [1.111–1.130×]"
     assert band.empty_columns() == dict.fromkeys(band.COLUMNS)
     assert band.empty_fields() == {"mean_acceptance_length_band": None, "goodput_tok_s_band": None,
                                    "speedup_band": None}
