@@ -61,7 +61,9 @@ def proxy(
             RecordingProxy(upstream, recorder, timeout_s=timeout_s, max_body_bytes=int(max_body_mb * (1 << 20)),
                            ask_token_ids=ask_token_ids),
             host=host, port=port, drain_s=drain_s, handle_signals=True,
-            on_ready=lambda url: err.print(f"recording proxy on {url}/v1 → {upstream}, appending to {output}"
+            # Agents may connect from this line on (before it: connection refused while the proxy starts).
+            on_ready=lambda url: err.print(f"listening on {url}/v1 (recording proxy → {upstream}), appending to "
+                                           f"{output}"
                                            + (f" ({recorder.stats.resumed_calls} calls there already)"
                                               if recorder.stats.resumed_calls else "")),
             on_tick=lambda s: err.print(f"{s.recorded['recorded']} calls recorded, "

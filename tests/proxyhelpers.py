@@ -69,7 +69,7 @@ class CliProxy:
             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "COLUMNS": "200"})
         line = self.proc.stderr.readline()
-        if "recording proxy on" not in line:
+        if "listening on" not in line:
             self.proc.kill()
             raise AssertionError(f"proxy did not start: {line}{self.proc.stderr.read()}")
         self.url = line.split(" on ", 1)[1].split()[0]  # …/v1

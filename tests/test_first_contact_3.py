@@ -328,3 +328,45 @@ def test_replay_json_shows_progress_on_stderr(trace, tmp_path, monkeypatch, caps
                              monkeypatch, capsys)
     assert code == 0, err
     assert json.loads(out)["runs"] and "finished normal" in err and "finished ngram" in err
+
+
+def test_proxy_counts_a_client_that_leaves_mid_stream_as_gone_not_as_an_upstream_cut(tmp_path):
+    pytest.importorskip("aiohttp", reason="the proxy needs aiohttp (pip install 'agentspec-sim[proxy]')")
+    import json
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    from proxyhelpers import in_process_proxy, serving
+
+    from agentspec_sim.capture.stub_upstream import stub_app
+
+    with serving(stub_app()) as stub, in_process_proxy(stub, tmp_path / "t.jsonl") as proxy:
+        where = urlparse(proxy.url)
+        body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "a b c d e f g"}]})
+        with socket.create_connection((where.hostname, where.port)) as s:
+            s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       f"X-Stub-Fault: trickle\r\nX-Stub-Delay-S: 0.3\r\nContent-Length: {len(body)}\r\n\r\n"
+                       f"{body}").encode())
+            assert b"data:" in s.recv(4096) or b"data:" in s.recv(4096)  # the answer has started
+        time.sleep(1.5)  # the proxy's next write finds the client gone
+    passed = proxy.result.passed
+    assert passed["client_gone"] == 1 and passed["dropped_streams"] == 0, passed
+
+
+def test_proxy_on_a_busy_port_is_one_line(tmp_path):
+    pytest.importorskip("aiohttp", reason="the proxy needs aiohttp (pip install 'agentspec-sim[proxy]')")
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", "proxy", "--upstream", "http://127.0.0.1:9/v1",
+                            "-o", "t.jsonl", "--port", str(port)], capture_output=True, text=True, cwd=tmp_path,
+                           timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "cannot listen" in lines[0], r.stderr
+    assert "Unclosed" not in r.stderr

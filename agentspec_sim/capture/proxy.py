@@ -206,22 +206,29 @@ class RecordingProxy:
         await response.prepare(request)
         assembler = StreamAssembler(exchange) if exchange is not None else None
         first_s = None
-        try:
-            async for chunk in upstream.content.iter_any():
-                if assembler is not None:
-                    if first_s is None:
-                        first_s = self.recorder.now_s()
-                    assembler.feed(chunk)
+        chunks = upstream.content.iter_any().__aiter__()
+        while True:
+            # Reading the upstream and writing the client fail apart: aiohttp's error for a client that went away
+            # (ClientConnectionResetError) is also a ClientError, so only where it happened tells them apart.
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientError, TimeoutError):
+                # The upstream cut the stream: cut the client's too (no terminating chunk), so it fails as it would.
+                self.stats.dropped_streams += 1
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            if assembler is not None:
+                if first_s is None:
+                    first_s = self.recorder.now_s()
+                assembler.feed(chunk)
+            try:
                 await response.write(chunk)
-        except (aiohttp.ClientError, TimeoutError):
-            # The upstream cut the stream: cut the client's too (no terminating chunk), so it fails as it would have.
-            self.stats.dropped_streams += 1
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        except (ConnectionError, RuntimeError):  # the client went away: it got no whole answer
-            self.stats.client_gone += 1
-            return response
+            except (ConnectionError, RuntimeError, aiohttp.ClientError):  # the client went away mid-answer
+                self.stats.client_gone += 1
+                return response
         with contextlib.suppress(ConnectionError, RuntimeError):
             await response.write_eof()
         if assembler is not None:
@@ -296,7 +303,11 @@ class ProxyServer:
         runner = web.AppRunner(self.proxy.app(), access_log=None, shutdown_timeout=self.drain_s)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()  # the upstream session made at setup is closed: no "Unclosed client session"
+            raise
         bound = runner.addresses[0]
         self.url = f"http://{self.host if ':' not in self.host else '[' + self.host + ']'}:{bound[1]}"
         if self.on_ready is not None:

@@ -7,7 +7,8 @@ request with `tools` whose last message is the user's gets a call of the first t
 "tool_calls"). It is not a model.
 
 Faults, chosen per request by the header `X-Stub-Fault`: `500` (an error status), `slow` (sleeps `X-Stub-Delay-S`
-seconds before answering), `drop` (a stream cut after two events, no `[DONE]`), `garbage` (a 200 that is not JSON).
+seconds before answering), `drop` (a stream cut after two events, no `[DONE]`), `garbage` (a 200 that is not JSON),
+`trickle` (a stream that sleeps `X-Stub-Delay-S` seconds between events: a client may leave mid-answer).
 
     python -m agentspec_sim.capture.stub_upstream [--port P]
 """
@@ -73,6 +74,8 @@ async def _completion(request):
     await response.prepare(request)
     for n, event in enumerate(_stream_events(text, chat, tool, finish, with_ids, model, body)):
         await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        if fault == "trickle":
+            await asyncio.sleep(float(request.headers.get("X-Stub-Delay-S", "0.2")))
         if fault == "drop" and n == 1:
             request.transport.close()  # cut the connection mid-stream, as a crashed server does
             return response
