@@ -370,3 +370,14 @@ def test_proxy_on_a_busy_port_is_one_line(tmp_path):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "cannot listen" in lines[0], r.stderr
     assert "Unclosed" not in r.stderr
+
+
+def test_a_recorded_arrival_past_the_clock_is_refused_up_front(tmp_path, monkeypatch, capsys):
+    from agentspec_sim.trace.io import write_records
+
+    path = tmp_path / "late.jsonl"
+    write_records([{"type": "meta", "version": 1, "tokenizer": None, "vocab_size": 100},
+                   {"type": "call", "id": "a", "agent_id": 0, "query_id": 0, "seq": 0, "arrival_s": 1e300,
+                    "prompt_tokens": [1, 2], "output_tokens": [3, 4]}], path)
+    code, _, err = run_cli(["replay", str(path)], monkeypatch, capsys)
+    assert "would be sent at 1e+300 s" in one_error_line(code, err)
