@@ -41,6 +41,11 @@ def _flag(name: str, default: Any) -> str:
     return "--" + name.replace("_", "-")
 
 
+# Options where infinity means something, as in `vllm bench serve`: `--request-rate inf` sends every query at
+# once (vLLM's default), `--burstiness inf` spaces them evenly. NaN is refused there too.
+INFINITY_ALLOWED = frozenset({"request_rate", "burstiness"})
+
+
 def _preflight(command: Callable[..., Any]) -> Callable[..., Any]:
     flags = {name: _flag(name, p.default) for name, p in inspect.signature(command).parameters.items()}
 
@@ -52,7 +57,10 @@ def _preflight(command: Callable[..., Any]) -> Callable[..., Any]:
         for name, value in kwargs.items():
             for item in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(item, float) and not math.isfinite(item):
-                    raise UsageError(f"{flags.get(name, name)}: must be a finite number, got {item}")
+                    if name in INFINITY_ALLOWED and item == math.inf:
+                        continue
+                    raise UsageError(f"{flags.get(name, name)}: must be a finite number"
+                                     + (" or inf" if name in INFINITY_ALLOWED else "") + f", got {item}")
         return command(*args, **kwargs)
 
     run._preflighted = True  # type: ignore[attr-defined]

@@ -34,6 +34,8 @@ def trace(tmp_path):
 
 @pytest.mark.parametrize("load, shown", [
     (["--request-rate", "2"], "request rate 2/s (Poisson)"),
+    (["--request-rate", "inf"], "request rate inf (all at once)"),  # vllm bench serve's default
+    (["--request-rate", "2", "--burstiness", "inf"], "request rate 2/s (evenly spaced)"),
     (["--request-rate", "2", "--burstiness", "0.5"], "gamma, burstiness 0.5"),
     (["--max-concurrency", "3"], "max concurrency 3"),
     (["--copies", "4"], "copies 4"),
@@ -100,6 +102,8 @@ def test_sweep_capacity_then_plan_and_report_from_its_results(trace, tmp_path, m
     (["sweep", "-o", "x.parquet", *SLO], "are for --capacity"),
     (["replay", "--copies", "2", "--request-rate", "3"], "takes no --request-rate"),
     (["replay", "--request-rate", "0"], "--request-rate: must be > 0"),
+    (["replay", "--request-rate", "nan"], "--request-rate: must be a finite number or inf"),
+    (["replay", "--burstiness", "-inf"], "--burstiness: must be a finite number or inf"),
     (["replay", "--burstiness", "0"], "--burstiness: must be > 0"),
     (["replay", "--max-concurrency", "0"], "--max-concurrency: must be ≥ 1"),
     (["replay", "--slo-tpot", "-1"], "--slo-tpot must be > 0"),
