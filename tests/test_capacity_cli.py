@@ -140,3 +140,8 @@ def test_sweep_under_copies_records_the_per_query_speedup(trace, tmp_path, monke
     per_query = frame["speedup_mean_per_query"].to_list()
     assert per_query[0] == pytest.approx(1.0) and per_query[1] is not None and per_query[1] > 0
     assert frame["query_batch_s"].list.len().to_list() == [12, 12]  # one batch time per trace query
+
+
+def test_too_many_copies_names_copies(trace, monkeypatch, capsys):
+    code, _, err = run_cli(["replay", str(trace), "--copies", "100000000"], monkeypatch, capsys)
+    assert one_error_line(code, err).startswith("error: --copies: at 100,000,000, the run needs about")

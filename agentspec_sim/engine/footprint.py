@@ -143,12 +143,17 @@ def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: Engine
         terms[knob] = terms.get(knob, 0.0) + n
 
     add(None, 4.0 * stats["copied"])
-    add("replicate" if tenants > 1 else None, per_tenant * tenants + drafter)
+    add(_tenant_knob(config) if tenants > 1 else None, per_tenant * tenants + drafter)
     add("num_kv_blocks", limits.num_kv_blocks * KV_BLOCK_BYTES)
     add("max_model_len" if context_blamed else "max_num_seqs", slot_table)
     add("max_num_seqs", seqs * SLOT_FIXED_BYTES)
     add("num_speculative_tokens", seqs * _longest_draft(spec) * DRAFT_TOKEN_BYTES)
     return terms
+
+
+def _tenant_knob(config: EngineConfig) -> str:
+    """The setting that multiplies the query instances: --copies or --replicate."""
+    return "copies" if config.copies > 1 else "replicate"
 
 
 def _longest_draft(spec: SpeculativeConfig) -> int:
@@ -169,7 +174,7 @@ def check_run_memory(workload: Workload, spec: SpeculativeConfig, config: Engine
     > 1 (a sweep's parallel cells) that many such runs at once must fit too."""
     stats = _stats_for(workload, config, limits)
     terms = dict(terms) if terms is not None else _footprint(stats, spec, config, limits)
-    values = {"replicate": config.tenants, "num_kv_blocks": limits.num_kv_blocks,
+    values = {_tenant_knob(config): config.tenants, "num_kv_blocks": limits.num_kv_blocks,
               "max_num_seqs": limits.max_num_seqs, "max_model_len": limits.max_model_len,
               "num_speculative_tokens": _longest_draft(spec)}
     require_memory(terms, "the run", values=values)
