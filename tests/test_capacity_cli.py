@@ -145,3 +145,17 @@ def test_sweep_under_copies_records_the_per_query_speedup(trace, tmp_path, monke
 def test_too_many_copies_names_copies(trace, monkeypatch, capsys):
     code, _, err = run_cli(["replay", str(trace), "--copies", "100000000"], monkeypatch, capsys)
     assert one_error_line(code, err).startswith("error: --copies: at 100,000,000, the run needs about")
+
+
+def test_malformed_capacity_results_are_one_line(trace, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "cap.parquet"
+    code, _, err = run_cli(["sweep", str(trace), "--capacity", *SLO, "--drafter", "ngram", "--max-num-seqs", "1",
+                            "-j", "1", "-o", str(out), "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    frame = pl.read_parquet(out)
+    for broken, says in ((frame.drop("capacity_search"), "lack column(s) capacity_search"),
+                         (frame.with_columns(pl.lit("oops").alias("capacity_search")), "malformed")):
+        path = tmp_path / "broken.parquet"
+        broken.write_parquet(path)
+        code, _, err = run_cli(["plan", "--results", str(path)], monkeypatch, capsys)
+        assert says in one_error_line(code, err)

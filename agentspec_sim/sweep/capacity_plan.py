@@ -34,6 +34,8 @@ from agentspec_sim.sweep.cells import SweepError
 # (docs/cost-model.md: 1.6–4.8 % per pair): two configurations closer than this are not told apart.
 COST_MODEL_ERROR = 0.05
 _GROUP = ("trace", "hardware", "model")
+CAPACITY_COLUMNS = ("drafter", "speculative_config", "max_num_seqs", "capacity_rate", "capacity_unbounded",
+                    "capacity_output_tok_s", "capacity_stopped", "capacity_search", "engine_config")
 
 
 @dataclass(frozen=True)
@@ -147,14 +149,23 @@ def plan_capacity(results: pl.DataFrame, target_rate: float | None = None,
         raise SweepError("these results hold no capacity search (sweep --capacity with --slo-* options)")
     if results.height == 0:
         raise SweepError("no sweep results to plan from")
+    missing = [c for c in CAPACITY_COLUMNS if c not in results.columns]
+    if missing:
+        raise SweepError(f"capacity results lack column(s) {', '.join(missing)} (written by sweep --capacity)")
     prices = prices or Prices.load()
     from agentspec_sim.sweep.plan import _engine_settings
 
     engines = _engine_settings(results)
     plans = []
     for (trace, hardware, model), group in results.group_by(list(_GROUP), maintain_order=True):
-        plans.append(_plan_group(str(trace), str(hardware), str(model), group, target_rate, prices,
-                                 engines.get((trace, hardware, model))))
+        try:
+            plans.append(_plan_group(str(trace), str(hardware), str(model), group, target_rate, prices,
+                                     engines.get((trace, hardware, model))))
+        except (KeyError, TypeError, ValueError) as exc:  # a file edited or written by something else
+            if isinstance(exc, SweepError):
+                raise
+            raise SweepError(f"capacity results for {trace} on {hardware} / {model} are malformed "
+                             f"({type(exc).__name__}: {exc})") from None
     return plans
 
 
