@@ -157,5 +157,6 @@ def test_malformed_capacity_results_are_one_line(trace, tmp_path, monkeypatch, c
                          (frame.with_columns(pl.lit("oops").alias("capacity_search")), "malformed")):
         path = tmp_path / "broken.parquet"
         broken.write_parquet(path)
-        code, _, err = run_cli(["plan", "--results", str(path)], monkeypatch, capsys)
-        assert says in one_error_line(code, err)
+        for command in (["plan", "--results", str(path)], ["report", str(path), "-o", str(tmp_path / "rep")]):
+            code, _, err = run_cli(command, monkeypatch, capsys)
+            assert says in one_error_line(code, err)

@@ -224,7 +224,12 @@ def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "age
     table, latency against offered load at each drafter's best max_num_seqs with the SLO and each capacity
     marked, and capacity against max_num_seqs; the load protocol in every title."""
     from agentspec_sim.sweep.capacity_plan import plan_capacity
+    from agentspec_sim.sweep.cells import SweepError
 
+    try:
+        plans = plan_capacity(results)
+    except SweepError as exc:
+        raise ResultsError(str(exc)) from None
     drafters = _drafter_order(results)
     style = plots.Style(drafters)
     report = Report(markdown=out / "report.md")
@@ -233,7 +238,7 @@ def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "age
     lines += [f"{results.height} capacity searches. A configuration's capacity is the highest request rate "
               "(queries/s, sent as `vllm bench serve --request-rate` sends them) at which the SLO attainment target "
               "holds for calls (TTFT, TPOT) and queries (query latency); docs/sweep-and-plan.md.", ""]
-    for plan in plan_capacity(results):
+    for plan in plans:
         name = workload_name(plan.trace)
         label = f"{name} · {plan.model} · {plan.hardware}"
         slug = _slug(name, plan.hardware, plan.model)
