@@ -87,6 +87,7 @@ from agentspec_sim.engine.scheduler import (
 from agentspec_sim.trace.schema import Workload
 
 ARRIVE, STEP, DONE = 0, 1, 2
+_UNKNOWN = object()
 
 __all__ = ["SimulationError", "Simulator"]
 
@@ -142,6 +143,7 @@ class Simulator:
         self.position_in_query: list[int] = []  # call index → its position in its query
         self.heap: list[tuple[float, int, int, object]] = []
         self.gate_groups: list[list[_QueryRun]] | None = None  # gated protocols (engine/load.py)
+        self._k_bound: int | object | None = _UNKNOWN  # the policy's longest draft (`_draft_len_bound`), once
         self.seq = 0
         self.now = 0.0
         self.step_pending = False
@@ -411,14 +413,17 @@ class Simulator:
         KV cache could run out (a preempted call is recomputed) — plus the drafter's bound on one proposal
         over those rows. None where that cannot be bounded (a policy or drafter with no stated maximum)."""
         qu = self.scheduler.qu
-        rows = np.concatenate([qu.running[:int(qu.q[0])], self.scheduler._waiting_rows()])
+        running, waiting = int(qu.q[0]), int(qu.q[2])
+        rows = qu.running[:running] if not waiting else np.concatenate([qu.running[:running],
+                                                                         self.scheduler._waiting_rows()])
         if rows.shape[0] == 0:
             return None
         k = self._draft_len_bound()
         col = self.table.cols
         final = col["prompt_len"][rows] + col["target_len"][rows]
         n = min(rows.shape[0], self.limits.max_num_seqs)
-        context = np.sort(final)[::-1][:n].astype(np.int64)
+        # The n largest final contexts (order within a batch does not change its price).
+        context = final if n == final.shape[0] else np.partition(final, final.shape[0] - n)[final.shape[0] - n:]
         budget = self.limits.max_num_batched_tokens
         bs = self.config.block_size
         demand = int(((final + (k or budget)) // bs + 2).sum())
@@ -436,6 +441,12 @@ class Simulator:
 
     def _draft_len_bound(self) -> int | None:
         """The longest draft the budget policy lets a call propose (drafters propose within it); None: unstated."""
+        if self._k_bound is not _UNKNOWN:
+            return self._k_bound
+        self._k_bound = self._policy_longest_draft()
+        return self._k_bound
+
+    def _policy_longest_draft(self) -> int | None:
         policy = self.policy
         if isinstance(policy, FixedK):
             return max(policy.k, self.spec.num_speculative_tokens)
