@@ -160,3 +160,21 @@ def test_malformed_capacity_results_are_one_line(trace, tmp_path, monkeypatch, c
         for command in (["plan", "--results", str(path)], ["report", str(path), "-o", str(tmp_path / "rep")]):
             code, _, err = run_cli(command, monkeypatch, capsys)
             assert says in one_error_line(code, err)
+
+
+def test_a_capacity_sweep_resumes_and_a_changed_slo_is_a_new_search(trace, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "cap.parquet"
+    base = ["sweep", str(trace), "--capacity", "--drafter", "ngram", "-j", "1", "-o", str(out), "-q"]
+    code, _, err = run_cli([*base, *SLO, "--max-num-seqs", "1"], monkeypatch, capsys)
+    assert code == 0, err
+    first = pl.read_parquet(out)
+    code, _, err = run_cli([*base, *SLO, "--max-num-seqs", "1,2", "--resume"], monkeypatch, capsys)
+    assert code == 0, err
+    resumed = pl.read_parquet(out)
+    assert resumed.height == 4
+    kept = resumed.filter(pl.col("max_num_seqs") == 1).drop("wall_s")
+    assert kept.equals(first.drop("wall_s"))  # the finished searches were kept, not run again
+    code, _, err = run_cli([*base, "--slo-ttft", "0.9", "--slo-tpot", "0.05", "--max-num-seqs", "1,2", "--resume"],
+                           monkeypatch, capsys)
+    assert code == 0, err
+    assert "4 finished cell(s)" in " ".join(err.split())  # another SLO: every earlier search dropped, none reused

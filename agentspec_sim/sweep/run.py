@@ -211,7 +211,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         try:
             if resume:
                 previous = store.previous()
-                done = _kept_rows(previous, cells, band and capacity is None)
+                done = ({c.cell_id: previous[c.cell_id] for c in cells if c.cell_id in previous}
+                        if capacity is not None else _kept_rows(previous, cells, band))  # searches have no band
                 grid = {cell.cell_id for cell in cells}
                 dropped = sum(1 for cell_id in previous if cell_id not in grid)
                 if dropped and notify is not None:
