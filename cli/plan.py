@@ -1,5 +1,6 @@
-"""`agentspec-sim plan [TRACE]`: the max_num_seqs and drafter that maximise goodput under SLOs and the KV
-cache, with the vLLM flags to deploy them; from a sweep's results (--results) or a sweep it runs itself."""
+"""`agentspec-sim plan [TRACE]`: the drafter and max_num_seqs that carry the most load per GPU under latency SLOs
+(a capacity search), or with --goodput the most batch-job goodput under p99 SLOs and the KV cache, with the vLLM
+flags to deploy them; from a sweep's results (--results) or a sweep it runs itself."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from agentspec_sim.cli.errors import UsageError
 # plan's own options; every other one shapes the sweep it runs, so with --results (a finished sweep) it is refused
 # rather than silently ignored.
 _PLAN_OPTIONS = frozenset({"results", "slo_p99_latency", "slo_ttft", "slo_tpot", "min_goodput", "allow_preemption",
-                           "as_json", "target_rate", "prices"})
+                           "as_json", "target_rate", "prices", "capacity"})
 
 
 @app.command()
@@ -37,9 +38,12 @@ def plan(
     allow_preemption: bool = typer.Option(False, "--allow-preemption", help="Accept batch sizes at which the KV "
                                           "cache fills and vLLM preempts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of the tables."),
-    capacity: bool = typer.Option(False, "--capacity", help="Rank by capacity: the highest request rate at which "
-                                  "--slo-attainment of calls and queries meet the SLOs (--slo-ttft and --slo-tpot "
-                                  "per call, --slo-query-latency per query), per GPU. Implied by capacity results."),
+    capacity: bool | None = typer.Option(None, "--capacity/--goodput", help="--capacity: rank by capacity, the "
+                                         "highest request rate at which --slo-attainment of calls and queries meet "
+                                         "the SLOs (--slo-ttft, --slo-tpot per call, --slo-query-latency per query), "
+                                         "per GPU — the default when a TRACE is planned with one of those SLOs. "
+                                         "--goodput: the batch job's plan (every query at once, p99 SLOs). With "
+                                         "--results the file decides."),
     slo_query_latency: float | None = sweep_cli.slo_query_latency_option(),
     slo_attainment: float = sweep_cli.slo_attainment_option(),
     capacity_tolerance: float = sweep_cli.capacity_tolerance_option(),
@@ -78,8 +82,9 @@ def plan(
     skip_bad_lines: bool = sweep_cli.skip_bad_lines_option(),
     no_band: bool = sweep_cli.no_band_option(),
 ) -> None:
-    """Pick the max batch size and drafter (and k) with the highest goodput that meets the SLOs and fits the
-    KV cache; print the vLLM flags that deploy it."""
+    """Pick the drafter (and k) and max batch size that serve the most load per GPU under the SLOs (a capacity
+    search: --slo-ttft / --slo-tpot / --slo-query-latency), or with --goodput the most goodput of the batch job
+    under p99 SLOs; print the vLLM flags that deploy it."""
     import math
 
     from agentspec_sim.sweep import SweepError, read_results
@@ -100,6 +105,9 @@ def plan(
     except SweepError as exc:
         raise UsageError(str(exc)) from None
     search = None
+    if capacity is None:  # by capacity when a trace is planned under per-request SLOs and nothing says otherwise
+        capacity = (results is None and slo_p99_latency is None and min_goodput is None
+                    and any(v is not None for v in (slo_ttft, slo_tpot, slo_query_latency)))
     if capacity and results is None:
         if slo_p99_latency is not None or min_goodput is not None:
             raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
@@ -113,10 +121,11 @@ def plan(
         if rate is not None or request_rate is not None or copies != 1:
             raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")
     elif not capacity and results is None and (slo_query_latency is not None or target_rate is not None):
-        raise UsageError("--slo-query-latency and --target-rate plan by capacity: add --capacity")
+        raise UsageError("--slo-query-latency and --target-rate plan by capacity: not with --goodput")
     if results is not None:
-        if capacity:
-            raise UsageError("--capacity: with --results the plan follows the file (capacity results plan by capacity)")
+        if ctx.get_parameter_source("capacity").name not in ("DEFAULT", "DEFAULT_MAP"):
+            raise UsageError("--capacity/--goodput: with --results the plan follows the file (capacity results plan "
+                             "by capacity)")
         if trace is not None:
             raise UsageError("--results plans from a finished sweep: give no TRACE")
         _refuse_sweep_options(ctx)

@@ -98,7 +98,7 @@ def test_sweep_capacity_then_plan_and_report_from_its_results(trace, tmp_path, m
 @pytest.mark.parametrize("args, says", [
     (["plan", "--capacity", "--drafter", "ngram"], "needs a latency SLO"),
     (["plan", "--capacity", *SLO, "--request-rate", "2"], "varies the request rate itself"),
-    (["plan", *SLO, "--slo-query-latency", "9"], "add --capacity"),
+    (["plan", "--goodput", *SLO, "--slo-query-latency", "9"], "not with --goodput"),
     (["sweep", "-o", "x.parquet", *SLO], "are for --capacity"),
     (["replay", "--copies", "2", "--request-rate", "3"], "takes no --request-rate"),
     (["replay", "--request-rate", "0"], "--request-rate: must be > 0"),
@@ -178,3 +178,14 @@ def test_a_capacity_sweep_resumes_and_a_changed_slo_is_a_new_search(trace, tmp_p
                            monkeypatch, capsys)
     assert code == 0, err
     assert "4 finished cell(s)" in " ".join(err.split())  # another SLO: every earlier search dropped, none reused
+
+
+def test_plan_of_a_trace_under_per_request_slos_is_a_capacity_plan(trace, monkeypatch, capsys):
+    """`plan TRACE --slo-ttft S --slo-tpot S` ranks by capacity unless --goodput asks for the batch job's plan."""
+    base = ["plan", str(trace), *SLO, "--drafter", "ngram", "--max-num-seqs", "1", "-j", "1", "--json"]
+    code, out, err = run_cli(base, monkeypatch, capsys)
+    assert code == 0, err
+    assert "search" in json.loads(out)[0]
+    code, out, err = run_cli([*base, "--goodput"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "search" not in json.loads(out)[0] and "slo" in json.loads(out)[0]
