@@ -81,8 +81,9 @@ class RunSummary:
     bound_by: str  # what most often kept calls waiting: max_num_seqs, kv_cache, token_budget, or none
     bound_fractions: dict[str, float] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
-    # Load (engine/load.py, agentspec_sim/slo.py). duration_s: the clock from the load's start (t = 0) to the
-    # last completion, vLLM bench serve's benchmark duration; throughputs divide by it, as vLLM's do.
+    # Load (engine/load.py, agentspec_sim/slo.py). duration_s: from the load's start (t = 0 under a load protocol,
+    # the first arrival on a trace's own timeline) to the last completion, vLLM bench serve's benchmark duration;
+    # throughputs divide by it, as vLLM's do.
     protocol: str = ""
     duration_s: float = 0.0
     request_throughput: float = 0.0  # completed queries / duration_s (vLLM: "Request throughput (req/s)")
@@ -186,7 +187,11 @@ def summarize(result: RunResult, baseline: RunResult | None = None, slo: Latency
                  for k in ("max_num_seqs", "kv_cache", "token_budget")}
     limiting = {k: v for k, v in fractions.items() if v > 0}
     limits = result.limits
-    duration = max(end, 0.0)
+    # vLLM bench serve's duration runs from the benchmark's start: t = 0 for a load protocol (the first query is
+    # sent after its gap), the first arrival for a trace's own timeline (which may start anywhere, e.g. epoch s).
+    cfg = result.config
+    load_start = 0.0 if cfg.arrival in ("request-rate", "poisson", "zero") or cfg.copies > 1 else start
+    duration = max(end - min(load_start, start), 0.0)
     per_query = None
     if baseline is not None and result.config.copies > 1:
         per_query = speedup_mean_per_query(per_query_batch_s(result), per_query_batch_s(baseline))

@@ -51,6 +51,7 @@ def test_unix_timestamps_as_arrival_times_still_replay(tmp_path, monkeypatch, ca
 
     runs = json.loads(out)["runs"]
     assert all(math.isfinite(r["goodput_tok_s"]) and r["goodput_tok_s"] > 0 for r in runs)
+    assert all(r["duration_s"] < 60 for r in runs)  # the trace's own timeline starts at its first arrival
 
 
 def test_zero_jobs_is_refused_like_negative_ones(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
