@@ -11,9 +11,10 @@ attainment `met` ≥ `target`:
 2. Bracket: from a first guess — Little's law with the isolated latency, min(max_num_seqs, queries) /
    p50 query latency, halved, or ¾ of the engine's throughput ceiling at a full batch (`throughput_ceiling`)
    where that is lower — double the rate while it passes, halve it while it fails, until one
-   passing and one failing rate are found. A rate that still passes at `max_rate_factor` × the guess is
-   probed at an infinite rate (every query at once); passing there, the capacity is unbounded on this
-   trace (`unbounded`) and ranked by the throughput of that probe.
+   passing and one failing rate are found. Past the rate that sends every query within one isolated
+   query's latency (a burst, or `max_rate_factor` × the guess), the next probe sends them all at once;
+   passing there, the capacity is unbounded on this trace (`unbounded`) and ranked by that probe's
+   throughput.
 3. Bisect (geometric) until failing / passing ≤ 1 + `tolerance`. The capacity is the passing end.
 
 One seed's send times at two rates are one pattern stretched (engine/load.py), so attainment moves with
