@@ -189,3 +189,11 @@ def test_plan_of_a_trace_under_per_request_slos_is_a_capacity_plan(trace, monkey
     code, out, err = run_cli([*base, "--goodput"], monkeypatch, capsys)
     assert code == 0, err
     assert "search" not in json.loads(out)[0] and "slo" in json.loads(out)[0]
+
+
+def test_the_step_cost_error_is_the_pairs_held_out_median():
+    from agentspec_sim.sweep.capacity_plan import COST_MODEL_ERROR, cost_model_error
+
+    error, source = cost_model_error("a100-80g", "qwen3-8b")
+    assert 0 < error < COST_MODEL_ERROR and "held-out" in source  # its bundled AIConfigurator calibration
+    assert cost_model_error("a100-80g", "gpt-oss-20b") == (COST_MODEL_ERROR, cost_model_error("x", "y")[1])

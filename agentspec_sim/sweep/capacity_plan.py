@@ -10,8 +10,8 @@ Rules (docs/sweep-and-plan.md, "Capacity"):
   any finite rate, then by output tok/s.
 - Overall: the highest capacity per GPU; ties to `normal`, then the smaller batch. The reason names the
   runner-up and the margin, and says when the margin is within the simulator's stated error: the step-cost
-  model's error against measured kernels (`COST_MODEL_ERROR`, docs/cost-model.md) or the search's own
-  tolerance, whichever is larger.
+  model's held-out error against measured kernels for the pair (`cost_model_error`: its bundled calibration's
+  median, else 5 %) or the search's own tolerance, whichever is larger.
 - Replicas for `target_rate`: ⌈target ÷ capacity⌉ model replicas of tensor_parallel_size GPUs each.
 - Cost per million output tokens at capacity: GPUs × $/GPU-hour ÷ (output tok/s × 3600) × 10⁶, prices from
   the bundled table (its source in the file) or a file of the same shape.
@@ -31,8 +31,24 @@ import polars as pl
 from agentspec_sim.sweep.cells import SweepError
 
 # Median |ours / AIConfigurator − 1| of a step's price over held-out shapes, the bundled pairs' worst
-# (docs/cost-model.md: 1.6–4.8 % per pair): two configurations closer than this are not told apart.
+# (docs/cost-model.md: 1.6–4.8 % per pair): what the plan assumes for a pair without a bundled calibration.
 COST_MODEL_ERROR = 0.05
+
+
+def cost_model_error(hardware: str, model: str) -> tuple[float, str]:
+    """The step-cost model's stated error for (hardware, model): the held-out median |ours / measured − 1| of
+    its bundled AIConfigurator calibration, else `COST_MODEL_ERROR`; and where the figure comes from."""
+    from agentspec_sim.cost import load_hardware, load_model
+    from agentspec_sim.cost.profiles import bundled_calibration
+
+    try:
+        path = bundled_calibration(load_hardware(hardware).id, load_model(model).id)
+        if path is not None:
+            error = float(json.loads(path.read_text())["fit"]["held_out_after"]["median_abs_error"])
+            return error, "held-out median vs measured kernels"
+    except (ValueError, KeyError, TypeError, OSError):
+        pass
+    return COST_MODEL_ERROR, "assumed: no bundled measured-kernel calibration for this pair"
 _GROUP = ("trace", "hardware", "model")
 CAPACITY_COLUMNS = ("drafter", "speculative_config", "max_num_seqs", "capacity_rate", "capacity_unbounded",
                     "capacity_output_tok_s", "capacity_stopped", "capacity_search", "engine_config")
@@ -254,7 +270,8 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
         return CapacityPlan(**plan_base, best=None, reason="no drafter meets the SLO at any load and swept "
                             "max_num_seqs; relax an SLO or --slo-attainment")
     winner = ranked[0].best
-    error = max(COST_MODEL_ERROR, float(search.get("tolerance", 0.0)))
+    step_error, step_source = cost_model_error(hardware, model)
+    error = max(step_error, float(search.get("tolerance", 0.0)))
     reason = (f"{winner.drafter} at max_num_seqs {winner.max_num_seqs} sustains the most load per GPU meeting "
               f"the SLO at ≥ {search['target']:.0%} attainment: {_describe_rate(winner)}; larger: "
               f"{ranked[0].why}")
@@ -269,8 +286,8 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
         reason += (f"; runner-up: {second.drafter} at max_num_seqs {second.max_num_seqs}, {_describe_rate(second)}, "
                    f"{margin:+.1%} behind")
         if within:
-            reason += (f" — inside the simulator's stated error (±{COST_MODEL_ERROR:.0%} step cost against measured "
-                       f"kernels, ±{search.get('tolerance', 0):.0%} search tolerance): the two are not told apart")
+            reason += (f" — inside the simulator's stated error (step cost ±{step_error:.1%}, {step_source}; "
+                       f"search tolerance ±{search.get('tolerance', 0):.0%}): the two are not told apart")
     if target_rate is not None and winner.replicas is not None:
         reason += f"; {target_rate:g} queries/s needs {winner.replicas} replica(s) × {winner.gpus} GPU"
     from agentspec_sim.sweep.plan import serve_flags
