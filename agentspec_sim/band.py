@@ -125,11 +125,9 @@ def run_band(workload: Workload, spec: SpeculativeConfig, config: EngineConfig, 
     if configs is None:
         return None
     if cost_model is None:
-        from agentspec_sim.cost import build_cost_model
+        from agentspec_sim.cost import cost_model_for
 
-        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
-                                      tensor_parallel_size=config.tensor_parallel_size,
-                                      calibration=config.calibration)
+        cost_model = cost_model_for(config)
     out = {}
     for bound, bounded in configs.items():
         report = None if progress is None else (lambda done, total, name=bounded.name: progress(name, done, total))

@@ -225,11 +225,9 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
     from agentspec_sim.metrics import summarize
 
     if cost_model is None:
-        from agentspec_sim.cost import build_cost_model
+        from agentspec_sim.cost import cost_model_for
 
-        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
-                                      tensor_parallel_size=config.tensor_parallel_size,
-                                      calibration=config.calibration)
+        cost_model = cost_model_for(config)
 
     def run(probe: EngineConfig) -> tuple[Probe, Any, tuple[float, ...]]:
         result = simulate(workload, drafter, probe, cost_model)

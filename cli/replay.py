@@ -248,11 +248,10 @@ def _run(workload, specs, config, show_progress: bool, on_result=None, band: boo
             if lines is not None:
                 lines.update(name, done, total)
 
-        from agentspec_sim.cost import build_cost_model
+        from agentspec_sim.cost import cost_model_for
 
         # One cost model for every run: its memo of linear-layer times is filled once, not per band.
-        cost = build_cost_model(hardware=config.hardware, model=config.model,
-                                tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+        cost = cost_model_for(config)
         runs = compare(workload, specs, config, cost_model=cost, progress=report, on_result=on_result, slo=slo)
         bands = []
         for result, _ in runs:

@@ -1,6 +1,7 @@
 """Step-cost models: how long one engine step takes on given hardware for a given model.
 
-`build_cost_model(hardware, model, tensor_parallel_size, calibration)` is the one way in; the
+`build_cost_model(hardware, model, tensor_parallel_size, calibration)` is the one way in (`cost_model_for(config)`
+from an EngineConfig); the
 engine codes against `StepCostModel` (base.py). Profiles are JSON data under `profiles/`.
 docs/cost-model.md documents the model, its defaults and their sources, and the cross-check.
 """
@@ -15,6 +16,7 @@ from agentspec_sim.cost.profiles import (
     activation_reserve_bytes,
     build_cost_model,
     check_calibration,
+    cost_model_for,
     hardware_ids,
     kv_bytes_per_token,
     kv_capacity_tokens,
@@ -43,6 +45,7 @@ __all__ = [
     "activation_reserve_bytes",
     "build_cost_model",
     "check_calibration",
+    "cost_model_for",
     "hardware_ids",
     "kv_bytes_per_token",
     "kv_capacity_tokens",

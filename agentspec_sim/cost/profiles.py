@@ -762,6 +762,12 @@ def calibration_note(cost_model) -> str:
     return f"cost model: {pair}, {source}"
 
 
+def cost_model_for(engine) -> RooflineCostModel:
+    """`build_cost_model` for an engine configuration (an `EngineConfig`: anything with `hardware`, `model`,
+    `tensor_parallel_size` and `calibration`): the one place a run's settings become its cost model."""
+    return build_cost_model(engine.hardware, engine.model, engine.tensor_parallel_size, engine.calibration)
+
+
 def build_cost_model(
     hardware: str | Path | HardwareProfile,
     model: str | Path | ModelProfile,

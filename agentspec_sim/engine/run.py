@@ -36,11 +36,9 @@ def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str,
     limits = resolve(config)
     check_run_memory(workload, spec, config, limits)  # before anything of the run is allocated
     if cost_model is None:
-        from agentspec_sim.cost import build_cost_model
+        from agentspec_sim.cost import cost_model_for
 
-        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
-                                      tensor_parallel_size=config.tensor_parallel_size,
-                                      calibration=config.calibration)
+        cost_model = cost_model_for(config)
     return Simulator(workload, spec, config, limits, cost_model, progress).run()
 
 
@@ -76,11 +74,9 @@ def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Map
     for spec in specs:  # every run's memory, before the first starts
         check_run_memory(workload, spec, config, limits)
     if cost_model is None:
-        from agentspec_sim.cost import build_cost_model
+        from agentspec_sim.cost import cost_model_for
 
-        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
-                                      tensor_parallel_size=config.tensor_parallel_size,
-                                      calibration=config.calibration)
+        cost_model = cost_model_for(config)
     out: list[tuple[RunResult, RunSummary]] = []
     baseline: RunResult | None = None
     for spec in specs:
@@ -106,10 +102,9 @@ def check_draft_networks(specs: Sequence[SpeculativeConfig], config: EngineConfi
     if not needy:
         return
     if cost_model is None:
-        from agentspec_sim.cost import build_cost_model
+        from agentspec_sim.cost import cost_model_for
 
-        cost_model = build_cost_model(hardware=config.hardware, model=config.model,
-                                      tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+        cost_model = cost_model_for(config)
     for spec in needy:
         try:
             cost_model.draft_model_time(1, max(1, spec.num_speculative_tokens), np.ones(1, dtype=np.int64),

@@ -55,14 +55,13 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     banded eagle3/mtp cell's runs at its acceptance model's low and high bound — two more simulations —,
     else null), the shared engine settings, then every completed query's latency."""
     from agentspec_sim.band import empty_columns, run_band
-    from agentspec_sim.cost import build_cost_model
+    from agentspec_sim.cost import cost_model_for
     from agentspec_sim.engine.run import simulate
     from agentspec_sim.metrics import summarize
 
     config = cell.config
     # One cost model for the cell's runs (its memo of linear-layer times is filled once, not per bound).
-    cost = build_cost_model(hardware=config.hardware, model=config.model,
-                            tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+    cost = cost_model_for(config)
     result = simulate(workload, cell.spec, config, cost)
     row = cell.key_columns()
     for key, value in summarize(result).to_row().items():
@@ -92,11 +91,10 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) ->
     import math
 
     from agentspec_sim.capacity import find_capacity
-    from agentspec_sim.cost import build_cost_model
+    from agentspec_sim.cost import cost_model_for
 
     config = cell.config
-    cost = build_cost_model(hardware=config.hardware, model=config.model,
-                            tensor_parallel_size=config.tensor_parallel_size, calibration=config.calibration)
+    cost = cost_model_for(config)
     cap = find_capacity(workload, cell.spec, config, search, cost)
     row = cell.key_columns()
     gpus = config.tensor_parallel_size
@@ -284,7 +282,7 @@ def _check_configs(cells: Sequence[Cell]) -> dict[EngineConfig, ResolvedLimits]:
     """Resolve every distinct engine config here, so a bad profile name or limit, a calibration fitted on
     other hardware or another model, or a draft network the model lacks fails before any worker starts
     (EngineConfigError, ProfileError, ResourceError, SpecConfigError); their limits, by config."""
-    from agentspec_sim.cost import build_cost_model
+    from agentspec_sim.cost import cost_model_for
     from agentspec_sim.engine.config import resolve
     from agentspec_sim.engine.run import check_draft_networks
 
@@ -292,7 +290,7 @@ def _check_configs(cells: Sequence[Cell]) -> dict[EngineConfig, ResolvedLimits]:
     for config in dict.fromkeys(cell.config for cell in cells):
         limits[config] = resolve(config)
         if config.calibration is not None:
-            build_cost_model(config.hardware, config.model, config.tensor_parallel_size, config.calibration)
+            cost_model_for(config)
     # A draft network the model lacks (mtp on a model without MTP layers) fails here, not at its first cell.
     seen: set[tuple[str, str, int, str | None, str]] = set()
     for cell in cells:
