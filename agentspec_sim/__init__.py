@@ -5,16 +5,17 @@ from agentspec_sim.trace import Call, Query, TraceError, Workload, load_trace, w
 __version__ = "0.1.0"
 
 __all__ = [
-    "Call", "EngineConfig", "Query", "TraceError", "Workload", "__version__", "load_trace", "simulate", "write_trace",
+    "Call", "EngineConfig", "Query", "TraceError", "Workload", "__version__", "load_trace", "replay", "simulate",
+    "write_trace",
 ]
 
 
 def __getattr__(name: str):
     # The engine (polars, the cost model) loads only when `simulate` or `EngineConfig` is asked for.
-    if name == "simulate":
-        from agentspec_sim.engine.run import simulate
+    if name in ("simulate", "replay"):
+        from agentspec_sim.engine import run
 
-        return simulate
+        return getattr(run, name)
     if name == "EngineConfig":
         from agentspec_sim.engine.config import EngineConfig
 

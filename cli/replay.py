@@ -225,13 +225,11 @@ def _say_band_finished(summary) -> None:
 
 
 def _run(workload, specs, config, show_progress: bool, on_result=None, band: bool = True, on_band=None, slo=None):
-    """`compare`'s runs, then (`band`) each banded configuration's two bound runs (agentspec_sim/band.py):
-    (runs, bands, the cost model they all priced with), a band or None per run. `on_band(summary)` sees each
-    bound run as it completes."""
+    """`engine.run.replay` with progress on stderr (a bar on a terminal, plain lines in a log): (runs, bands, the
+    cost model they all priced with)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentspec_sim.band import run_band
-    from agentspec_sim.engine.run import compare
+    from agentspec_sim.engine.run import replay
 
     console = Console(stderr=True)
     lines = PlainProgress("calls") if show_progress and not console.is_terminal else None  # a log or a pipe
@@ -248,20 +246,9 @@ def _run(workload, specs, config, show_progress: bool, on_result=None, band: boo
             if lines is not None:
                 lines.update(name, done, total)
 
-        from agentspec_sim.cost import cost_model_for
-
-        # One cost model for every run: its memo of linear-layer times is filled once, not per band.
-        cost = cost_model_for(config)
-        runs = compare(workload, specs, config, cost_model=cost, progress=report, on_result=on_result, slo=slo)
-        bands = []
-        for result, _ in runs:
-            got = run_band(workload, result.spec, config, runs[0][0], cost_model=cost, progress=report) if band \
-                else None
-            if got is not None and on_band is not None:
-                on_band(got.low)
-                on_band(got.high)
-            bands.append(got)
-        return runs, bands, cost
+        done = replay(workload, specs, config, slo=slo, band=band, progress=report, on_result=on_result,
+                      on_band=on_band)
+        return done.runs, done.bands, done.cost_model
 
 
 def _run_dict(result, summary, band=None) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentspec_sim.cost.base import StepCostModel
@@ -87,6 +88,47 @@ def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Map
         if on_result is not None:
             on_result(*out[-1])
     return out
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What `replay` ran: `runs` ((result, summary), `normal` first), `bands` (the acceptance model's band of
+    each run, agentspec_sim/band.py; None where it has none or bands were not asked for), and the one cost model
+    every run priced its steps with."""
+
+    runs: list[tuple[RunResult, RunSummary]]
+    bands: list[Any]
+    cost_model: StepCostModel
+
+
+def replay(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Mapping[str, Any]],
+           config: EngineConfig | None = None, *, slo: LatencySLO | None = None, band: bool = True,
+           cost_model: StepCostModel | None = None, progress: Callable[[str, int, int], None] | None = None,
+           on_result: Callable[[RunResult, RunSummary], None] | None = None,
+           on_band: Callable[[RunSummary], None] | None = None) -> Replay:
+    """`agentspec-sim replay` as a library call: `compare`'s runs (normal first; attainment of `slo`), then, with
+    `band`, each banded configuration's runs at the low and high bound of its acceptance model (speedups
+    against the same `normal` run) — all on one cost model (`cost_model_for(config)` unless given), built
+    once. `progress(name, done, total)` and `on_result` as in `compare`; `on_band(summary)` sees each bound
+    run as it completes."""
+    from agentspec_sim.band import run_band
+
+    config = config or EngineConfig()
+    cost = cost_model
+    if cost is None:
+        from agentspec_sim.cost import cost_model_for
+
+        cost = cost_model_for(config)
+    runs = compare(workload, drafters, config, cost_model=cost, progress=progress, on_result=on_result, slo=slo)
+    bands = []
+    for result, _ in runs:
+        got = run_band(workload, result.spec, config, runs[0][0], cost_model=cost, progress=progress) if band \
+            else None
+        if got is not None and on_band is not None:
+            on_band(got.low)
+            on_band(got.high)
+        bands.append(got)
+    return Replay(runs, bands, cost)
 
 
 def check_draft_networks(specs: Sequence[SpeculativeConfig], config: EngineConfig,
