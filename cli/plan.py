@@ -115,7 +115,7 @@ def plan(
         latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
         load = sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1)
         engine = sweep_cli.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len,
-                                         num_kv_blocks, tensor_parallel_size, calibration, None, replicate,
+                                         num_kv_blocks, tensor_parallel_size, calibration, replicate,
                                          think_time, no_prefix_caching, load)
         search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine)
         if rate is not None or request_rate is not None or copies != 1:
@@ -136,7 +136,7 @@ def plan(
     else:
         if search is None:  # a capacity search's engine was made above
             engine = sweep_cli.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len,
-                                             num_kv_blocks, tensor_parallel_size, calibration, None, replicate,
+                                             num_kv_blocks, tensor_parallel_size, calibration, replicate,
                                              think_time, no_prefix_caching,
                                              sweep_cli.load_settings(rate, request_rate, burstiness, max_concurrency,
                                                                      copies))

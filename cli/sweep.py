@@ -65,7 +65,7 @@ def sweep(
     results parquet cell by cell (resumable with --resume)."""
     load = shared.load_settings(rate, request_rate, burstiness, max_concurrency, copies)
     engine = shared.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
-                                  tensor_parallel_size, calibration, None, replicate, think_time, no_prefix_caching,
+                                  tensor_parallel_size, calibration, replicate, think_time, no_prefix_caching,
                                   load)
     slo = shared.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
     search = (shared.capacity_search(slo, slo_attainment, capacity_tolerance, burstiness, engine) if capacity

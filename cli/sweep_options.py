@@ -224,15 +224,16 @@ def skip_bad_lines_option():
 
 def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.92,
                   max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: int = 1,
-                  calibration: Path | None = None, rate: float | None = None, replicate: int = 1,
-                  think_time: float | None = None, no_prefix_caching: bool = False, load: dict | None = None):
-    """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell)."""
+                  calibration: Path | None = None, replicate: int = 1, think_time: float | None = None,
+                  no_prefix_caching: bool = False, load: dict | None = None):
+    """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell); `load`: the
+    load protocol's settings (`load_settings`; None: the trace's own arrivals)."""
     import math
 
     from agentspec_sim.engine import EngineConfig, EngineConfigError
 
+    load = load if load is not None else {}
     # What EngineConfig lets through (NaN compares false with every bound) but no run can use.
-    load = load if load is not None else load_settings(rate, None, 1.0, None, 1)
     if think_time is not None and not (math.isfinite(think_time) and think_time >= 0):
         raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
     try:
