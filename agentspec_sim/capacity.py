@@ -219,10 +219,8 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
                   cost_model: Any = None) -> Capacity:
     """The capacity of `drafter` on `config` for `workload` (library entry point; probes run here, in order).
     `cost_model` default: the config's roofline model, built once for every probe."""
-    import polars as pl
-
     from agentspec_sim.engine.run import simulate
-    from agentspec_sim.metrics import summarize
+    from agentspec_sim.metrics import completed_latencies, summarize
 
     if cost_model is None:
         from agentspec_sim.cost import cost_model_for
@@ -232,7 +230,7 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
     def run(probe: EngineConfig) -> tuple[Probe, Any, tuple[float, ...]]:
         result = simulate(workload, drafter, probe, cost_model)
         summary = summarize(result, slo=search.slo)
-        latencies = tuple(float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"])
+        latencies = tuple(completed_latencies(result))
         return summary_probe(summary), summary, latencies
 
     return search_capacity(config, search, run, len(workload.queries) * config.replicate,

@@ -18,7 +18,7 @@ import polars as pl
 
 from agentspec_sim.engine.load import protocol
 from agentspec_sim.engine.result import RunResult
-from agentspec_sim.slo import LatencySLO, attainment
+from agentspec_sim.slo import LatencySLO, attainment, call_latencies
 
 PERCENTILES = (50, 90, 99)
 
@@ -142,6 +142,11 @@ def per_query_batch_s(result: RunResult) -> np.ndarray:
     return np.where(done, finish.max(axis=0) - arrival.min(axis=0), np.nan)
 
 
+def completed_latencies(result: RunResult) -> list[float]:
+    """Every completed query's latency, seconds, in query order (a sweep row's `query_latencies_s`)."""
+    return [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
+
+
 def speedup_mean_per_query(batch_s: np.ndarray, base_batch_s: np.ndarray) -> float | None:
     """Mean over queries of normal's batch time ÷ this run's (= the ratio of their batch throughputs)."""
     ok = np.isfinite(batch_s) & np.isfinite(base_batch_s) & (batch_s > 0)
@@ -174,9 +179,7 @@ def summarize(result: RunResult, baseline: RunResult | None = None, slo: Latency
     decode_eng = eng.filter(pl.col("decode_calls") > 0)
     with_budget = decode_eng.filter(pl.col("budget") > 0)
 
-    ttft = (finished["first_token_s"] - finished["arrival_s"]).to_numpy().astype(np.float64)
-    multi = finished.filter(pl.col("output_len") >= 2)
-    tpot = ((multi["finish_s"] - multi["first_token_s"]) / (multi["output_len"] - 1)).to_numpy().astype(np.float64)
+    ttft, tpot = call_latencies(calls)  # TPOT NaN (left out) for one-token outputs
     queries = result.queries
     done_queries = queries.filter(pl.col("completed"))
 
@@ -242,7 +245,7 @@ def summarize(result: RunResult, baseline: RunResult | None = None, slo: Latency
         request_throughput=done_queries.height / duration if duration > 0 else 0.0,
         call_throughput=finished.height / duration if duration > 0 else 0.0,
         output_throughput_tok_s=output_tokens / duration if duration > 0 else 0.0,
-        attainment=attainment(result, slo or LatencySLO()),
+        attainment=attainment(result, slo or LatencySLO(), (ttft, tpot)),
         speedup_mean_per_query=per_query,
         wall_s=result.wall_s,
     )

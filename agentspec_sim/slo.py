@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 import polars as pl
@@ -38,8 +37,7 @@ class LatencySLO:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+            _check_seconds(name, value)
 
     @property
     def any(self) -> bool:
@@ -61,22 +59,24 @@ class LatencySLO:
 
 
 def call_latencies(calls: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(TTFT, TPOT) of every finished call, seconds; TPOT 0 for a one-token output (vLLM's goodput rule)."""
+    """(TTFT, TPOT) of every finished call, seconds; TPOT NaN for a one-token output, which has none (the
+    percentiles leave it out; vLLM's goodput rule counts it as 0, `attainment`)."""
     finished = calls.filter(pl.col("status") == "finished")
     first = finished["first_token_s"].to_numpy().astype(np.float64)
     ttft = first - finished["arrival_s"].to_numpy().astype(np.float64)
     n = finished["output_len"].to_numpy().astype(np.float64)
     decode = finished["finish_s"].to_numpy().astype(np.float64) - first
-    tpot = np.where(n >= 2, decode / np.maximum(n - 1, 1), 0.0)
+    tpot = np.where(n >= 2, decode / np.maximum(n - 1, 1), np.nan)
     return ttft, tpot
 
 
-def attainment(result: RunResult, slo: LatencySLO) -> dict[str, float | None]:
+def attainment(result: RunResult, slo: LatencySLO,
+               latencies: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float | None]:
     """Shares in [0, 1] (module docstring): `calls` (every call SLO), `calls_ttft`, `calls_tpot`, `queries`
     (query latency), `met` (the least of `calls` and `queries` where each has an SLO); None where no SLO
-    applies or nothing ran."""
+    applies or nothing ran. `latencies`: `call_latencies(result.calls)` when the caller has it already."""
     out: dict[str, float | None] = dict.fromkeys(ATTAINMENT_KEYS)
-    ttft, tpot = call_latencies(result.calls)
+    ttft, tpot = latencies if latencies is not None else call_latencies(result.calls)
     if ttft.size:
         ok = np.ones(ttft.size, dtype=bool)
         if slo.ttft_s is not None:
@@ -84,7 +84,7 @@ def attainment(result: RunResult, slo: LatencySLO) -> dict[str, float | None]:
             out["calls_ttft"] = float(good.mean())
             ok &= good
         if slo.tpot_s is not None:
-            good = tpot <= slo.tpot_s
+            good = np.nan_to_num(tpot, nan=0.0) <= slo.tpot_s  # a one-token output meets any TPOT SLO
             out["calls_tpot"] = float(good.mean())
             ok &= good
         if slo.ttft_s is not None or slo.tpot_s is not None:
@@ -98,14 +98,15 @@ def attainment(result: RunResult, slo: LatencySLO) -> dict[str, float | None]:
     return out
 
 
+def _check_seconds(name: str, value: object) -> None:
+    """ValueError naming `name` unless `value` is None or a finite number of seconds > 0."""
+    if value is not None and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                  and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be > 0 seconds (a finite number), got {value}")
+
+
 def parse_slo_options(ttft: float | None, tpot: float | None, query_latency: float | None) -> LatencySLO:
     """The SLO the command line gave (ValueError naming the option for a bad value)."""
     for flag, value in (("--slo-ttft", ttft), ("--slo-tpot", tpot), ("--slo-query-latency", query_latency)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{flag} must be > 0 seconds (a finite number), got {value}")
+        _check_seconds(flag, value)
     return LatencySLO(ttft, tpot, query_latency)
-
-
-def as_row(values: dict[str, Any]) -> dict[str, Any]:
-    """`attainment_calls`, … columns (fixed keys, None where not applicable)."""
-    return {f"attainment_{k}": values.get(k) for k in ATTAINMENT_KEYS}

@@ -60,6 +60,9 @@ def trace_file(trace: str) -> str | None:
 # Under --copies: each trace query's batch time (its copies' send to the last one's finish), for the per-query
 # speedup (`speedup_mean_per_query`, agentspec_sim/metrics.py).
 BATCH_TIMES = "query_batch_s"
+# A capacity search's probes, one list entry per probe (`sweep.run.run_capacity_cell`).
+PROBE_COLUMNS = ("probe_rate", "probe_met", "probe_output_tok_s", "probe_ttft_p50", "probe_ttft_p99",
+                 "probe_tpot_p50", "probe_tpot_p99", "probe_query_latency_p50", "probe_query_latency_p99")
 # The engine settings the sweep's cells share, as JSON (`Cell.engine_config`); absent in files written before
 # it was recorded.
 ENGINE_CONFIG = "engine_config"
@@ -70,9 +73,7 @@ _FIXED_DTYPES: dict[str, pl.DataType] = {
     BATCH_TIMES: pl.List(pl.Float64()), "speedup_mean_per_query": pl.Float64(),
     "capacity_rate": pl.Float64(), "capacity_per_gpu": pl.Float64(), "capacity_vs_normal": pl.Float64(),
     "capacity_bracket_low": pl.Float64(), "capacity_bracket_high": pl.Float64(),
-    **{name: pl.List(pl.Float64()) for name in ("probe_rate", "probe_met", "probe_output_tok_s", "probe_ttft_p50",
-                                                "probe_ttft_p99", "probe_tpot_p50", "probe_tpot_p99",
-                                                "probe_query_latency_p50", "probe_query_latency_p99")},
+    **{name: pl.List(pl.Float64()) for name in PROBE_COLUMNS},
 }
 Row = dict[str, Any]
 
@@ -98,9 +99,9 @@ def fill_speedups(rows: Sequence[Row], baseline_of: Mapping[str, str]) -> list[R
             from agentspec_sim.metrics import speedup_mean_per_query
 
             base_row = by_id.get(baseline_of.get(row["cell_id"], ""))
-            mine = np.array([np.nan if x is None else x for x in row[BATCH_TIMES]], dtype=float)
-            theirs = (np.array([np.nan if x is None else x for x in base_row[BATCH_TIMES]], dtype=float)
-                      if base_row is not None and base_row.get(BATCH_TIMES) is not None else None)
+            mine = _times(row[BATCH_TIMES])
+            theirs = (_times(base_row[BATCH_TIMES]) if base_row is not None and base_row.get(BATCH_TIMES) is not None
+                      else None)
             filled["speedup_mean_per_query"] = (speedup_mean_per_query(mine, theirs) if theirs is not None
                                                 and theirs.shape == mine.shape else None)
         if "capacity_rate" in row:  # a capacity search's row: its capacity over normal's (inf: unbounded)
@@ -112,6 +113,11 @@ def fill_speedups(rows: Sequence[Row], baseline_of: Mapping[str, str]) -> list[R
                 filled[f"speedup_{bound}"] = value / base if base and value is not None else None
         out.append(filled)
     return out
+
+
+def _times(values: Sequence[float | None]) -> np.ndarray:
+    """A list column of seconds (null: a batch that did not complete) as floats, NaN for null."""
+    return np.array([np.nan if x is None else x for x in values], dtype=float)
 
 
 def _capacity(row: Row) -> float:

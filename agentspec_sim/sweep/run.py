@@ -37,6 +37,7 @@ from agentspec_sim.sweep.results import (
     BATCH_TIMES,
     ENGINE_CONFIG,
     LATENCIES,
+    PROBE_COLUMNS,
     TRACE_FILE,
     ResultStore,
     Row,
@@ -57,7 +58,7 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     from agentspec_sim.band import empty_columns, run_band
     from agentspec_sim.cost import cost_model_for
     from agentspec_sim.engine.run import simulate
-    from agentspec_sim.metrics import summarize
+    from agentspec_sim.metrics import completed_latencies, summarize
 
     config = cell.config
     # One cost model for the cell's runs (its memo of linear-layer times is filled once, not per bound).
@@ -75,12 +76,8 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
         from agentspec_sim.metrics import per_query_batch_s
 
         row[BATCH_TIMES] = [None if x != x else float(x) for x in per_query_batch_s(result)]
-    row[LATENCIES] = [float(x) for x in result.queries.filter(pl.col("completed"))["latency_s"]]
+    row[LATENCIES] = completed_latencies(result)
     return row
-
-
-PROBE_COLUMNS = ("probe_rate", "probe_met", "probe_output_tok_s", "probe_ttft_p50", "probe_ttft_p99",
-                 "probe_tpot_p50", "probe_tpot_p99", "probe_query_latency_p50", "probe_query_latency_p99")
 
 
 def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) -> Row:
