@@ -145,10 +145,10 @@ def plan(
                                         engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                                         address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json,
                                         max_cells=max_cells, band=not no_band, capacity=search)
-    if not is_capacity_results(frame) and (target_rate is not None or slo_query_latency is not None):
+    by_capacity = is_capacity_results(frame)
+    if not by_capacity and (target_rate is not None or slo_query_latency is not None):
         raise UsageError("--target-rate, --slo-query-latency: these results hold no capacity search (sweep "
                          "--capacity writes them)")
-    by_capacity = is_capacity_results(frame)
     if by_capacity and results is not None and any(v is not None for v in (slo_ttft, slo_tpot, slo_p99_latency,
                                                                            min_goodput)):
         raise UsageError("--slo-*: these capacity results were searched under their own SLO (their "

@@ -188,14 +188,11 @@ def _check_outputs(output: Path | None, steps: Path | None, *, trace: Path | Non
 def _check_draft_networks(specs, config) -> None:
     """A model-based drafter (eagle3, mtp) needs its draft network in the target model's profile: say so
     before the `normal` run rather than after it."""
-    from agentspec_sim.drafters.base import SpecConfigError
     from agentspec_sim.engine.run import check_draft_networks
 
     try:
         check_draft_networks(specs, config)
-    except SpecConfigError as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # a profile that does not load
+    except ValueError as exc:  # SpecConfigError (no such draft network), or a profile that does not load
         raise UsageError(str(exc)) from None
 
 

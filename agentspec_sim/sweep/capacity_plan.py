@@ -49,6 +49,8 @@ def cost_model_error(hardware: str, model: str) -> tuple[float, str]:
     except (ValueError, KeyError, TypeError, OSError):
         pass
     return COST_MODEL_ERROR, "assumed: no bundled measured-kernel calibration for this pair"
+
+
 _GROUP = ("trace", "hardware", "model")
 CAPACITY_COLUMNS = ("drafter", "speculative_config", "max_num_seqs", "capacity_rate", "capacity_unbounded",
                     "capacity_output_tok_s", "capacity_stopped", "capacity_search", "engine_config")
@@ -62,15 +64,15 @@ class Prices:
     @classmethod
     def load(cls, path: str | Path | None = None) -> Prices:
         """The bundled price table, or a JSON file {"source": …, "usd_per_gpu_hour": {hardware: $}}."""
+        from agentspec_sim.strict_json import loads
+
         if path is None:
             text = resources.files("agentspec_sim.cost").joinpath("profiles/prices.json").read_text()
             where = "the bundled price table"
         else:
-            from agentspec_sim.strict_json import loads
-
             text, where = Path(path).read_text(), str(path)
         try:
-            doc = json.loads(text) if path is None else loads(text)
+            doc = loads(text)
             prices = {str(k): float(v) for k, v in doc["usd_per_gpu_hour"].items()}
             source = str(doc.get("source", where))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -220,6 +222,8 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
     from agentspec_sim.engine.config import EngineConfig
     from agentspec_sim.engine.load import protocol
 
+    search = json.loads(group["capacity_search"][0])
+    tolerance = float(search.get("tolerance", 0.0))
     choices = _choices(group)
     price = prices.of(hardware)
 
@@ -245,19 +249,21 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
         top = max(feasible, key=lambda c: (*c.rank_key(), -c.max_num_seqs))
         # A larger batch that sustains no more than the search can tell apart buys nothing: the smallest
         # max_num_seqs within the search's tolerance of the most (less KV memory, shorter latencies).
-        tolerance = float(json.loads(group["capacity_search"][0]).get("tolerance", 0.0))
         best = min((c for c in feasible if _within(c, top, tolerance)), key=lambda c: c.max_num_seqs)
         larger = [c for c in mine if c.max_num_seqs > best.max_num_seqs]
-        why = ("the largest batch size swept" if not larger else
-               f"max_num_seqs {larger[0].max_num_seqs} sustains {_describe_rate(larger[0])}"
-               + (f"; the most, {_describe_rate(top)} at max_num_seqs {top.max_num_seqs}, is within the search's "
-                  f"±{tolerance:.0%}" if top is not best and top is not larger[0] else
-                  " (within the search's tolerance)" if top is larger[0] and top is not best else ""))
+        if not larger:
+            why = "the largest batch size swept"
+        else:
+            why = f"max_num_seqs {larger[0].max_num_seqs} sustains {_describe_rate(larger[0])}"
+            if top is larger[0]:
+                why += " (within the search's tolerance)"
+            elif top is not best:
+                why += (f"; the most, {_describe_rate(top)} at max_num_seqs {top.max_num_seqs}, is within the "
+                        f"search's ±{tolerance:.0%}")
         drafters.append(DrafterCapacity(label, by_batch, best, why))
     ranked = sorted((d for d in drafters if d.best is not None),
                     key=lambda d: (tuple(-x for x in d.best.rank_key()),
                                    d.best.speculative_config["method"] != "normal", d.best.max_num_seqs))
-    search = json.loads(group["capacity_search"][0])
     shared = {k: v for k, v in (engine or {}).items() if k in EngineConfig.__dataclass_fields__}
     try:
         shown = protocol(replace(EngineConfig(**shared), burstiness=search["burstiness"]), varied_rate=True)
@@ -271,7 +277,7 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
                             "max_num_seqs; relax an SLO or --slo-attainment")
     winner = ranked[0].best
     step_error, step_source = cost_model_error(hardware, model)
-    error = max(step_error, float(search.get("tolerance", 0.0)))
+    error = max(step_error, tolerance)
     reason = (f"{winner.drafter} at max_num_seqs {winner.max_num_seqs} sustains the most load per GPU meeting "
               f"the SLO at ≥ {search['target']:.0%} attainment: {_describe_rate(winner)}; larger: "
               f"{ranked[0].why}")
@@ -287,7 +293,7 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
                    f"{margin:+.1%} behind")
         if within:
             reason += (f" — inside the simulator's stated error (step cost ±{step_error:.1%}, {step_source}; "
-                       f"search tolerance ±{search.get('tolerance', 0):.0%}): the two are not told apart")
+                       f"search tolerance ±{tolerance:.0%}): the two are not told apart")
     if target_rate is not None and winner.replicas is not None:
         reason += f"; {target_rate:g} queries/s needs {winner.replicas} replica(s) × {winner.gpus} GPU"
     from agentspec_sim.sweep.plan import serve_flags
