@@ -50,7 +50,8 @@ def _umask() -> int:
 
 def remove_stale_temporaries(target: Path) -> int:
     """Remove the temporary files of `target` that writers killed mid-write (SIGKILL, power loss) left beside
-    it — `.NAME.PID.XXXXXXXX.tmp` whose process no longer exists; a live writer's are kept. Returns how many."""
+    it — `.NAME.PID.<random suffix>.tmp` whose process PID no longer exists; a live writer's are kept. Returns
+    how many it removed."""
     import glob
 
     removed = 0

@@ -25,8 +25,10 @@ def test_check_update_refuses_a_second_writer_of_the_same_baseline(trace, tmp_pa
     code, out, err = run_cli(args, monkeypatch, capsys)
     assert code == 0 and "wrote" in out, err
     assert not lock.exists()  # the lock goes with its writer
-    with sole_writer(baseline, lock), pytest.raises(OutputError), sole_writer(baseline, lock):
-        pass  # the lock itself: a second holder is refused
+    with sole_writer(baseline, lock):  # the lock itself: a second holder is refused on entering
+        second = sole_writer(baseline, lock)
+        with pytest.raises(OutputError, match="another process is writing it now"):
+            second.__enter__()
 
 
 @pytest.mark.parametrize("args", [["--request-rate", "1e-300"], ["--think-time", "1e300"]])
