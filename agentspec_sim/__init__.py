@@ -13,7 +13,7 @@ __all__ = [
 def __getattr__(name: str):
     # The engine (polars, the cost model) loads only when `simulate` or `EngineConfig` is asked for.
     if name in ("simulate", "replay"):
-        from agentspec_sim.engine import run
+        from agentspec_sim import run
 
         return getattr(run, name)
     if name == "EngineConfig":

@@ -219,8 +219,8 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
                   cost_model: Any = None) -> Capacity:
     """The capacity of `drafter` on `config` for `workload` (library entry point; probes run here, in order).
     `cost_model` default: the config's roofline model, built once for every probe."""
-    from agentspec_sim.engine.run import simulate
     from agentspec_sim.metrics import completed_latencies, summarize
+    from agentspec_sim.run.simulation import simulate
 
     if cost_model is None:
         from agentspec_sim.cost import cost_model_for

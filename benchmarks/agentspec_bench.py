@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from agentspec_sim.cost import build_cost_model
-from agentspec_sim.drafters.base import make_drafter, parse_drafter
+from agentspec_sim.drafters.registry import make_drafter, parse_drafter
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.trace.io import load_trace
 

@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentspec_sim.drafters.base import parse_drafter
+from agentspec_sim.drafters.registry import parse_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = {"reflexion": 965, "gaia": 8, "deep-research": 1, "swe-agent": 3, "default-12th": 21, "default": 252}

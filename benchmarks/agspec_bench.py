@@ -30,7 +30,7 @@ from rich.table import Table
 
 from agentspec_sim import EngineConfig, load_trace, simulate
 from agentspec_sim.cost import build_cost_model
-from agentspec_sim.drafters.base import describe, drafter_class, parse_drafter, with_label
+from agentspec_sim.drafters.registry import describe, drafter_class, parse_drafter, with_label
 from agentspec_sim.metrics import summarize
 from agentspec_sim.trace.bundled import default_trace_path
 

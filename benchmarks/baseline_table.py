@@ -26,9 +26,9 @@ DEFAULT_DRAFTERS = "normal,ngram,ngram-v2,suffix,eagle3"
 
 def run(args: argparse.Namespace) -> None:
     from agentspec_sim import EngineConfig, load_trace
-    from agentspec_sim.atomic import atomic_text
-    from agentspec_sim.drafters.base import parse_drafter_list
-    from agentspec_sim.engine.run import compare
+    from agentspec_sim.drafters.registry import parse_drafter_list
+    from agentspec_sim.io.atomic import atomic_text
+    from agentspec_sim.run.simulation import compare
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.schema import Workload
 

@@ -13,7 +13,7 @@ engine and scale runs not repeated this time):
   (AGENTSPEC_SIM_CACHE) holds the loaded trace and nothing else, all queries arriving at t = 0, after a
   one-query warm-up (imports, numba). Per run: wall seconds of `simulate` and its CPU seconds
   (steadier on a shared machine) — including the drafters' workload tables' build (suffix, agentspec,
-  ngram, ngram-v2; eagle3's code(n) segments: drafters/history_tables.py, suffix_tables.py,
+  ngram, ngram-v2; eagle3's code(n) segments: drafters/agentspec/tables.py, suffix_tables.py,
   ngram_tables.py), which is also reported alone (`tables_cpu_s`; a
   later run of the same workload reads them from the cache: `tokens_per_cpu_s_cached`) —, simulated
   output tokens per wall and per CPU second, engine steps and call-steps, the drafter's own time
@@ -68,13 +68,13 @@ FIGURE1_SEQS = "1,2,4,8,16,32,64,128,256"
 # -- child side ---------------------------------------------------------------------------------------
 class DrafterClock:
     """Wraps a drafter class's own hooks (only those it overrides: the engine skips the others) and the
-    event loop's proposals through its fast path (drafters/protocol.py `EngineDrafting.propose`: the
+    event loop's proposals through its fast path (engine/drafting.py `EngineDrafting.propose`: the
     n-gram index or table, eagle3/mtp's acceptance tables, agentspec's table), summing seconds and rows
     per hook. Proposals made inside the engine's compiled loop (`draft_between_steps`) are not seen here:
     they are part of the engine's time, and "propose" counts only those made by the event loop."""
 
     def __init__(self, kind: type) -> None:
-        from agentspec_sim.drafters.base import BaseDrafter
+        from agentspec_sim.engine.drafting import BaseDrafter
 
         self.seconds = dict.fromkeys(HOOKS, 0.0)
         self.rows = dict.fromkeys(HOOKS, 0)
@@ -129,8 +129,10 @@ class TableClock:
     n-gram matches, eagle3/mtp's code(n) segments)."""
 
     def __init__(self) -> None:
-        from agentspec_sim.drafters import history_tables, ngram_tables, suffix_tables
-        from agentspec_sim.drafters.model_based import ModelBasedDrafter
+        from agentspec_sim.drafters.agentspec import tables as history_tables
+        from agentspec_sim.drafters.model.rule import ModelBasedDrafter
+        from agentspec_sim.drafters.ngram import tables as ngram_tables
+        from agentspec_sim.drafters.suffix import tables as suffix_tables
 
         self.seconds = 0.0
         history_tables.build_tables = self._timed(history_tables.build_tables)
@@ -152,7 +154,7 @@ def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, har
     """One simulation in this process, with the drafter's hooks timed; returns its measurements."""
     from agentspec_sim import EngineConfig, simulate
     from agentspec_sim.cost import build_cost_model
-    from agentspec_sim.drafters.base import make_drafter, parse_drafter
+    from agentspec_sim.drafters.registry import make_drafter, parse_drafter
     from agentspec_sim.metrics import summarize
 
     _, workload, load_s = _load(trace, queries)
@@ -513,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from rich.console import Console
 
-    from agentspec_sim.atomic import write_bytes_atomic
+    from agentspec_sim.io.atomic import write_bytes_atomic
 
     console = Console(width=200)
     document = {}

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from suffix_reference import engine_replay, replay
 
-from agentspec_sim.drafters.base import parse_drafter
+from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.trace.bundled import default_trace_path
 from agentspec_sim.trace.io import load_trace

@@ -13,10 +13,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import load_workload, trace_argument
 from agentspec_sim.cli.errors import UsageError
-from agentspec_sim.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, Output, check_outputs, json_paths
+from agentspec_sim.cli.root import app
+from agentspec_sim.io.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, Output, check_outputs, json_paths
 
 analyze = typer.Typer(name="analyze", help="Offline analyses of a trace (no engine run).", no_args_is_help=True)
 app.add_typer(analyze, name="analyze")
@@ -40,7 +40,7 @@ def _int_list(text: str, option: str) -> list[int]:
 
 
 def _check_output(output: Output, trace: Path | None, inputs: dict | None = None) -> None:
-    """The output policy (agentspec_sim/outputs.py): the output is none of the files the analysis reads."""
+    """The output policy (agentspec_sim/io/outputs.py): the output is none of the files the analysis reads."""
     from agentspec_sim.trace.bundled import default_trace_path
 
     check_outputs(output, inputs={"TRACE": trace or default_trace_path(), **(inputs or {})})
@@ -136,8 +136,8 @@ def roles(
 ) -> None:
     """Per-role acceptance curves and draft caps for the agspec drafter (AgSpec: offline role profiling)."""
     from agentspec_sim.analysis.roles import analyze_roles
-    from agentspec_sim.drafters.base import SpecConfigError
-    from agentspec_sim.resources import ResourceError
+    from agentspec_sim.engine.drafting import SpecConfigError
+    from agentspec_sim.host.resources import ResourceError
 
     if k_max is not None and k_max < 1:
         raise UsageError("--k-max must be ≥ 1")

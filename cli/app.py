@@ -1,4 +1,4 @@
-"""The `agentspec-sim` command line: one Typer app, one small module per command.
+"""The `agentspec-sim` command line: one Typer app (cli/root.py), one small module per command.
 
 Commands parse arguments, call the library and render with rich; no simulation logic lives here.
 Bad input (a TraceError, ConvertError, UsageError…) becomes one line on stderr and exit code 2;
@@ -9,34 +9,8 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
 from agentspec_sim.cli.errors import run_guarded
-
-app = typer.Typer(
-    name="agentspec-sim",
-    help="Trace-driven simulator of speculative decoding for batched LLM-agent serving.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            typer.echo(f"agentspec-sim {version('agentspec-sim')}")
-        except PackageNotFoundError:  # run from a checkout that was never installed
-            typer.echo("agentspec-sim (not installed: no version recorded)")
-        raise typer.Exit()
-
-
-@app.callback()
-def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                          help="Print the installed version and exit.")) -> None:
-    """Trace-driven simulator of speculative decoding for batched LLM-agent serving."""
+from agentspec_sim.cli.root import app
 
 
 def _register() -> None:

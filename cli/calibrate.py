@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
-from agentspec_sim.outputs import JSON_SUFFIXES, Output, check_outputs
+from agentspec_sim.cli.root import app
+from agentspec_sim.io.outputs import JSON_SUFFIXES, Output, check_outputs
 
 calibrate_app = typer.Typer(name="calibrate", help="Fit simulator parameters from measurements.",
                             no_args_is_help=True)
@@ -50,15 +50,16 @@ def acceptance(
 ) -> None:
     """Fit the acceptance model's per-position intercepts (and feature coefficients) by maximum likelihood
     on per-step accepted lengths; report observed vs fitted acceptance per category."""
-    from agentspec_sim.atomic import write_json_atomic
-    from agentspec_sim.calibrate_acceptance import (
+    from agentspec_sim.drafters.model.calibrate import (
         CalibrationError,
         calibrate_file,
         calibrate_specdecode_bench,
         looks_like_specdecode_bench,
     )
-    from agentspec_sim.drafters.base import SpecConfigError, drafter_class
-    from agentspec_sim.drafters.model_based import FEATURES, ModelBasedDrafter, load_params_file
+    from agentspec_sim.drafters.model.rule import FEATURES, ModelBasedDrafter, load_params_file
+    from agentspec_sim.drafters.registry import drafter_class
+    from agentspec_sim.engine.drafting import SpecConfigError
+    from agentspec_sim.io.atomic import write_json_atomic
 
     try:
         if not issubclass(drafter_class(method), ModelBasedDrafter):

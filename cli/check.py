@@ -9,8 +9,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 _DEFAULT_DRAFTERS = "ngram,suffix,agentspec"
 _DEFAULT_SIZES = "4,64"
@@ -109,7 +109,7 @@ def _sole_writer(baseline: Path):
     import contextlib
     import os
 
-    from agentspec_sim.outputs import is_special, sole_writer
+    from agentspec_sim.io.outputs import is_special, sole_writer
 
     if is_special(baseline):
         return contextlib.nullcontext()
@@ -119,9 +119,9 @@ def _sole_writer(baseline: Path):
 
 
 def _check_outputs(baseline: Path, junit: Path | None, traces: list[Path], update: bool) -> None:
-    """The output policy (agentspec_sim/outputs.py): --junit, and with --update the baseline, are none of the
+    """The output policy (agentspec_sim/io/outputs.py): --junit, and with --update the baseline, are none of the
     files the check reads. (--update rewrites the baseline it reads: that is its purpose.)"""
-    from agentspec_sim.outputs import JSON_SUFFIXES, JUNIT_SUFFIXES, Output, check_outputs
+    from agentspec_sim.io.outputs import JSON_SUFFIXES, JUNIT_SUFFIXES, Output, check_outputs
     from agentspec_sim.trace.bundled import default_trace_path
 
     inputs: dict = {"TRACE": traces or ([default_trace_path()] if update else [])}
@@ -134,8 +134,9 @@ def _check_outputs(baseline: Path, junit: Path | None, traces: list[Path], updat
 def _update(lib, baseline: Path, traces: list[Path], drafter, max_num_seqs, hardware, model, err):
     from dataclasses import asdict
 
-    from agentspec_sim.drafters.base import SpecConfigError, parse_drafter_list
+    from agentspec_sim.drafters.registry import parse_drafter_list
     from agentspec_sim.engine.config import EngineConfig
+    from agentspec_sim.engine.drafting import SpecConfigError
 
     old = lib.load_baseline(baseline) if baseline.exists() else None
     if traces:

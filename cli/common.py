@@ -33,7 +33,7 @@ def load_workload(trace: Path | None, skip_bad_lines: bool = False) -> tuple[Pat
 
 def say_if_compiling() -> None:
     """One line on stderr before the first run in an environment whose compiled kernels are not cached yet."""
-    from agentspec_sim.engine.run import kernels_compiled
+    from agentspec_sim.run.simulation import kernels_compiled
 
     if not kernels_compiled():
         from rich.console import Console

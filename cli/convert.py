@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 from agentspec_sim.trace.convert_run import convert_to_trace
 
 
@@ -31,7 +31,7 @@ def convert(
         raise UsageError(f"FORMAT: unknown format {fmt!r}; choose one of {', '.join(sorted(CONVERTERS))}")
     if max_queries is not None and max_queries < 1:
         raise UsageError(f"--max-queries: must be ≥ 1, got {max_queries}")
-    from agentspec_sim.outputs import TRACE_SUFFIXES, Output, check_outputs
+    from agentspec_sim.io.outputs import TRACE_SUFFIXES, Output, check_outputs
 
     # An existing output inside an INPUT folder counts as an input: the converter reads that folder.
     check_outputs(Output("--output", output, TRACE_SUFFIXES), inputs={"INPUT": inputs, "--tokenizer": tokenizer})

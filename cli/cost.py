@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 
 @app.command("cost")
@@ -33,7 +33,8 @@ def cost(
 ) -> None:
     """Price step shapes with the cost model: seconds per step, split into weights, MoE, attention, overhead
     (GPU small kernels and host) and communication."""
-    from agentspec_sim.cost.profiles import ProfileError, build_cost_model, calibration_note
+    from agentspec_sim.cost.build import build_cost_model, calibration_note
+    from agentspec_sim.cost.profiles import ProfileError
     from agentspec_sim.cost.shapes import ShapeError, StepShape, read_shapes
 
     if (shapes is None) == (kind is None):

@@ -6,11 +6,11 @@ Ctrl-C (SIGINT), 143 terminated (SIGTERM). `--debug` (or AGENTSPEC_SIM_DEBUG=1) 
 instead of the one line.
 
 Signals: `run_guarded` turns SIGINT and SIGTERM into `Interrupted` (a KeyboardInterrupt), raised
-wherever the program is, so every `finally` and every atomic write (agentspec_sim/atomic.py)
+wherever the program is, so every `finally` and every atomic write (agentspec_sim/io/atomic.py)
 removes its temporary file; a command may catch it to write what is complete and re-raise it
 with a `note` saying what it wrote. Further signals are ignored while that cleanup runs.
 
-Outputs: each command runs in an output scope (agentspec_sim/outputs.py), so an output that would
+Outputs: each command runs in an output scope (agentspec_sim/io/outputs.py), so an output that would
 destroy an input, or that cannot be written, is one line naming the file and its option. Standard
 output is guarded the same way: a write or flush that fails (a full disk, an I/O error) is one line
 `error: standard output: <reason>`, exit 2; a closed pipe (`| head`) ends the command quietly with
@@ -54,8 +54,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from agentspec_sim.env import EnvironmentSettingError
-    from agentspec_sim.resources import ResourceError
+    from agentspec_sim.host.env import EnvironmentSettingError
+    from agentspec_sim.host.resources import ResourceError
     from agentspec_sim.trace.convert.base import ConvertError
     from agentspec_sim.trace.schema import TraceError
 
@@ -182,7 +182,7 @@ def run_guarded(app: typer.Typer) -> int:
     """Run the Typer app: expected failures print `error: …` and return 2; SIGINT/SIGTERM print one line
     (with what the command wrote before exiting) and return 130/143; a failing standard output is one
     line and 2, a closed pipe 1 and quiet (see the module docstring)."""
-    from agentspec_sim.outputs import command_scope
+    from agentspec_sim.io.outputs import command_scope
 
     args = [a for a in sys.argv[1:] if a != "--debug"]
     interrupt: BaseException | None = None
@@ -277,9 +277,9 @@ def option_name(knob: str) -> str:
 
 
 def _message(exc: BaseException) -> str:
-    from agentspec_sim.resources import ResourceError
+    from agentspec_sim.host.resources import ResourceError
 
-    if isinstance(exc, ResourceError):  # a resource guard (agentspec_sim/resources.py): settings as options
+    if isinstance(exc, ResourceError):  # a resource guard (agentspec_sim/host/resources.py): settings as options
         return exc.render(option_name)
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"

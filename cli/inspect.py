@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import load_workload, trace_argument
+from agentspec_sim.cli.root import app
 
 
 @app.command()

@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from agentspec_sim.cli import sweep_options as sweep_cli
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import seconds, trace_argument
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 # plan's own options; every other one shapes the sweep it runs, so with --results (a finished sweep) it is refused
 # rather than silently ignored.
@@ -178,7 +178,7 @@ def _refuse_sweep_options(ctx: typer.Context) -> None:
 
 
 def _render(p) -> None:
-    from agentspec_sim.band import format_interval
+    from agentspec_sim.run.band import format_interval
 
     console = Console()
     table = Table(title=f"plan · {Path(p.trace).name} · {p.hardware} · {p.model}", box=box.SIMPLE_HEAD,
@@ -196,7 +196,7 @@ def _render(p) -> None:
         if b is None:
             table.add_row(d.drafter, "none", "—", "—", "—", "—", "—")
             continue
-        # A band (agentspec_sim.band) on a second line of its cell.
+        # A band (agentspec_sim.run.band) on a second line of its cell.
         table.add_row(d.drafter, str(b.max_num_seqs), format_interval(b.goodput_tok_s, b.goodput_tok_s_band, ",.0f",
                                                                       sep="\n"),
                       format_interval(b.speedup, b.speedup_band, ".2f", "×", sep="\n") if b.speedup is not None

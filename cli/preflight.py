@@ -1,5 +1,5 @@
 """What every command checks before its body runs: no option holds NaN or infinity, and the numeric
-AGENTSPEC_SIM_* environment variables are valid (agentspec_sim/env.py).
+AGENTSPEC_SIM_* environment variables are valid (agentspec_sim/host/env.py).
 
 Click parses `--slo-ttft nan` and `--rate inf` as floats, and a comparison with NaN is always false, so
 a range check such as `value <= 0` lets NaN through and the SLO is silently ignored. Rather than each
@@ -51,7 +51,7 @@ def _preflight(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)  # Typer reads the options from the wrapped signature (__wrapped__)
     def run(*args: Any, **kwargs: Any) -> Any:
-        from agentspec_sim.env import check_environment
+        from agentspec_sim.host.env import check_environment
 
         check_environment()
         for name, value in kwargs.items():

@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 
 @app.command()
@@ -51,7 +51,7 @@ def proxy(
         raise UsageError("proxy needs aiohttp: pip install 'agentspec-sim[proxy]'")
     from agentspec_sim.capture.proxy import ProxyServer, RecordingProxy
     from agentspec_sim.capture.recorder import TraceRecorder
-    from agentspec_sim.outputs import Output, check_outputs, sole_writer
+    from agentspec_sim.io.outputs import Output, check_outputs, sole_writer
 
     check_outputs(Output("--output", output, (".jsonl", ".jsonl.zst")), inputs={"--tokenizer": tokenizer})
     err = Console(stderr=True, highlight=False, soft_wrap=True)

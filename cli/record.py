@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 
 @app.command()
@@ -38,7 +38,7 @@ def record(
 
     if max_num_seqs < 1 or (queries is not None and queries < 1):
         raise UsageError("--max-num-seqs and --queries must be ≥ 1")
-    from agentspec_sim.outputs import TRACE_SUFFIXES, Output, check_outputs
+    from agentspec_sim.io.outputs import TRACE_SUFFIXES, Output, check_outputs
 
     check_outputs(Output("--output", output, TRACE_SUFFIXES), inputs={"TRACE": trace, "--model": model})
     workload = load_trace(trace)  # a bad trace is reported before a missing vLLM

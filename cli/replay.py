@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.table import Table
 
 from agentspec_sim.cli import sweep_options
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import (
     REJECTION_LEGEND,
     PlainProgress,
@@ -23,6 +22,7 @@ from agentspec_sim.cli.common import (
     trace_argument,
 )
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 
 @app.command()
@@ -68,8 +68,9 @@ def replay(
                                  "acceptance parameters have an uncertainty band (its low and high bound)."),
 ) -> None:
     """Replay a trace through the simulated engine with each drafter; compare goodput and acceptance."""
-    from agentspec_sim.drafters.base import SpecConfigError, parse_drafter, parse_drafter_list
+    from agentspec_sim.drafters.registry import parse_drafter, parse_drafter_list
     from agentspec_sim.engine import EngineConfig, EngineConfigError, SimulationError
+    from agentspec_sim.engine.drafting import SpecConfigError
 
     _check_options(seed, think_time)
     load = sweep_options.load_settings(rate, request_rate, burstiness, max_concurrency, copies)
@@ -89,20 +90,6 @@ def replay(
     except (SpecConfigError, EngineConfigError) as exc:
         raise UsageError(str(exc)) from None
     path, workload = load_workload(trace, skip_bad_lines)
-    try:  # what a drafter needs from the run (its draft network, the tokenizer): known before any run starts
-        from agentspec_sim.engine.config import resolve
-        from agentspec_sim.engine.run import bind_engine_context
-
-        resolve(config)  # settings vLLM refuses (e.g. a tensor parallel size the heads do not split over) first
-        for spec in specs:
-            bind_engine_context(spec, config, workload)
-        _check_draft_networks(specs, config)
-    except (SpecConfigError, EngineConfigError) as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # a bad hardware/model profile name or file
-        if type(exc).__name__ != "ProfileError":
-            raise
-        raise UsageError(str(exc)) from None
     finished: list = []
 
     def keep(result, summary) -> None:
@@ -125,7 +112,7 @@ def replay(
             raise
         raise UsageError(str(exc)) from None
 
-    from agentspec_sim.cost.profiles import calibration_note
+    from agentspec_sim.cost.build import calibration_note
 
     document = {"trace": str(path), "config": _config_dict(config), "slo": slo.to_dict(),
                 "cost_model": calibration_note(cost),
@@ -134,7 +121,7 @@ def replay(
     if steps is not None:
         _write_steps(steps, [r for r, _ in runs])
     if output is not None:
-        from agentspec_sim.atomic import write_json_atomic
+        from agentspec_sim.io.atomic import write_json_atomic
 
         write_json_atomic(output, document)
     if as_json:
@@ -147,7 +134,7 @@ def replay(
 def _acceptance_notes(specs, config) -> dict[str, str]:
     """What each model-based drafter's acceptance rests on: its parameter file's source (MEASURED, or an
     ASSUMPTION, or the published figures it was solved for), keyed by drafter label."""
-    from agentspec_sim.band import resolved_params
+    from agentspec_sim.run.band import resolved_params
 
     notes = {}
     for spec in specs:
@@ -170,8 +157,8 @@ def _check_options(seed: int, think_time: float | None) -> None:
 
 def _check_outputs(output: Path | None, steps: Path | None, *, trace: Path | None, calibration: Path | None,
                    model: str, hardware: str, speculative_config: list[str]) -> None:
-    """The output policy (agentspec_sim/outputs.py) for -o and --steps, against every file the run reads."""
-    from agentspec_sim.outputs import (
+    """The output policy (agentspec_sim/io/outputs.py) for -o and --steps, against every file the run reads."""
+    from agentspec_sim.io.outputs import (
         JSON_DOCUMENT_SUFFIXES,
         PARQUET_SUFFIXES,
         Output,
@@ -185,17 +172,6 @@ def _check_outputs(output: Path | None, steps: Path | None, *, trace: Path | Non
                           "--hardware": hardware, "--speculative-config": json_paths(speculative_config)})
 
 
-def _check_draft_networks(specs, config) -> None:
-    """A model-based drafter (eagle3, mtp) needs its draft network in the target model's profile: say so
-    before the `normal` run rather than after it."""
-    from agentspec_sim.engine.run import check_draft_networks
-
-    try:
-        check_draft_networks(specs, config)
-    except ValueError as exc:  # SpecConfigError (no such draft network), or a profile that does not load
-        raise UsageError(str(exc)) from None
-
-
 def _write_finished(path: Path, config, finished: list, output: Path | None, steps: Path | None) -> str:
     """After an interrupt: write the runs that finished (the JSON marked "interrupted"); say what was written."""
     names = ", ".join(s.drafter for _, s in finished)
@@ -206,7 +182,7 @@ def _write_finished(path: Path, config, finished: list, output: Path | None, ste
         _write_steps(steps, [r for r, _ in finished])
         wrote.append(str(steps))
     if output is not None:
-        from agentspec_sim.atomic import write_json_atomic
+        from agentspec_sim.io.atomic import write_json_atomic
 
         document = {"trace": str(path), "config": _config_dict(config), "interrupted": True,
                     "runs": [_run_dict(r, s) for r, s in finished]}
@@ -226,7 +202,7 @@ def _run(workload, specs, config, show_progress: bool, on_result=None, band: boo
     cost model they all priced with)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentspec_sim.engine.run import replay
+    from agentspec_sim.run.entry import replay
 
     console = Console(stderr=True)
     lines = PlainProgress("calls") if show_progress and not console.is_terminal else None  # a log or a pipe
@@ -253,8 +229,8 @@ def _run_dict(result, summary, band=None) -> dict:
     trace, config and seed give a byte-identical document. `history_evictions` only where a live AgentSpec
     history passed the simulator's memory bound (the run's drafts are then an approximation).
     `mean_acceptance_length_band`, `goodput_tok_s_band`, `speedup_band`: [low, high], the values of the runs at
-    the acceptance model's low and high bound (`band`, agentspec_sim/band.py); null without one."""
-    from agentspec_sim.band import empty_fields
+    the acceptance model's low and high bound (`band`, agentspec_sim/run/band.py); null without one."""
+    from agentspec_sim.run.band import empty_fields
 
     return {**{k: v for k, v in summary.to_dict().items() if k != "wall_s"},
             **(empty_fields() if band is None else band.fields()), **result.extra}
@@ -269,7 +245,7 @@ def _config_dict(config) -> dict:
 def _write_steps(path: Path, results) -> None:
     import polars as pl
 
-    from agentspec_sim.atomic import atomic_binary
+    from agentspec_sim.io.atomic import atomic_binary
 
     frame = pl.concat([r.steps for r in results], how="vertical")
     with atomic_binary(path, compress=False) as out:
@@ -278,7 +254,7 @@ def _write_steps(path: Path, results) -> None:
 
 def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None, bands=None,
             acceptance_notes: dict[str, str] | None = None, slo=None) -> None:
-    from agentspec_sim.band import format_interval
+    from agentspec_sim.run.band import format_interval
 
     bands = bands or [None] * len(runs)
     banded = any(b is not None for b in bands)

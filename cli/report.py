@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 REPORT_FILES = ("report.md", "*.png")  # what agentspec_sim/report/build.py writes into the folder
 
@@ -30,7 +30,7 @@ def report(
 
     if batch_size is not None and batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {batch_size}")
-    from agentspec_sim.outputs import Output, check_outputs
+    from agentspec_sim.io.outputs import Output, check_outputs
 
     # The folder may hold the results; refused only where a file the report writes would replace an input.
     check_outputs(Output("--output", output, folder=True, names=REPORT_FILES),

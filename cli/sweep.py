@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from agentspec_sim.cli import sweep_options as shared
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import trace_argument
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 
 @app.command()

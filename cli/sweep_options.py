@@ -255,8 +255,8 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
     130 or 143."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentspec_sim.drafters.base import SpecConfigError
     from agentspec_sim.engine import EngineConfigError, SimulationError
+    from agentspec_sim.engine.drafting import SpecConfigError
     from agentspec_sim.sweep import SweepError, run_sweep
     from agentspec_sim.sweep.cells import parse_grid, parse_int_list, parse_name_list
 
@@ -317,8 +317,8 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
 
 def _check_output(trace: Path | None, output: Path | None, engine, hardware: str, model: str,
                   speculative_config: list[str]) -> None:
-    """The output policy (agentspec_sim/outputs.py) for the results parquet, against every file cells read."""
-    from agentspec_sim.outputs import PARQUET_SUFFIXES, Output, check_outputs, json_paths
+    """The output policy (agentspec_sim/io/outputs.py) for the results parquet, against every file cells read."""
+    from agentspec_sim.io.outputs import PARQUET_SUFFIXES, Output, check_outputs, json_paths
     from agentspec_sim.trace.bundled import default_trace_path
 
     check_outputs(Output("--output", output, PARQUET_SUFFIXES),

@@ -7,9 +7,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.common import load_workload
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 
 @app.command()
@@ -24,7 +24,7 @@ def synth(
 ) -> None:
     """Make a large trace by resampling a real one: new ids, the same per-query shapes, and copies of
     one query relabelled so that they share no text (see agentspec_sim/trace/synth.py)."""
-    from agentspec_sim.outputs import TRACE_SUFFIXES, Output, check_outputs
+    from agentspec_sim.io.outputs import TRACE_SUFFIXES, Output, check_outputs
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import write_trace
     from agentspec_sim.trace.synth import check_synth, synthesize, vocabulary_for

@@ -12,8 +12,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.root import app
 
 # What validation/timing.py's write_outputs puts in the -o folder.
 TIMING_FILES = ("timing.parquet", "timing_calls.parquet", "hardware.json", "model.json", "calibration.json",
@@ -58,7 +58,7 @@ def timing(
     """Execute each step's batch as a real forward pass (torch), compare with the cost model, fit a calibration."""
     from agentspec_sim.cost.calibrate import CalibrationFitError
     from agentspec_sim.cost.profiles import ProfileError
-    from agentspec_sim.resources import ResourceError
+    from agentspec_sim.host.resources import ResourceError
     from agentspec_sim.validation.schedule import ScheduleError, load_shapes, stratified_sample
     from agentspec_sim.validation.timing import (
         TimingConfig,
@@ -76,7 +76,7 @@ def timing(
         raise UsageError("--holdout must be in [0, 1)")
     if sample is not None and sample < 1:
         raise UsageError("--sample must be ≥ 1")
-    from agentspec_sim.outputs import Output, check_outputs
+    from agentspec_sim.io.outputs import Output, check_outputs
 
     check_outputs(Output("--output", output, folder=True, names=TIMING_FILES),
                   inputs={"STEPS": steps, "--calibration": calibration, "--hardware": hardware, "--model": model})
@@ -226,7 +226,7 @@ def vllm_cmd(
         raise UsageError("--max-num-seqs and --queries must be ≥ 1")
     llm_kwargs = vllm_engine_args(max_num_batched_tokens, block_size, max_model_len, num_gpu_blocks, enforce_eager,
                                   enable_prefix_caching)
-    from agentspec_sim.outputs import JSON_DOCUMENT_SUFFIXES, Output, check_outputs
+    from agentspec_sim.io.outputs import JSON_DOCUMENT_SUFFIXES, Output, check_outputs
 
     check_outputs(Output("--output", output, JSON_DOCUMENT_SUFFIXES),
                   Output("--record-dir", record_dir, folder=True, names=tuple(f"{n}.jsonl" for n in names)),
@@ -273,7 +273,7 @@ def vllm_cmd(
     document = {"trace": str(trace), "model": model, "max_num_seqs": max_num_seqs, "clock": clock,
                 "methods": results}
     if output is not None:
-        from agentspec_sim.atomic import write_json_atomic
+        from agentspec_sim.io.atomic import write_json_atomic
 
         write_json_atomic(output, document)
     if as_json:
@@ -286,8 +286,8 @@ def _write_steps(folder: Path, name: str, run, model: str) -> None:
     """vLLM's per-call-step log (`calibrate cost` input) and the profile of the machine it ran on."""
     import numpy as np
 
-    from agentspec_sim.atomic import write_json_atomic
     from agentspec_sim.cost.profiles import ProfileError, load_model, profile_name
+    from agentspec_sim.io.atomic import write_json_atomic
     from agentspec_sim.validation.schedule import write_table
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim.calibrate_acceptance import load_specdecode_bench
+from agentspec_sim.drafters.model.calibrate import load_specdecode_bench
 from agentspec_sim.engine.config import EngineConfig
-from agentspec_sim.engine.run import simulate
+from agentspec_sim.run.simulation import simulate
 from agentspec_sim.trace.schema import Query, TraceMeta, Workload
 
 DATASETS = ("gsm8k", "sharegpt", "instructcoder", "cnn")

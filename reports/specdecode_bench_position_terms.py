@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import minimize
 
-from agentspec_sim.calibrate_acceptance import load_specdecode_bench
+from agentspec_sim.drafters.model.calibrate import load_specdecode_bench
 
 TRAIN = ("gsm8k", "sharegpt")
 HELD_OUT = ("instructcoder", "cnn")

@@ -80,7 +80,8 @@ def agent_query(rng: np.random.Generator, qid: str, calls: int, prompt_len: int 
 
 
 # -- test drafters ------------------------------------------------------------------------------
-from agentspec_sim.drafters.base import BaseDrafter, SpeculativeConfig, register_drafter  # noqa: E402
+from agentspec_sim.drafters.registry import register_drafter  # noqa: E402
+from agentspec_sim.engine.drafting import BaseDrafter, SpeculativeConfig  # noqa: E402
 
 
 @register_drafter("test-oracle")

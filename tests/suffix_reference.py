@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentspec_sim.drafters.base import SpeculativeConfig, make_drafter
+from agentspec_sim.drafters.registry import make_drafter
 from agentspec_sim.engine.config import EngineConfig
+from agentspec_sim.engine.drafting import SpeculativeConfig
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.trace.schema import Call, Workload
 
@@ -371,8 +372,8 @@ def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineCon
     """Run the engine with `spec` (a suffix config) recording its proposals, then replay its step log
     into the real library as vLLM drives it and compare (module docstring). One tenant only."""
     from agentspec_sim.engine.config import resolve
-    from agentspec_sim.engine.run import bind_engine_context
     from agentspec_sim.engine.simulator import Simulator
+    from agentspec_sim.run.simulation import bind_engine_context
 
     if config.replicate != 1:
         raise ValueError("engine_replay replays one tenant (replicate=1)")

@@ -1,4 +1,4 @@
-"""The AgentSpec drafter family (drafters/agentspec.py, drafters/block_index.py).
+"""The AgentSpec drafter family (drafters/agentspec/rule.py, drafters/agentspec/block_index.py).
 
 Hand-computed budget numbers (equations 1–3), CT*/c on hand-made candidate sets, the index against
 a brute-force search, block and query isolation on real Qwen3 tokens, the four variants through
@@ -14,7 +14,14 @@ import pytest
 from simhelpers import ConstantCost, agent_query, config, workload
 
 from agentspec_sim import simulate
-from agentspec_sim.drafters.agentspec import (
+from agentspec_sim.drafters.agentspec.block_index import (
+    OP_APPEND,
+    OP_LOOKUP,
+    BlockArena,
+    consensus_lists,
+    match_levels,
+)
+from agentspec_sim.drafters.agentspec.rule import (
     DEFAULT_K,
     PAPER_PRESET,
     Candidates,
@@ -24,14 +31,8 @@ from agentspec_sim.drafters.agentspec import (
     redundancy_score,
     saturation,
 )
-from agentspec_sim.drafters.base import SpecConfigError, make_drafter, parse_drafter
-from agentspec_sim.drafters.block_index import (
-    OP_APPEND,
-    OP_LOOKUP,
-    BlockArena,
-    consensus_lists,
-    match_levels,
-)
+from agentspec_sim.drafters.registry import make_drafter, parse_drafter
+from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.trace.schema import Call
 from agentspec_sim.trace.tokenizer import load_tokenizer
@@ -412,7 +413,7 @@ def test_a_finished_querys_history_is_dropped(tok):
 def test_table_rebuilds_stay_logarithmic_when_blocks_are_freed(monkeypatch):
     # Each new table passes over every key; sized for a load of ≤ 1/3, freeing blocks along the way does
     # not make them come back-to-back.
-    from agentspec_sim.drafters import block_index
+    from agentspec_sim.drafters.agentspec import block_index
 
     rebuilds = []
     for name in ("rebuild_table", "regrow_table"):  # from the live blocks, from the old table
@@ -432,7 +433,7 @@ def test_table_rebuilds_stay_logarithmic_when_blocks_are_freed(monkeypatch):
 
 
 def test_offline_replay_sees_what_the_drafter_sees(tok):
-    from agentspec_sim.drafters.agentspec import History
+    from agentspec_sim.drafters.agentspec.rule import History
 
     table = tok.token_bytes()
     c0 = _call(tok, "g0", "q", 0, "Write it.", "Plan.\n```python\ntotal = compute_total(items)\n```\nok")
@@ -591,7 +592,7 @@ def test_precomputed_output_labels_draft_as_the_fed_automaton(monkeypatch, metho
     prompts continue from the automaton the last output left."""
     from dataclasses import replace
 
-    from agentspec_sim.drafters.agentspec import History
+    from agentspec_sim.drafters.agentspec.rule import History
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import load_trace
 

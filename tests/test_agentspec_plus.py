@@ -1,4 +1,4 @@
-"""agentspec+ (drafters/agentspec_plus.py): corpora order and isolation, workspace representations,
+"""agentspec+ (drafters/agentspec_plus/rule.py): corpora order and isolation, workspace representations,
 the M(b) allocation and its replicate batch, the cap controller, every ablation switch through the engine."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import pytest
 from simhelpers import ConstantCost, agent_query, config, workload
 
 from agentspec_sim import simulate
-from agentspec_sim.drafters.agentspec import BatchBudget, batch_budget
-from agentspec_sim.drafters.agentspec_plus import AgentSpecPlusDrafter
-from agentspec_sim.drafters.base import SpecConfigError, make_drafter, parse_drafter
+from agentspec_sim.drafters.agentspec.rule import BatchBudget, batch_budget
+from agentspec_sim.drafters.agentspec_plus.rule import AgentSpecPlusDrafter
+from agentspec_sim.drafters.registry import make_drafter, parse_drafter
+from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.trace.schema import Call, WorkspaceFile
 from agentspec_sim.trace.tokenizer import load_tokenizer

@@ -9,7 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agentspec_sim.drafters.agspec import (
+from agentspec_sim.drafters.agspec.corpus_index import NGramIndex
+from agentspec_sim.drafters.agspec.rule import (
     ALL_FORMS,
     AgSpecDrafter,
     AgSpecSettings,
@@ -25,8 +26,8 @@ from agentspec_sim.drafters.agspec import (
     raw_form,
     represent,
 )
-from agentspec_sim.drafters.base import SpecConfigError, parse_drafter
-from agentspec_sim.drafters.corpus_index import NGramIndex
+from agentspec_sim.drafters.registry import parse_drafter
+from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.trace.schema import Call, Query, TraceMeta, Workload, WorkspaceFile
 
 

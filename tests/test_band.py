@@ -1,4 +1,4 @@
-"""The uncertainty band of a model-based result (agentspec_sim/band.py): which configs have one, the two bound
+"""The uncertainty band of a model-based result (agentspec_sim/run/band.py): which configs have one, the two bound
 configs, and the bound runs (same seed and engine; the high bound's acceptance above the low's)."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import polars as pl
 import pytest
 from simhelpers import ConstantCost, agent_query, config, workload
 
-from agentspec_sim import band
-from agentspec_sim.drafters import model_based
-from agentspec_sim.drafters.base import SpeculativeConfig
-from agentspec_sim.drafters.model_based import ACCEPTANCE_DIR, AcceptanceParams
-from agentspec_sim.engine.run import compare
+from agentspec_sim.drafters.model import rule as model_based
+from agentspec_sim.drafters.model.rule import ACCEPTANCE_DIR, AcceptanceParams
+from agentspec_sim.drafters.registry import speculative_config
+from agentspec_sim.engine.drafting import SpeculativeConfig
+from agentspec_sim.run import band
+from agentspec_sim.run.simulation import compare
 
 
 def banded_file(path, shift: float = 0.5, method: str = "eagle3"):
@@ -41,7 +42,7 @@ def _plain(tmp_path):
 
 
 def _spec(**kw) -> SpeculativeConfig:
-    return SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 4, **kw})
+    return speculative_config({"method": "eagle3", "num_speculative_tokens": 4, **kw})
 
 
 def test_which_configs_have_a_band(tmp_path):
@@ -51,7 +52,7 @@ def test_which_configs_have_a_band(tmp_path):
     assert band.has_band(_spec())  # the bundled default file has one
     assert not band.has_band(_spec(acceptance_params=str(_plain(tmp_path))))
     assert not band.has_band(_spec(acceptance_params=str(path), acceptance_bound="low"))  # one end of it already
-    ngram = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3})
+    ngram = speculative_config({"method": "ngram", "num_speculative_tokens": 3})
     assert band.resolved_params(ngram) is None and not band.has_band(ngram) and band.bound_configs(ngram) is None
 
 
@@ -69,7 +70,7 @@ def test_the_band_is_looked_up_on_the_params_the_run_resolves(monkeypatch):
 
 def test_bound_configs_set_acceptance_bound_and_nothing_else(tmp_path):
     path = banded_file(tmp_path / "p.json")
-    spec = SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 4, "seed": 7,
+    spec = speculative_config({"method": "eagle3", "num_speculative_tokens": 4, "seed": 7,
                                         "acceptance_params": str(path)}, label="mine")
     configs = band.bound_configs(spec)
     assert list(configs) == ["low", "high"]
@@ -127,7 +128,7 @@ def test_bound_runs_bracket_the_point_run_and_are_deterministic(tmp_path):
     assert got.columns()["goodput_tok_s_high"] == g_high
     again = band.run_band(wl, spec, cfg, runs[0][0], cost)
     assert again.fields() == got.fields()
-    assert band.run_band(wl, SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3}),
+    assert band.run_band(wl, speculative_config({"method": "ngram", "num_speculative_tokens": 3}),
                          cfg, runs[0][0], cost) is None
 
 

@@ -13,7 +13,7 @@ import pytest
 from test_band import banded_file
 from test_cli_fresh import run, trace_text
 
-from agentspec_sim.band import COLUMNS
+from agentspec_sim.run.band import COLUMNS
 
 
 @pytest.fixture(scope="module")

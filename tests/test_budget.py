@@ -1,4 +1,4 @@
-"""Budget policies (agentspec_sim/budget.py): vLLM's fixed k and per-batch-size schedule (unchanged),
+"""Budget policies (agentspec_sim/engine/budget.py): vLLM's fixed k and per-batch-size schedule (unchanged),
 the AdaSpec-style per-call policy, and how a config selects a policy."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 from simhelpers import ConstantCost, agent_query, config, workload
 
 from agentspec_sim import simulate
-from agentspec_sim.budget import (
+from agentspec_sim.drafters.registry import parse_drafter
+from agentspec_sim.engine.budget import (
     BUDGET_POLICIES,
     AdaSpecPolicy,
     BatchSizeSchedule,
@@ -19,7 +20,7 @@ from agentspec_sim.budget import (
     budget_policy_name,
     make_budget_policy,
 )
-from agentspec_sim.drafters.base import SpecConfigError, parse_drafter
+from agentspec_sim.engine.drafting import SpecConfigError
 
 
 class Row:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from agentspec_sim.calibrate_acceptance import (
+from agentspec_sim.drafters.model.calibrate import (
     CalibrationError,
     Observation,
     calibrate_file,
@@ -29,7 +29,7 @@ from agentspec_sim.calibrate_acceptance import (
     walk_positions,
     workload_streams,
 )
-from agentspec_sim.drafters.model_based import AcceptanceParams, load_params_file
+from agentspec_sim.drafters.model.rule import AcceptanceParams, load_params_file
 from agentspec_sim.trace.bundled import bundled_trace
 from agentspec_sim.trace.io import load_trace
 

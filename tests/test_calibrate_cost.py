@@ -157,7 +157,7 @@ def test_a_simulated_step_log_fits_back_to_the_calibration_it_was_priced_with(tm
     """replay's step log and the cost model agree exactly; a log simulated under a calibration gives it back."""
     from simhelpers import agent_query, config, workload
 
-    from agentspec_sim.engine.run import simulate
+    from agentspec_sim.run.simulation import simulate
     from agentspec_sim.validation.calibration_input import timings_from_table
 
     truth = Calibration(memory_efficiency=0.6, step_overhead_s=300e-6, per_call_overhead_s=8e-6)

@@ -15,8 +15,8 @@ from simhelpers import ConstantCost, agent_query, call, config, workload
 from agentspec_sim.capacity import CapacitySearch, find_capacity
 from agentspec_sim.cost.step_clock import StepClockCost
 from agentspec_sim.engine.load import request_rate_arrivals
-from agentspec_sim.engine.run import simulate
 from agentspec_sim.metrics import summarize
+from agentspec_sim.run.simulation import simulate
 from agentspec_sim.slo import LatencySLO, attainment
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from agentspec_sim.cost import BatchShape, Calibration, build_cost_model
 from agentspec_sim.cost.aic import UNSUPPORTED, coverage, covered_pairs
-from agentspec_sim.cost.profiles import CALIBRATIONS_DIR, bundled_calibration, calibration_note, load_model
+from agentspec_sim.cost.build import CALIBRATIONS_DIR, bundled_calibration, calibration_note
+from agentspec_sim.cost.profiles import load_model
 from agentspec_sim.cost.roofline import RooflineCostModel
 from agentspec_sim.cost.shapes import ShapeError, StepShape, read_shapes
 

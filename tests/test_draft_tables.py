@@ -1,6 +1,6 @@
 """Drafts from tables made once per workload against the live state they replace: AgentSpec's lookups
-(drafters/history_tables.py, drafters/agentspec_fastpath.py `TableSteps`), suffix decoding's prompt-tree drafts
-(drafters/suffix_tables.py, OP_TABLE_STEP) and the n-gram proposers' matches (drafters/ngram_tables.py,
+(drafters/agentspec/tables.py, drafters/agentspec/fastpath.py `TableSteps`), suffix decoding's prompt-tree drafts
+(drafters/suffix/tables.py, OP_TABLE_STEP) and the n-gram proposers' matches (drafters/ngram/tables.py,
 `NgramDrafting.from_table`) — whole runs equal, what turns a table off, the disk cache, the path pool.
 (tests/test_suffix.py also runs the engine with the suffix table against the real ArcticInference
 library.)"""
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from simhelpers import agent_query, config, workload
 
 from agentspec_sim.cost import RooflineCostModel
-from agentspec_sim.drafters import history_tables
-from agentspec_sim.drafters.agentspec_fastpath import TableDrafting
-from agentspec_sim.drafters.base import parse_drafter
-from agentspec_sim.drafters.table_cache import pack_paths
+from agentspec_sim.drafters.agentspec import tables as history_tables
+from agentspec_sim.drafters.agentspec.fastpath import TableDrafting
+from agentspec_sim.drafters.common.table_cache import pack_paths
+from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.simulator import Simulator
 
@@ -103,7 +103,7 @@ def test_the_table_needs_no_memory_bound_and_the_live_history_says_when_it_passe
     (MAX_LIVE_TOKENS), dropping idle queries' histories past it and reporting them. The table holds no
     histories: a bound the live history passes changes nothing there, and where the live history evicts
     nothing the two agree."""
-    import agentspec_sim.drafters.agentspec as agentspec
+    import agentspec_sim.drafters.agentspec.rule as agentspec
 
     wl = _queries()
     cfg = config(check_invariants=False, arrival="zero", max_num_seqs=2)
@@ -129,7 +129,7 @@ def test_the_table_is_made_once_and_read_from_the_cache(monkeypatch, tmp_path):
     def fail(*args):
         raise AssertionError("built again")
 
-    monkeypatch.setattr("agentspec_sim.drafters.history_tables.build_tables", fail)
+    monkeypatch.setattr("agentspec_sim.drafters.agentspec.tables.build_tables", fail)
     for seqs in (1, 4):  # other engine settings, the same calls: the same table
         _sim(wl, AGENTSPEC, config(check_invariants=False, arrival="zero", max_num_seqs=seqs)).run()
     _same(first, _sim(wl, AGENTSPEC, cfg).run())
@@ -191,7 +191,7 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_
 def test_suffix_prompt_trees_from_the_table_equal_the_built_ones(spec, overrides):
     """With calls stopped and restarted (preemption, the token budget: their trees are built), steps that
     skip the proposer near max_model_len (the calls in them leave the table), refused and cut calls."""
-    from agentspec_sim.drafters.suffix import SuffixDrafter
+    from agentspec_sim.drafters.suffix.rule import SuffixDrafter
 
     wl = _queries(seed=8)
     cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
@@ -224,8 +224,8 @@ def test_suffix_prompt_trees_from_the_table_equal_the_built_ones(spec, overrides
 
 def test_suffix_table_entries_are_the_prompt_trees_drafts():
     """Position by position, the table holds what the drafter's own prompt tree drafts for the call."""
-    from agentspec_sim.drafters.suffix_tables import build_local_table
-    from agentspec_sim.drafters.suffix_tree import SuffixForest
+    from agentspec_sim.drafters.suffix.tables import build_local_table
+    from agentspec_sim.drafters.suffix.tree import SuffixForest
 
     rng = np.random.default_rng(5)
     calls = agent_query(rng, "q", 3, prompt_len=30, out_len=40, vocab=5)
@@ -286,9 +286,9 @@ def test_ngram_table_entries_are_the_scans_matches(rightmost):
     """Position by position (calls that share their query's arena region, the first call's positions
     shorter than any n-gram), the table holds where the reference scan's draft starts — asked all at
     once or in small batches."""
-    from agentspec_sim.drafters.ngram import ngram_match
-    from agentspec_sim.drafters.ngram_tables import build_ngram_table
-    from agentspec_sim.drafters.ngram_v2 import ngram_v2_match
+    from agentspec_sim.drafters.ngram.rule import ngram_match
+    from agentspec_sim.drafters.ngram.tables import build_ngram_table
+    from agentspec_sim.drafters.ngram.v2 import ngram_v2_match
 
     rng = np.random.default_rng(3)
     prompt = rng.integers(0, 4, size=12).astype(np.int32)
@@ -314,7 +314,7 @@ def test_ngram_table_entries_are_the_scans_matches(rightmost):
 
 
 def test_the_ngram_table_is_made_once_and_read_from_the_cache(monkeypatch):
-    from agentspec_sim.drafters import ngram_tables
+    from agentspec_sim.drafters.ngram import tables as ngram_tables
 
     built = []
     build = ngram_tables.build_ngram_table
@@ -334,7 +334,7 @@ def test_the_cache_keeps_the_most_recently_used_tables_within_its_limit(monkeypa
     import os
     import time
 
-    from agentspec_sim.drafters import table_cache
+    from agentspec_sim.drafters.common import table_cache
 
     def arrays(n):
         return lambda: {"x": np.arange(n, dtype=np.int64)}
@@ -360,7 +360,7 @@ def test_two_builders_of_one_table_build_it_once(tmp_path):
     import threading
     import time
 
-    from agentspec_sim.drafters import table_cache
+    from agentspec_sim.drafters.common import table_cache
 
     builds = []
 

@@ -1,4 +1,4 @@
-"""drafters/ngram_index.py: the incremental n-gram index gives exactly `ngram_match`'s drafts.
+"""drafters/ngram/index.py: the incremental n-gram index gives exactly `ngram_match`'s drafts.
 
 The index is stateful (per arena offset, extended as histories grow), so these tests drive it the
 way the engine does — the same drafter across many steps, histories growing at shared offsets,
@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentspec_sim.drafters.base import parse_drafter
-from agentspec_sim.drafters.ngram import NgramDrafter
-from agentspec_sim.drafters.ngram_index import NgramIndex, propose_ngram_rows, propose_ngram_rows_scan
-from agentspec_sim.drafters.ngram_v2 import ngram_v2_match
+from agentspec_sim.drafters.ngram.index import NgramIndex, propose_ngram_rows, propose_ngram_rows_scan
+from agentspec_sim.drafters.ngram.rule import NgramDrafter
+from agentspec_sim.drafters.ngram.v2 import ngram_v2_match
+from agentspec_sim.drafters.registry import parse_drafter
 
 
 def brute_force(tokens: list[int], lo: int, hi: int, k: int) -> list[int]:

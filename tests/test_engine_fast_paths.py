@@ -12,18 +12,18 @@ import pytest
 from simhelpers import ConstantCost, agent_query, call, config, workload
 
 from agentspec_sim.cost import BatchShape, Calibration, RooflineCostModel
-from agentspec_sim.drafters.agentspec import AgentSpecDrafter
-from agentspec_sim.drafters.agentspec_fastpath import HistoryDrafting
-from agentspec_sim.drafters.base import parse_drafter
-from agentspec_sim.drafters.model_based import ModelBasedDrafter
-from agentspec_sim.drafters.ngram import NgramDrafter
-from agentspec_sim.drafters.ngram_index import propose_ngram_rows
-from agentspec_sim.drafters.suffix import SuffixDrafter
+from agentspec_sim.drafters.agentspec.fastpath import HistoryDrafting
+from agentspec_sim.drafters.agentspec.rule import AgentSpecDrafter
+from agentspec_sim.drafters.model.rule import ModelBasedDrafter
+from agentspec_sim.drafters.ngram.index import propose_ngram_rows
+from agentspec_sim.drafters.ngram.rule import NgramDrafter
+from agentspec_sim.drafters.registry import parse_drafter
+from agentspec_sim.drafters.suffix.rule import SuffixDrafter
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.kv import BlockPool
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.engine.simulator import Simulator
-from agentspec_sim.kernel_cache import clear_if_changed
+from agentspec_sim.host.kernel_cache import clear_if_changed
 
 
 def _without_fast_path(monkeypatch, kind):
@@ -133,7 +133,7 @@ def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypat
     """`run_steps` drafting with the n-gram index itself (long runs) = the event loop drafting after each
     step, including when the index fills up mid-run (a tiny table: the kernel hands the step back).
     (The index, not the workload's table: tests/test_draft_tables.py compares the two.)"""
-    import agentspec_sim.drafters.ngram_index as batched
+    import agentspec_sim.drafters.ngram.index as batched
 
     monkeypatch.setattr(Simulator, "draft_tables", False)
     rng = np.random.default_rng(11)
@@ -239,7 +239,7 @@ def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spe
     run (`HistoryDrafting.after_step`: hooks for the calls that started or finished, the rest compiled) — equals the
     drafter's own hooks and propose, step for step; with a tiny arena (pool and n-gram table) steps find no
     room in the table and go to the event loop, which grows it."""
-    from agentspec_sim.drafters.block_index import BlockArena
+    from agentspec_sim.drafters.agentspec.block_index import BlockArena
 
     monkeypatch.setattr(Simulator, "draft_tables", False)  # the live history (tests/test_history_tables.py: tables)
     if tiny_arena:
@@ -269,7 +269,7 @@ def test_agentspec_calls_start_with_room_for_their_whole_output(monkeypatch):
     """A call's output has room in its blocks from its start (`History.attach_row`), so with a pool that
     starts tiny (and a table that never fills) no step goes back to the event loop for want of room;
     without the reservation most steps with drafts would."""
-    from agentspec_sim.drafters.block_index import BlockArena
+    from agentspec_sim.drafters.agentspec.block_index import BlockArena
 
     monkeypatch.setattr(Simulator, "draft_tables", False)
     monkeypatch.setattr(BlockArena.__init__, "__defaults__", (8, 1 << 16))
@@ -321,7 +321,7 @@ def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_fore
     after every step — with calls stopped by preemption or the token budget, finishing, evicted from the
     response cache, near max_model_len, and a forest too small for most steps (they go back to the event
     loop, which grows it); with the prompt trees' drafts from the workload's table and built."""
-    from agentspec_sim.drafters.suffix_tree import SuffixForest
+    from agentspec_sim.drafters.suffix.tree import SuffixForest
 
     if tiny_forest:
         monkeypatch.setattr(SuffixForest.__init__, "__defaults__", (4, 16))
@@ -406,8 +406,8 @@ def test_kernel_cache_is_cleared_when_a_dependency_changes(tmp_path):
 
 
 def test_engine_modules_stamp_their_dependencies():
-    import agentspec_sim.drafters.ngram_fastpath as ngram_fastpath
-    import agentspec_sim.drafters.ngram_index as ngram_index
+    import agentspec_sim.drafters.ngram.fastpath as ngram_fastpath
+    import agentspec_sim.drafters.ngram.index as ngram_index
     import agentspec_sim.engine.scheduler as scheduler
 
     for mod in (scheduler, ngram_index, ngram_fastpath):

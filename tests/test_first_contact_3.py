@@ -9,7 +9,7 @@ import pytest
 from test_capacity_cli import trace  # noqa: F401  (fixture)
 from test_plan_and_units import one_error_line, run_cli
 
-from agentspec_sim.outputs import OutputError, sole_writer
+from agentspec_sim.io.outputs import OutputError, sole_writer
 
 
 def test_check_update_refuses_a_second_writer_of_the_same_baseline(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
@@ -237,7 +237,7 @@ def test_an_arrival_before_the_previous_calls_is_refused_naming_the_line(tmp_pat
 
 
 def test_a_metrics_file_without_per_step_drafted_names_the_missing_field(tmp_path):
-    from agentspec_sim.calibrate_acceptance import CalibrationError, load_vllm_metrics
+    from agentspec_sim.drafters.model.calibrate import CalibrationError, load_vllm_metrics
 
     path = tmp_path / "m.jsonl"
     path.write_text('{"per_step_accepted": [1, 0, 2]}\n')
@@ -252,7 +252,7 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     import subprocess
     import sys
 
-    from agentspec_sim.atomic import write_json_atomic
+    from agentspec_sim.io.atomic import write_json_atomic
 
     out = tmp_path / "summary.json"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-from agentspec_sim.kernel_cache import is_compiled
+from agentspec_sim.host.kernel_cache import is_compiled
 
 
 def test_is_compiled_reads_numbas_cache_index(tmp_path):
@@ -22,7 +22,7 @@ def test_is_compiled_reads_numbas_cache_index(tmp_path):
     """))
     probe = textwrap.dedent("""
         import sys
-        from agentspec_sim.kernel_cache import is_compiled
+        from agentspec_sim.host.kernel_cache import is_compiled
         import tiny_kernel
         before = is_compiled(tiny_kernel.twice)
         tiny_kernel.twice(3)
@@ -61,7 +61,7 @@ def test_piped_replay_shows_progress_as_lines(tmp_path):
 
 
 def test_the_first_compile_is_announced_once(tmp_path, monkeypatch, capsys):
-    import agentspec_sim.engine.run as engine_run
+    import agentspec_sim.run.simulation as engine_run
     from agentspec_sim.cli.app import app
     from agentspec_sim.cli.errors import run_guarded
 

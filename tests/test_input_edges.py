@@ -1,6 +1,6 @@
 """Input edges: what JSON (and the numbers in options) can hold that is not what the user meant.
 
-Every user JSON input goes through agentspec_sim/strict_json.py: duplicate keys, NaN/Infinity, numbers
+Every user JSON input goes through agentspec_sim/io/strict_json.py: duplicate keys, NaN/Infinity, numbers
 too large for a float, lone surrogates and deep nesting are refused there, naming `file:line: field`.
 Each case runs the real entry point in-process (as tests/test_bad_inputs.py does) and checks exit code
 2, one `error:` line, no traceback, and the fragments that name file, line and field.
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from agentspec_sim import strict_json
+from agentspec_sim.drafters.registry import speculative_config
+from agentspec_sim.io import strict_json
 from tests.test_bad_inputs import META, call, jsonl, run_cli
 
 GOOD = jsonl(META, call(0), call(1))
@@ -259,8 +260,8 @@ def test_bad_numeric_environment_variable(workdir, monkeypatch, capsys, name, va
 
 def test_table_cache_limit_is_read_strictly(monkeypatch):
     """The library reads the variable the same way (a sweep worker or a script gets the same refusal)."""
-    from agentspec_sim.drafters import table_cache
-    from agentspec_sim.env import EnvironmentSettingError
+    from agentspec_sim.drafters.common import table_cache
+    from agentspec_sim.host.env import EnvironmentSettingError
 
     monkeypatch.setenv(table_cache.LIMIT_ENV, "inf")
     with pytest.raises(EnvironmentSettingError, match="AGENTSPEC_SIM_TABLE_CACHE_MB: environment"):
@@ -276,16 +277,15 @@ def test_table_cache_limit_is_read_strictly(monkeypatch):
 
 
 def _methods() -> list[str]:
-    from agentspec_sim.drafters.base import DRAFTERS, _load_builtin
+    from agentspec_sim.drafters.registry import families
 
-    _load_builtin()  # the built-in drafters only (other test modules register test drafters)
-    return sorted(name for name, cls in DRAFTERS.items() if cls.__module__.startswith("agentspec_sim.drafters."))
+    return sorted(families())  # the built-in drafters only (other test modules register test drafters)
 
 
 def _base_config(method: str) -> dict:
-    from agentspec_sim.drafters.base import SHORTHAND_DEFAULTS
+    from agentspec_sim.drafters.registry import shorthand_config
 
-    base = dict(SHORTHAND_DEFAULTS.get(method, {"method": method}))
+    base = shorthand_config(method)
     if method != "normal":
         base.setdefault("num_speculative_tokens", 3)
     return base
@@ -297,23 +297,23 @@ def test_num_speculative_tokens_follows_vllm(method, k):
     """vLLM 0.33, vllm/config/speculative.py: `num_speculative_tokens: int = Field(default=None, gt=0)`
     (line 413) and `_verify_args`: "Expected num_speculative_tokens to be greater than zero" (line 1967), for
     every method. None lets the method decide (suffix: suffix_decoding_max_tree_depth, line 1732-1735)."""
-    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig
+    from agentspec_sim.engine.drafting import SpecConfigError
 
     with pytest.raises(SpecConfigError, match=f"num_speculative_tokens must be > 0, got {k}"):
-        SpeculativeConfig.from_json({**_base_config(method), "num_speculative_tokens": k})
+        speculative_config({**_base_config(method), "num_speculative_tokens": k})
 
 
 def test_num_speculative_tokens_defaults_and_normal():
-    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig
+    from agentspec_sim.engine.drafting import SpecConfigError
 
-    suffix = SpeculativeConfig.from_json({"method": "suffix", "suffix_decoding_max_tree_depth": 12})
+    suffix = speculative_config({"method": "suffix", "suffix_decoding_max_tree_depth": 12})
     assert suffix.num_speculative_tokens == 12  # vLLM: k defaults to the tree depth
-    assert SpeculativeConfig.from_json({"method": "normal", "num_speculative_tokens": 0}).num_speculative_tokens == 0
+    assert speculative_config({"method": "normal", "num_speculative_tokens": 0}).num_speculative_tokens == 0
     for k in (-1, 2):
         with pytest.raises(SpecConfigError, match="'normal' drafts nothing"):
-            SpeculativeConfig.from_json({"method": "normal", "num_speculative_tokens": k})
+            speculative_config({"method": "normal", "num_speculative_tokens": k})
     with pytest.raises(SpecConfigError, match="must be ≤ 4096"):
-        SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 2**40})
+        speculative_config({"method": "ngram", "num_speculative_tokens": 2**40})
 
 
 # An integer default may belong to a number option (agentspec's alpha = 512 takes 2.5): no float for int.
@@ -325,10 +325,11 @@ _WRONG = {int: ["5", True, [1], {"a": 1}], float: ["0.5", True, [0.5], {"a": 1}]
 def test_every_config_field_refuses_a_wrong_json_type(method):
     """For each drafter, every key it resolves (its options with their defaults, k, the n-gram range)
     refuses a value of another JSON type with SpecConfigError, never a traceback or a silent run."""
-    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig, is_int
+    from agentspec_sim.drafters.registry import is_int
+    from agentspec_sim.engine.drafting import SpecConfigError
 
     base = _base_config(method)
-    spec = SpeculativeConfig.from_json(base)
+    spec = speculative_config(base)
     fields = {**dict(spec.options), "num_speculative_tokens": spec.num_speculative_tokens}
     if spec.prompt_lookup_min is not None:
         fields.update(prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
@@ -340,7 +341,7 @@ def test_every_config_field_refuses_a_wrong_json_type(method):
             continue
         for value in _WRONG[kind]:
             with pytest.raises(SpecConfigError):
-                SpeculativeConfig.from_json({**base, key: value})
+                speculative_config({**base, key: value})
             checked += 1
     assert checked >= 4  # at least num_speculative_tokens, four wrong types
 
@@ -354,10 +355,10 @@ def test_every_config_field_refuses_a_wrong_json_type(method):
     ({"prompt_lookup_max": 2**70}, "does not fit in 64 bits"),
 ])
 def test_common_keys_are_checked_at_parse_time(config, message):
-    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig
+    from agentspec_sim.engine.drafting import SpecConfigError
 
     with pytest.raises(SpecConfigError) as info:
-        SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3, **config})
+        speculative_config({"method": "ngram", "num_speculative_tokens": 3, **config})
     assert message in str(info.value), info.value
 
 
@@ -541,7 +542,7 @@ def test_an_endless_device_as_a_json_input_is_refused(tmp_path, monkeypatch, cap
 
 
 def test_json_lines_numbers_lines_skips_blanks_and_refuses_with_the_callers_message():
-    from agentspec_sim.strict_json import json_lines
+    from agentspec_sim.io.strict_json import json_lines
 
     class Refused(Exception):
         pass

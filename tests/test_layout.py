@@ -7,7 +7,7 @@ import numpy as np
 from simhelpers import agent_query, config, workload
 
 from agentspec_sim.engine import layout
-from agentspec_sim.engine.run import simulate
+from agentspec_sim.run.simulation import simulate
 
 
 def _workload(seed=1):

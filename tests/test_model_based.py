@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from simhelpers import ConstantCost, call, workload
 
-from agentspec_sim.calibrate_acceptance import (
+from agentspec_sim.drafters.common.structure import token_bytes_of
+from agentspec_sim.drafters.model.calibrate import (
     MT_BENCH_CATEGORIES,
     build_streams,
     call_features,
     replay_drafter,
     sample_steps,
 )
-from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig, make_drafter
-from agentspec_sim.drafters.model_based import (
+from agentspec_sim.drafters.model.rule import (
     ACCEPTANCE_DIR,
     AcceptanceParams,
     CopyIndex,
@@ -29,8 +29,9 @@ from agentspec_sim.drafters.model_based import (
     load_params,
     uniform_draw,
 )
-from agentspec_sim.drafters.structure import token_bytes_of
+from agentspec_sim.drafters.registry import make_drafter, speculative_config
 from agentspec_sim.engine.config import EngineConfig
+from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.trace.bundled import bundled_trace
 from agentspec_sim.trace.io import load_trace
@@ -47,7 +48,7 @@ def mt_bench(spec_bench):
 
 
 def _spec(**kw):
-    return SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 4, **kw})
+    return speculative_config({"method": "eagle3", "num_speculative_tokens": 4, **kw})
 
 
 def _state(c, index=0):
@@ -228,7 +229,7 @@ def test_engine_runs_are_identical_per_call_whatever_the_batching():
 def test_code_tables_are_segmented_once_per_workload(tmp_path, monkeypatch, spec_bench):
     """The engine's code(n) tables come from the disk cache on a second run of the same workload (each
     sweep cell), equal to segmenting again and to the per-call features; other outputs segment afresh."""
-    from agentspec_sim.drafters.model_based import ModelBasedDrafter
+    from agentspec_sim.drafters.model.rule import ModelBasedDrafter
 
     monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path))
     coding = [c for c in spec_bench.calls if (c.extra or {}).get("category") == "coding"][:8]
@@ -308,16 +309,16 @@ def test_sampler_is_the_drafter_process(mt_bench):
 # ---- config and cost ---------------------------------------------------------------------------
 
 def test_config_keys_follow_vllm():
-    spec = SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 3,
+    spec = speculative_config({"method": "eagle3", "num_speculative_tokens": 3,
                                         "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"})
     assert spec.num_speculative_tokens == 3 and dict(spec.options) == {}
     with pytest.raises(SpecConfigError, match="num_speculative_tokens"):
-        SpeculativeConfig.from_json({"method": "mtp"})
+        speculative_config({"method": "mtp"})
     with pytest.raises(SpecConfigError, match="unknown key"):
-        SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+        speculative_config({"method": "eagle3", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
     with pytest.raises(SpecConfigError, match="seed"):
-        SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 3, "seed": "x"})
-    sched = SpeculativeConfig.from_json({"method": "mtp", "num_speculative_tokens": 3,
+        speculative_config({"method": "eagle3", "num_speculative_tokens": 3, "seed": "x"})
+    sched = speculative_config({"method": "mtp", "num_speculative_tokens": 3,
                                          "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 256, 1]]})
     assert sched.num_speculative_tokens_per_batch_size == ((1, 8, 3), (9, 256, 1))
 
@@ -329,13 +330,13 @@ def test_acceptance_params_option_and_engine_binding(tmp_path):
     drafter = make_drafter(_spec(acceptance_params=str(path)))
     assert drafter.params.model == "mine"
     with pytest.raises(SpecConfigError, match="for method 'eagle3'"):
-        SpeculativeConfig.from_json({"method": "mtp", "num_speculative_tokens": 1, "acceptance_params": str(path)})
+        speculative_config({"method": "mtp", "num_speculative_tokens": 1, "acceptance_params": str(path)})
     bound = bind_engine_context(_spec(), model="gpt-oss-20b", seed=3, tokenizer=None)
     assert dict(bound.options) == {"target_model": "gpt-oss-20b", "seed": 3, "tokenizer": None}
     assert make_drafter(bound).params.model == "gpt-oss-20b"
     kept = bind_engine_context(_spec(target_model="llama-3.1-8b"), model="gpt-oss-20b")
     assert dict(kept.options)["target_model"] == "llama-3.1-8b"
-    ngram = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3})
+    ngram = speculative_config({"method": "ngram", "num_speculative_tokens": 3})
     assert bind_engine_context(ngram, model="qwen3-8b", seed=1) is ngram
 
 
@@ -351,7 +352,7 @@ def test_acceptance_bound_selects_the_band_parameter_sets(tmp_path):
     assert (low.positions, low.coefficient("copy")) == ((0.1,), 0.1)
     assert (high.positions, high.coefficient("copy")) == ((0.9, 0.8), 0.3) and not high.band
     with pytest.raises(SpecConfigError, match="acceptance_bound must be one of low, high"):
-        SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 1,
+        speculative_config({"method": "eagle3", "num_speculative_tokens": 1,
                                      "acceptance_params": str(path), "acceptance_bound": "mid"})
     body.pop("band")
     path.write_text(json.dumps(body))
@@ -360,7 +361,7 @@ def test_acceptance_bound_selects_the_band_parameter_sets(tmp_path):
     body["band"] = {"low": {"positions": []}, "high": {"positions": [1.0]}}
     path.write_text(json.dumps(body))
     with pytest.raises(SpecConfigError, match=r"band\.low\.positions"):
-        SpeculativeConfig.from_json({"method": "eagle3", "num_speculative_tokens": 1, "acceptance_params": str(path)})
+        speculative_config({"method": "eagle3", "num_speculative_tokens": 1, "acceptance_params": str(path)})
 
 
 def test_draft_time_is_k_sequential_draft_passes():
@@ -374,7 +375,7 @@ def test_draft_time_is_k_sequential_draft_passes():
     assert drafter.draft_time(cost, rows, lens) == pytest.approx(cost.draft_model_time(3, 4, ctx, kind="eagle3"))
     assert drafter.draft_time(cost, rows, lens) > drafter.draft_time(cost, rows[:1], lens[:1]) > 0
     assert drafter.draft_time(cost, [], np.zeros(0, dtype=np.int64)) == 0.0
-    mtp = make_drafter(SpeculativeConfig.from_json({"method": "mtp", "num_speculative_tokens": 1}))
+    mtp = make_drafter(speculative_config({"method": "mtp", "num_speculative_tokens": 1}))
     mimo = build_cost_model(hardware="h100-80g", model="mimo-7b")
     assert mtp.draft_time(mimo, rows, np.array([1, 1, 1])) == pytest.approx(
         mimo.draft_model_time(3, 1, ctx, kind="mtp"))

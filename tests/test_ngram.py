@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
-from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig, parse_drafter, parse_drafter_list
-from agentspec_sim.drafters.ngram import propose_ngram
+from agentspec_sim.drafters.ngram.rule import propose_ngram
+from agentspec_sim.drafters.registry import parse_drafter, parse_drafter_list, speculative_config
+from agentspec_sim.engine.budget import BatchSizeSchedule, FixedK, make_budget_policy
+from agentspec_sim.engine.drafting import SpecConfigError
 
 
 def draft(history, lo, hi, k):
@@ -62,11 +63,11 @@ def test_brute_force_differential_2000_histories():
 
 
 def test_prompt_lookup_defaults_follow_vllm():
-    spec = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3})
+    spec = speculative_config({"method": "ngram", "num_speculative_tokens": 3})
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)
-    spec = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
+    spec = speculative_config({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (4, 4)
-    spec = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2})
+    spec = speculative_config({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2})
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (2, 2)
 
 
@@ -87,7 +88,7 @@ def test_prompt_lookup_defaults_follow_vllm():
 ])
 def test_bad_configs_are_rejected_with_the_reason(config, message):
     with pytest.raises(SpecConfigError, match=message):
-        SpeculativeConfig.from_json(config)
+        speculative_config(config)
 
 
 def test_no_effect_keys_are_accepted_and_json_text_parses():
@@ -102,7 +103,7 @@ def test_drafter_shorthand_uses_the_paper_settings():
 
 
 def test_batch_size_schedule_lookup_carries_forward_and_clips():
-    spec = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4,
+    spec = speculative_config({"method": "ngram", "num_speculative_tokens": 4,
                                         "num_speculative_tokens_per_batch_size": [[1, 2, 6], [5, 8, 1], [9, 9, 0]]})
     policy = make_budget_policy(spec)
     assert isinstance(policy, BatchSizeSchedule)

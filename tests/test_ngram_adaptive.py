@@ -1,4 +1,4 @@
-"""`ngram-adaptive` (drafters/ngram_adaptive.py): the schedule, the hooks against the compiled fast path, and
+"""`ngram-adaptive` (drafters/ngram/adaptive.py): the schedule, the hooks against the compiled fast path, and
 that adapting the draft length does what it is for (fewer rejected tokens than a fixed k)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from simhelpers import agent_query, config, workload
 
 from agentspec_sim.cost import RooflineCostModel
-from agentspec_sim.drafters.base import parse_drafter
-from agentspec_sim.drafters.ngram_adaptive import AdaptiveDrafting, NgramAdaptiveDrafter, next_length
+from agentspec_sim.drafters.ngram.adaptive import AdaptiveDrafting, NgramAdaptiveDrafter, next_length
+from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.simulator import Simulator
 

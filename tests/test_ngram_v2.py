@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentspec_sim.budget import BatchSizeSchedule, make_budget_policy
-from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig, make_drafter
-from agentspec_sim.drafters.ngram_v2 import propose_ngram_v2
+from agentspec_sim.drafters.ngram.v2 import propose_ngram_v2
+from agentspec_sim.drafters.registry import make_drafter, speculative_config
+from agentspec_sim.engine.budget import BatchSizeSchedule, make_budget_policy
+from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.trace.bundled import bundled_trace
 from agentspec_sim.trace.io import load_trace
 
@@ -89,11 +90,11 @@ def test_differential_on_real_histories_from_the_default_trace():
 
 
 def test_drafter_uses_ngram_config_rules_and_the_batch_size_schedule():
-    spec = SpeculativeConfig.from_json({"method": "ngram-v2", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    spec = speculative_config({"method": "ngram-v2", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (3, 3)
     with pytest.raises(SpecConfigError, match="num_speculative_tokens"):
-        SpeculativeConfig.from_json({"method": "ngram-v2"})
-    sched = SpeculativeConfig.from_json({"method": "ngram-v2", "num_speculative_tokens": 4,
+        speculative_config({"method": "ngram-v2"})
+    sched = speculative_config({"method": "ngram-v2", "num_speculative_tokens": 4,
                                          "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 64, 1]]})
     policy = make_budget_policy(sched)
     assert isinstance(policy, BatchSizeSchedule) and policy.k_for(10) == 1
@@ -105,7 +106,7 @@ class _Row:
 
 
 def test_propose_returns_exactly_max_len_slots_per_row():
-    spec = SpeculativeConfig.from_json({"method": "ngram-v2", "num_speculative_tokens": 4,
+    spec = speculative_config({"method": "ngram-v2", "num_speculative_tokens": 4,
                                         "prompt_lookup_min": 2, "prompt_lookup_max": 3})
     drafter = make_drafter(spec)
     rows = [_Row([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]), _Row([1, 2, 3, 4])]

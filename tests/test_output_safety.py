@@ -1,4 +1,4 @@
-"""No output ever destroys a file (agentspec_sim/outputs.py, agentspec_sim/atomic.py, cli/errors.py).
+"""No output ever destroys a file (agentspec_sim/io/outputs.py, agentspec_sim/io/atomic.py, cli/errors.py).
 
 Every command's output is refused when it resolves to one of the command's inputs (by name, through a
 symlink, as a hard link, inside an input folder) or has a suffix its writer does not honour; a device
@@ -29,9 +29,9 @@ import pytest
 from simhelpers import not_progress
 from test_bad_inputs import GOOD, META, call, jsonl, run_cli
 
-from agentspec_sim import atomic
-from agentspec_sim.atomic import write_json_atomic
-from agentspec_sim.outputs import Output, OutputError, check_outputs, command_scope
+from agentspec_sim.io import atomic
+from agentspec_sim.io.atomic import write_json_atomic
+from agentspec_sim.io.outputs import Output, OutputError, check_outputs, command_scope
 from agentspec_sim.sweep.results import journal_path
 
 FAST = ["--drafter", "normal", "--max-num-seqs", "2"]

@@ -12,7 +12,7 @@ import numpy as np
 from simhelpers import ConstantCost, call, config, workload
 from suffix_reference import InputBatchRows
 
-from agentspec_sim.drafters.base import parse_drafter
+from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.kv import KVCacheManager
 from agentspec_sim.engine.request import CallState

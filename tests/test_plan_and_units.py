@@ -211,7 +211,7 @@ def test_eagle3_names_the_draft_head_vllm_requires():
 
 def test_a_given_draft_model_survives_the_sweep():
     """--speculative-config's "model" (no effect on the simulation) stays in the config a sweep records."""
-    from agentspec_sim.drafters.base import parse_drafter
+    from agentspec_sim.drafters.registry import parse_drafter
 
     spec = parse_drafter('{"method": "eagle3", "num_speculative_tokens": 2, "model": "my-org/head"}')
     assert spec.to_json()["model"] == "my-org/head"

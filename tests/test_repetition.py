@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agentspec_sim.analysis.repetition import repetition_profile
-from agentspec_sim.drafters.structure import StructureAutomaton
+from agentspec_sim.drafters.common.structure import StructureAutomaton
 from agentspec_sim.trace.schema import Call, Query, TraceMeta, Workload
 
 BYTES = [bytes([i]) for i in range(256)]  # token id i is the single byte i

@@ -13,7 +13,7 @@ from simhelpers import agent_query, config, workload
 
 from agentspec_sim.cli.app import app
 from agentspec_sim.cli.errors import run_guarded
-from agentspec_sim.drafters.base import SpeculativeConfig
+from agentspec_sim.drafters.registry import speculative_config
 from agentspec_sim.report.build import write_report
 from agentspec_sim.report.results import (
     KEY_COLUMNS,
@@ -34,7 +34,7 @@ def results() -> pl.DataFrame:
     """A tiny agent workload swept over three batch sizes with ngram and an oracle drafter (real cost model)."""
     rng = np.random.default_rng(7)
     tiny = workload(*[agent_query(rng, f"q{i}", calls=3, vocab=6) for i in range(4)])
-    oracle = SpeculativeConfig.from_json({"method": "test-oracle", "num_speculative_tokens": 4}, label="test-oracle")
+    oracle = speculative_config({"method": "test-oracle", "num_speculative_tokens": 4}, label="test-oracle")
     rows = compare_rows(tiny, "tiny.jsonl", ["ngram", oracle], SIZES, config())
     return rows_frame(rows)
 

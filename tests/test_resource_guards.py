@@ -1,4 +1,4 @@
-"""Resource guards (agentspec_sim/resources.py): a knob whose value multiplies memory or work is refused
+"""Resource guards (agentspec_sim/host/resources.py): a knob whose value multiplies memory or work is refused
 before any work, with one line naming the option, the estimate and the limit — and `report` counts a
 cell once however many files hold it.
 
@@ -21,10 +21,10 @@ import polars as pl
 import pytest
 from test_bad_inputs import META, call, jsonl, run_cli
 
-from agentspec_sim import resources
 from agentspec_sim.engine.config import EngineConfig, resolve
 from agentspec_sim.engine.footprint import run_footprint
-from agentspec_sim.resources import ResourceError
+from agentspec_sim.host import resources
+from agentspec_sim.host.resources import ResourceError
 from agentspec_sim.trace import io as trace_io
 
 SCHEDULE = Path(__file__).resolve().parents[1] / "validation" / "schedules" / "qwen3-8b_seqs32.json.gz"
@@ -77,7 +77,7 @@ CASES = [
          "error: --max-num-seqs: at 1,000,000,000", "TiB of memory"),
     case("replay draft length", "replay {d}/good.jsonl -o {d}/r.json --drafter normal --speculative-config "
          '{{"method":"ngram","num_speculative_tokens":100000000}}',
-         # Refused by the config's own bound (drafters/base.py) before the memory estimate is reached.
+         # Refused by the config's own bound (engine/drafting.py) before the memory estimate is reached.
          "error: --speculative-config: num_speculative_tokens must be ≤ 4096, got 100000000"),
     case("replay tensor parallel huge", "replay {d}/good.jsonl -o {d}/r.json --tensor-parallel-size 1000000",
          "error: --tensor-parallel-size: qwen3-8b has 32 attention heads", "got 1,000,000 GPUs",
@@ -152,7 +152,7 @@ def test_max_cells_raises_the_limit(workdir, monkeypatch, capsys):
 
 
 def test_library_functions_raise_resource_error_naming_their_keyword(workdir):
-    from agentspec_sim.engine.run import simulate
+    from agentspec_sim.run.simulation import simulate
     from agentspec_sim.sweep.run import sweep_cells
     from agentspec_sim.trace.synth import synthesize
 
@@ -251,8 +251,8 @@ def test_the_run_estimate_is_within_2x_of_the_measured_peak(tmp_path):
         import json
         from agentspec_sim.engine.config import EngineConfig, resolve
         from agentspec_sim.engine.footprint import run_footprint
-        from agentspec_sim.drafters.base import parse_drafter
-        from agentspec_sim.engine.run import simulate
+        from agentspec_sim.drafters.registry import parse_drafter
+        from agentspec_sim.run.simulation import simulate
         from agentspec_sim.trace.io import load_trace
         w = load_trace({str(trace)!r})
         simulate(w, "normal", EngineConfig(max_num_seqs=4))
@@ -275,7 +275,7 @@ def test_the_run_estimate_is_within_2x_of_the_measured_peak(tmp_path):
 
 def test_estimate_terms_follow_their_knobs(workdir):
     """Each knob's term grows with its value (so the refusal blames the knob that was raised)."""
-    from agentspec_sim.drafters.base import parse_drafter
+    from agentspec_sim.drafters.registry import parse_drafter
 
     workload = trace_io.load_trace(workdir / "good.jsonl")
     spec = parse_drafter("normal")

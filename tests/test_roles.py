@@ -11,8 +11,9 @@ from simhelpers import ConstantCost, config
 from test_agspec import FakeState
 
 from agentspec_sim.analysis.roles import analyze_roles, role_profile, write_cap_file
-from agentspec_sim.drafters.agspec import AgSpecDrafter, RoleCaps, read_cap_file
-from agentspec_sim.drafters.base import SpecConfigError, parse_drafter
+from agentspec_sim.drafters.agspec.rule import AgSpecDrafter, RoleCaps, read_cap_file
+from agentspec_sim.drafters.registry import parse_drafter
+from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.trace.schema import Call, Query, TraceMeta, Workload
 
 

@@ -69,7 +69,7 @@ def test_interrupt_signals_raise_once_and_restore_handlers():
 
 
 def test_an_interrupted_atomic_write_leaves_nothing(tmp_path):
-    from agentspec_sim.atomic import atomic_text
+    from agentspec_sim.io.atomic import atomic_text
 
     target = tmp_path / "out.json.gz"
     with pytest.raises(KeyboardInterrupt), atomic_text(target) as f:

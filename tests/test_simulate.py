@@ -10,8 +10,8 @@ from simhelpers import ConstantCost, CountingDrafter, agent_query, call, config,
 from agentspec_sim import EngineConfig, simulate
 from agentspec_sim.engine import SimulationError
 from agentspec_sim.engine.config import EngineConfigError, resolve, vllm_defaults
-from agentspec_sim.engine.run import compare
 from agentspec_sim.metrics import summarize
+from agentspec_sim.run.simulation import compare
 
 
 def sessions(seed=0, n=4, calls=3):

@@ -1,4 +1,4 @@
-"""The AgentSpec structure automaton (drafters/structure.py) on nasty inputs."""
+"""The AgentSpec structure automaton (drafters/common/structure.py) on nasty inputs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from agentspec_sim.drafters.structure import (
+from agentspec_sim.drafters.common.structure import (
     ROOT,
     StructureAutomaton,
     block_labels,
@@ -262,7 +262,7 @@ def test_token_bytes_round_trip(qwen3) -> None:
 def test_token_bytes_of_reads_the_map_back_from_the_disk_cache(qwen3, tmp_path, monkeypatch) -> None:
     # What drafters use instead of loading the tokenizer: the same map, made once, then read from the disk
     # cache (a damaged entry is made again); equal to `token_bytes()` byte for byte, empty tokens included.
-    from agentspec_sim.drafters.structure import token_bytes_of
+    from agentspec_sim.drafters.common.structure import token_bytes_of
 
     monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path))
     want = qwen3.token_bytes()

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from suffix_reference import VllmSuffixProposer, replay
 
-from agentspec_sim.drafters.base import SpecConfigError, parse_drafter
-from agentspec_sim.drafters.suffix_tree import SuffixForest
+from agentspec_sim.drafters.registry import parse_drafter
+from agentspec_sim.drafters.suffix.tree import SuffixForest
+from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.trace.bundled import default_trace_path
 from agentspec_sim.trace.io import load_trace
@@ -45,7 +46,7 @@ def _spec(**options):
 
 def run_ours(calls: dict[str, tuple[Sequence[int], Sequence[int]]], steps: Script, spec) -> dict:
     """Drive our drafter as the engine does; drafts by (step, call) for rows that go on."""
-    from agentspec_sim.drafters.base import make_drafter
+    from agentspec_sim.drafters.registry import make_drafter
 
     drafter = make_drafter(spec)
     states: dict[str, CallState] = {}
@@ -303,7 +304,7 @@ def test_child_table_follows_branching_through_appends_removals_frees_and_growth
 def _speculate_by_root_walks(forest: SuffixForest, root: int, ctx: np.ndarray, max_spec: int, factor: float,
                              min_prob: float) -> tuple[list[int], np.float32]:
     """The speculation rule read straight off the arrays: every match length walked from the root, no shortcut."""
-    from agentspec_sim.drafters.suffix_tree import CNT, HEAD, LEN, RIDX, RSEQ, SOFF, child_node
+    from agentspec_sim.drafters.suffix.tree import CNT, HEAD, LEN, RIDX, RSEQ, SOFF, child_node
 
     nd, pool = forest.nd, forest.pool
 
@@ -456,7 +457,7 @@ def test_engine_proposes_every_step_vllm_runs_the_proposer(engine_workload):
 
 
 def test_engine_replay_catches_the_generic_driving(engine_workload, monkeypatch):
-    from agentspec_sim.drafters.suffix import SuffixDrafter
+    from agentspec_sim.drafters.suffix.rule import SuffixDrafter
 
     # Driven like the other drafters (propose only after steps that sampled, n-gram budget): wrong.
     # (The generic path does model the V1 runner's proposer skip near max_model_len; what it lacks

@@ -17,8 +17,8 @@ import pytest
 from simhelpers import agent_query
 
 from agentspec_sim.engine.config import EngineConfig
-from agentspec_sim.engine.run import simulate
 from agentspec_sim.metrics import summarize
+from agentspec_sim.run.simulation import simulate
 from agentspec_sim.sweep import KEY_COLUMNS, SweepError, read_results, run_sweep
 from agentspec_sim.sweep.cells import Cell, drafter_configs, estimated_cost, expand_cells, parse_grid, start_order
 from agentspec_sim.sweep.results import LATENCIES, journal_path
@@ -261,7 +261,8 @@ def test_bad_input_is_one_error_line(tiny, tmp_path):
 
 
 # -- a drafter that fails, to check a failing cell is named and the finished ones are kept
-from agentspec_sim.drafters.base import BaseDrafter, register_drafter  # noqa: E402
+from agentspec_sim.drafters.registry import register_drafter  # noqa: E402
+from agentspec_sim.engine.drafting import BaseDrafter  # noqa: E402
 
 
 @register_drafter("test-broken")

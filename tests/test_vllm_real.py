@@ -84,7 +84,7 @@ def test_suffix_walks_the_persistent_batch_rows_as_vllm(models):
 def test_kv_pressure_preemption_matches(models, name):
     from agentspec_sim.cost.step_clock import StepClockCost
     from agentspec_sim.engine import EngineConfig
-    from agentspec_sim.engine.run import simulate
+    from agentspec_sim.run.simulation import simulate
     from agentspec_sim.validation.vllm_cases import run_case
     from agentspec_sim.validation.vllm_runner import methods, sim_config_for, workload_with_outputs
 

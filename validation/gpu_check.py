@@ -52,7 +52,7 @@ def run_gpu_check(out_dir: str | Path, *, quick: bool = False, models: tuple[str
                   max_num_seqs: tuple[int, ...] = MAX_NUM_SEQS, config: TimingConfig | None = None,
                   steps: int | None = None, log: Callable[[str], None] = print) -> list[dict]:
     """Run the check (module docstring); returns the MAPE table rows (also written to OUT/mape.json)."""
-    from agentspec_sim.atomic import write_json_atomic
+    from agentspec_sim.io.atomic import write_json_atomic
 
     out = Path(out_dir)
     base = config or TimingConfig()

@@ -27,7 +27,7 @@ def simulated_shapes(model: str, max_num_seqs: int, *, queries: int, hardware: s
     from dataclasses import replace
 
     from agentspec_sim.engine import EngineConfig
-    from agentspec_sim.engine.run import simulate
+    from agentspec_sim.run.simulation import simulate
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import load_trace
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim import strict_json
+from agentspec_sim.io import strict_json
 
 SCHEDULE_FORMAT = "agentspec-sim/step-shapes"
 SCHEDULE_VERSION = 1
@@ -83,7 +83,7 @@ class StepShapes:
 
     def to_file(self, path: str | Path, **meta) -> None:
         """Write the schedule JSON (gzip when the name ends in .gz), atomically and byte-reproducibly."""
-        from agentspec_sim.atomic import atomic_text
+        from agentspec_sim.io.atomic import atomic_text
 
         steps = []
         for k in range(len(self)):
@@ -239,7 +239,7 @@ def _read_csv(path: Path) -> dict[str, np.ndarray]:
 def write_table(path: str | Path, columns: Mapping[str, np.ndarray]) -> None:
     """Write columns atomically: parquet (polars when installed, else pyarrow), or CSV when the name
     ends in .csv (no library needed)."""
-    from agentspec_sim.atomic import atomic_binary, atomic_text
+    from agentspec_sim.io.atomic import atomic_binary, atomic_text
 
     arrays = {k: np.asarray(v) for k, v in columns.items()}
     if str(path).lower().endswith(".csv"):

@@ -243,7 +243,7 @@ MAX_FORWARD_PASSES = 1_000_000
 def check_timing_work(steps: int, config: TimingConfig, max_passes: int | None = MAX_FORWARD_PASSES) -> int:
     """The forward passes timing `steps` steps makes; `ResourceError` over `max_passes` (None: no limit),
     blaming the largest factor: the steps (`sample`), `repeats` or `warmup`."""
-    from agentspec_sim.resources import require_count
+    from agentspec_sim.host.resources import require_count
 
     factors = {"sample": steps, "repeats": config.repeats, "warmup": config.warmup}
     passes = steps * (config.warmup + config.repeats)
@@ -320,7 +320,7 @@ def write_outputs(result: TimingResult, out_dir: str | Path, *, plot: bool = Tru
     hardware.json and model.json (what the predictions used; `--hardware` / `--model` accept them),
     calibration.json (when fitted), scatter.png, summary.json.
     """
-    from agentspec_sim.atomic import write_json_atomic
+    from agentspec_sim.io.atomic import write_json_atomic
     from agentspec_sim.validation.hardware_probe import profile_to_json
 
     out = Path(out_dir)
@@ -361,7 +361,7 @@ def scatter_png(result: TimingResult, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agentspec_sim.atomic import atomic_binary
+    from agentspec_sim.io.atomic import atomic_binary
 
     fig, ax = plt.subplots(figsize=(5.5, 5), dpi=120)
     buckets = bucket_of(result.shapes.batch_sizes)

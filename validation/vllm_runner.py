@@ -493,8 +493,8 @@ def sim_config_for(run: VllmRun, config: Any) -> Any:
 def compare(workload: Workload, run: VllmRun, method: Method, config: Any) -> Comparison:
     """Simulate `workload` (with vLLM's outputs) under `method`'s drafter on `config` with the engine's own
     limits (and on the step clock when vLLM ran on it); line the two up."""
-    from agentspec_sim.engine.run import simulate
     from agentspec_sim.metrics import summarize
+    from agentspec_sim.run.simulation import simulate
 
     traced = workload_with_outputs(workload, run)
     run_config = sim_config_for(run, config)

@@ -8,7 +8,7 @@ tokens (L = the match length; only exact length-L matches count here, as in the 
 pattern length"), and token t is appended after. At every position with n ≥ 1 candidates:
 
 - redundancy r = c/n (c = candidates agreeing with CT*, or with the plurality path's first token
-  when CT* is empty — `drafters/block_index.py`);
+  when CT* is empty — `drafters/agentspec/block_index.py`);
 - the draft: CT* (or P[:1] when CT* is empty), or P[:draft_len] when `draft_len` > 0;
 - accepted = the length of the draft's longest prefix equal to the recorded tokens from t on.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim.drafters.agentspec import History
-from agentspec_sim.drafters.block_index import META_C, META_CT, META_N, META_P
+from agentspec_sim.drafters.agentspec.block_index import META_C, META_CT, META_N, META_P
+from agentspec_sim.drafters.agentspec.rule import History
 from agentspec_sim.trace.schema import Workload
 
 DEFAULT_MATCH_LENS = (2, 4, 8)
@@ -131,7 +131,7 @@ def plot_redundancy(profile: dict, path: str | Path, title: str | None = None, m
     ax.legend(title=f"draft: {profile['draft']}")
     ax.set_title(title or "Acceptance vs redundancy (AgentSpec Fig. 6)")
     fig.tight_layout()
-    from agentspec_sim.atomic import atomic_binary
+    from agentspec_sim.io.atomic import atomic_binary
 
     path = Path(path)
     # The format follows the suffix matplotlib would read from a file name (.png, .svg, .pdf), written

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agentspec_sim.drafters.structure import segment_many
+from agentspec_sim.drafters.common.structure import segment_many
 from agentspec_sim.trace.schema import Workload
 
 CATEGORIES = ("same_block", "same_query_other_block", "other_query")

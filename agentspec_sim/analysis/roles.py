@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from agentspec_sim.drafters.agspec import (
+from agentspec_sim.drafters.agspec.rule import (
     CAP_FILE_VERSION,
     WORKLOAD_OTHER_QUERIES,
     AgSpecSettings,
@@ -55,7 +55,8 @@ from agentspec_sim.drafters.agspec import (
     build_global_corpus,
     load_global_corpus,
 )
-from agentspec_sim.drafters.base import SpeculativeConfig, parse_drafter
+from agentspec_sim.drafters.registry import parse_drafter
+from agentspec_sim.engine.drafting import SpeculativeConfig
 from agentspec_sim.trace.schema import Call, Query, Workload
 
 NO_ROLE = None  # calls without a role count towards "default" only
@@ -192,7 +193,7 @@ BYTES_PER_BATCH_CALL = 16
 
 def _check_memory(queries: Sequence[Query], k_max: int, batch_size: int) -> None:
     """Refuse (`ResourceError`) a k_max or batch size whose profile needs more memory than is available."""
-    from agentspec_sim.resources import require_memory
+    from agentspec_sim.host.resources import require_memory
 
     profiles = len({c.role for q in queries for c in q.calls} - {NO_ROLE}) + 1
     require_memory({"k_max": (k_max + 1) * BYTES_PER_CAP * profiles, "batch_size": batch_size * BYTES_PER_BATCH_CALL},
@@ -264,7 +265,7 @@ def role_profile(workload: Workload, spec: str | Mapping[str, Any] | Speculative
 
 def write_cap_file(path: str | Path, profile: Mapping[str, Any]) -> Path:
     """Write a `role_profile` document as the cap file `agspec`'s `role_caps` reads (atomically)."""
-    from agentspec_sim.atomic import atomic_text
+    from agentspec_sim.io.atomic import atomic_text
 
     with atomic_text(path) as out:
         out.write(json.dumps(profile, indent=2, default=_jsonable) + "\n")

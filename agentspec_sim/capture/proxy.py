@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agentspec_sim import strict_json
 from agentspec_sim.capture.exchange import RECORDED_PATHS, Exchange, NotRecordable, StreamAssembler, StreamCut
 from agentspec_sim.capture.recorder import Identity, TraceRecorder
+from agentspec_sim.io import strict_json
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus what the proxy sets itself.
 _HOP_BY_HOP = frozenset({

@@ -37,7 +37,7 @@ from pathlib import Path
 import zstandard
 
 from agentspec_sim.capture.exchange import Exchange, NotRecordable
-from agentspec_sim.outputs import OutputError
+from agentspec_sim.io.outputs import OutputError
 
 SOURCE = "agentspec-sim proxy"
 SUFFIXES = (".jsonl", ".jsonl.zst")

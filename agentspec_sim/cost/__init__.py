@@ -7,6 +7,7 @@ docs/cost-model.md documents the model, its defaults and their sources, and the 
 """
 
 from agentspec_sim.cost.base import BatchShape, StepCost, StepCostModel
+from agentspec_sim.cost.build import build_cost_model, check_calibration, cost_model_for
 from agentspec_sim.cost.profiles import (
     VLLM_GPU_MEMORY_UTILIZATION,
     DraftSpec,
@@ -14,9 +15,6 @@ from agentspec_sim.cost.profiles import (
     ModelProfile,
     ProfileError,
     activation_reserve_bytes,
-    build_cost_model,
-    check_calibration,
-    cost_model_for,
     hardware_ids,
     kv_bytes_per_token,
     kv_capacity_tokens,

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim.atomic import atomic_text
 from agentspec_sim.cost.aic import AicPrice, AicPricer
 from agentspec_sim.cost.profiles import kv_capacity_tokens, load_hardware, load_model
 from agentspec_sim.cost.roofline import CALIBRATION_FORMAT, CALIBRATION_VERSION, Calibration, RooflineCostModel
 from agentspec_sim.cost.shapes import KINDS, StepShape
+from agentspec_sim.io.atomic import atomic_text
 
 BUNDLED_DIR = Path(__file__).parent / "profiles" / "calibrations"
 HOLDOUT_FRACTION = 0.3

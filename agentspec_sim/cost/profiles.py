@@ -20,12 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agentspec_sim import strict_json
-
-if TYPE_CHECKING:
-    from agentspec_sim.cost.roofline import Calibration, RooflineCostModel
+from agentspec_sim.io import strict_json
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 HARDWARE_DIR = PROFILE_DIR / "hardware"
@@ -638,24 +635,6 @@ def profile_mismatch(hardware: str | None, model: str | None, hw: HardwareProfil
     return " and ".join(parts) or None
 
 
-def check_calibration(calibration: str | Path, hw: HardwareProfile, m: ModelProfile) -> None:
-    """ProfileError when the calibration file was fitted on other hardware or another model than `hw` / `m`.
-
-    Refused, not warned about: fitted efficiencies describe the kernels of the device and model they were
-    measured on (CPU timings fitted against an A100 profile gave efficiencies of 2.0 and 1.43), so on any
-    other pair every step time, goodput and speedup would be wrong with nothing in the results to show it.
-    A calibration that records neither (written by hand, or before files recorded them) is used as it is.
-    """
-    from agentspec_sim.cost.roofline import Calibration
-
-    hardware, model = Calibration.fitted_on(calibration)
-    mismatch = profile_mismatch(hardware, model, hw, m)
-    if mismatch:
-        raise ProfileError(f"{calibration}: fitted on {mismatch}: its factors would misprice every step of this "
-                           f"run; fit one on {hw.id} / {profile_name(m)} (`agentspec-sim calibrate cost`), or "
-                           "run with the hardware and model it was fitted on")
-
-
 # --------------------------------------------------------------------------------------------
 # Memory arithmetic
 
@@ -732,71 +711,3 @@ def kv_capacity_tokens(hw: HardwareProfile, model: ModelProfile,
     per_token = kv_bytes_per_token(model, kv_dtype_bytes, include_sliding=model.num_full_layers == 0,
                                    tensor_parallel_size=tp)
     return max(0, math.floor(available / per_token))
-
-
-# --------------------------------------------------------------------------------------------
-# The one way to get a cost model
-
-
-CALIBRATIONS_DIR = Path(__file__).parent / "profiles" / "calibrations"
-DEFAULTS = "defaults"  # `calibration=` / `--calibration` value for the documented defaults, bundled file or not
-
-
-def bundled_calibration(hardware_id: str, model_id: str) -> Path | None:
-    """The bundled calibration file of a (hardware, model) profile pair, or None (`calibrate aic` writes them)."""
-    path = CALIBRATIONS_DIR / f"{hardware_id}--{model_id}.json"
-    return path if path.is_file() else None
-
-
-def calibration_note(cost_model) -> str:
-    """One line saying what the cost model's factors rest on, for run output."""
-    source = cost_model.calibration.source
-    pair = f"{cost_model.hardware.id} + {cost_model.model.id}"
-    if source == "defaults":
-        from agentspec_sim.cost.aic import coverage
-
-        why = coverage(cost_model.hardware.id, cost_model.model.id)
-        if why is None:
-            return f"cost model: {pair}, documented defaults (asked for; a bundled AIConfigurator calibration exists)"
-        return f"cost model: {pair}, documented defaults (no measured-kernel calibration: {why})"
-    return f"cost model: {pair}, {source}"
-
-
-def cost_model_for(engine) -> RooflineCostModel:
-    """`build_cost_model` for an engine configuration (an `EngineConfig`: anything with `hardware`, `model`,
-    `tensor_parallel_size` and `calibration`): the one place a run's settings become its cost model."""
-    return build_cost_model(engine.hardware, engine.model, engine.tensor_parallel_size, engine.calibration)
-
-
-def build_cost_model(
-    hardware: str | Path | HardwareProfile,
-    model: str | Path | ModelProfile,
-    tensor_parallel_size: int = 1,
-    calibration: str | Path | Calibration | None = None,
-    *,
-    draft: str | None = None,
-) -> RooflineCostModel:
-    """The roofline step-cost model for `model` on `hardware` with `tensor_parallel_size` GPUs.
-
-    calibration: a calibration JSON file (see `Calibration.from_file`; refused when it was fitted on
-                 other hardware or another model, `check_calibration`), a Calibration, None for the
-                 bundled calibration of this pair where there is one (fitted to AIConfigurator's measured
-                 vLLM kernels, `bundled_calibration`) and the documented defaults otherwise, or
-                 "defaults" for the documented defaults always (docs/cost-model.md).
-    draft:       which draft network `draft_model_time` prices by default: "eagle3", "mtp", or
-                 None (the model's MTP layer when it has one, else EAGLE-3).
-    """
-    from agentspec_sim.cost.roofline import Calibration, RooflineCostModel
-
-    hw, m = load_hardware(hardware), load_model(model)
-    if calibration is None:
-        bundled = bundled_calibration(hw.id, m.id)
-        cal = Calibration.from_file(bundled) if bundled else Calibration()
-    elif isinstance(calibration, str) and calibration == DEFAULTS:
-        cal = Calibration()
-    elif isinstance(calibration, Calibration):
-        cal = calibration
-    else:
-        cal = Calibration.from_file(calibration)
-        check_calibration(calibration, hw, m)
-    return RooflineCostModel(hw, m, tensor_parallel_size, cal, draft=draft)

@@ -34,8 +34,6 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
-from agentspec_sim import strict_json
-from agentspec_sim.atomic import atomic_text
 from agentspec_sim.cost.base import BatchShape, StepCost
 from agentspec_sim.cost.profiles import (
     DraftSpec,
@@ -47,6 +45,8 @@ from agentspec_sim.cost.profiles import (
     load_hardware,
     load_model,
 )
+from agentspec_sim.io import strict_json
+from agentspec_sim.io.atomic import atomic_text
 
 CALIBRATION_FORMAT = "agentspec-sim/cost-calibration"
 CALIBRATION_VERSION = 1

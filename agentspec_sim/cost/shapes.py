@@ -147,7 +147,7 @@ class StepShape:
 def read_shapes(path: str | Path) -> list[StepShape]:
     """The shapes of a JSONL file (blank lines skipped; at most `MAX_SHAPES_BYTES` read, so a device or a FIFO
     cannot fill memory). ShapeError names `path:line: field`; OSError as `open` raises it."""
-    from agentspec_sim import strict_json
+    from agentspec_sim.io import strict_json
 
     try:
         text = strict_json.read_document(path, MAX_SHAPES_BYTES)

@@ -203,7 +203,7 @@ def check_tensor_parallel(model: ModelProfile, tensor_parallel_size: int) -> Non
     """vLLM splits the attention heads over the tensor-parallel GPUs and refuses a size that does not divide
     them (`ModelConfig.verify_with_parallel_config`: "Total number of attention heads (28) must be divisible
     by tensor parallel size (3)"); so does this, before the cost model is built, naming the sizes that work."""
-    from agentspec_sim.resources import ResourceError, literal
+    from agentspec_sim.host.resources import ResourceError, literal
 
     heads = int(model.num_attention_heads)
     if heads % tensor_parallel_size == 0:

@@ -1,6 +1,6 @@
 """How drafts reach the engine: set in a call's draft slot and verified against the recording at once.
 
-The compiled helpers every drafter's fast path uses (drafters/protocol.py) to hand its drafts over, and
+The compiled helpers every drafter's fast path uses (engine/drafting.py) to hand its drafts over, and
 the per-run draft limits they share (`DraftSlots`): the engine decides how many tokens each call may
 draft (the budget policy's length by batch size, vLLM's max_model_len clip, the V1 runner's proposer
 skip); a drafter decides which tokens. Verification is decided when the drafts are set (`verify`), so
@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from agentspec_sim.engine.counters import SC_ROWS, SC_SAMPLED, SC_TOP
 from agentspec_sim.engine.kv import internal_kernel, kernel
 
 # DraftSlots.par fields: num_speculative_tokens, whether the V1 runner's proposer skip applies.
@@ -112,13 +113,13 @@ class DraftSlots(NamedTuple):
 def proposer_skipped(sb, ds, max_model_len):
     """vLLM's V1 runner does not run the proposer for the batch in `sb` (`_input_fits_in_drafter` fails:
     some call's num_computed + num_scheduled + k exceeds max_model_len), for drafters that follow it."""
-    return ds.par[DS_SKIP_UNFIT] != 0 and sb.sc[0] > 0 and sb.sc[6] + ds.par[DS_K_MAX] > max_model_len
+    return ds.par[DS_SKIP_UNFIT] != 0 and sb.sc[SC_ROWS] > 0 and sb.sc[SC_TOP] + ds.par[DS_K_MAX] > max_model_len
 
 
 @internal_kernel
 def batch_k(sb, ds):
     """The draft length the policy allows at the batch size of the step in `sb` (`DraftSlots.k_of_batch`)."""
-    return ds.k_of_batch[min(sb.sc[0], ds.k_of_batch.shape[0] - 1)]
+    return ds.k_of_batch[min(sb.sc[SC_ROWS], ds.k_of_batch.shape[0] - 1)]
 
 
 @internal_kernel
@@ -126,7 +127,7 @@ def zero_drafts(c, sb, ds):
     """k token-0 drafts for every call that sampled in the step in `sb` (the V1 runner's proposer skip:
     its zero-filled draft tensor, which the scheduler clips and verifies as any draft)."""
     k_max = ds.par[DS_K_MAX]
-    for j in range(sb.sc[4]):
+    for j in range(sb.sc[SC_SAMPLED]):
         r = sb.lists.sampled[j]
         slot = c.calls.slot[r]
         for k in range(k_max):
@@ -141,7 +142,7 @@ def drafting_calls(c, sb, ds, max_model_len):
     rows, history offsets, history lengths, limits; returns how many."""
     k = batch_k(sb, ds)
     m = 0
-    for j in range(sb.sc[4]):
+    for j in range(sb.sc[SC_SAMPLED]):
         r = sb.lists.sampled[j]
         length = c.calls.prompt_len[r] + c.calls.num_emitted[r]
         limit = min(k, max_model_len - length)

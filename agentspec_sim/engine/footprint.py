@@ -44,12 +44,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from agentspec_sim.drafters.protocol import SpeculativeConfig
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
+from agentspec_sim.engine.drafting import BaseDrafter, SpeculativeConfig
 from agentspec_sim.engine.kv import BLOCK, ENTRY, NODE, cdiv
 from agentspec_sim.engine.request import CALL
 from agentspec_sim.engine.result import LOG_ROW, LOG_STEP
-from agentspec_sim.resources import require_memory
+from agentspec_sim.host.resources import require_memory
 from agentspec_sim.trace.schema import Workload
 
 # Python objects per call instance beyond its CALL record: the layout's lists and id string, its
@@ -73,18 +73,13 @@ SLOT_FIXED_BYTES = 160
 # whichever of max_num_seqs and max_model_len is further above these.
 _TYPICAL_SEQS, _TYPICAL_CONTEXT = 1024, 131072
 
-# Drafter state in bytes per token of the trace's token arena: (its workload table, built once for one
-# tenant; its live state per tenant, the event loop's drafters with replicate > 1). Measured on the
-# default trace (5.3M arena tokens, tables built in the run) at max_num_seqs 256 above a `normal` run:
-# ngram 33, eagle3 25, agentspec 27, suffix 106 bytes per token with the table; live, per tenant:
-# agentspec 131 on the default trace (replicate 2) and 226 on a trace of random tokens (replicate 10 → 50),
-# suffix 139 and 338. Drafters not listed (agspec, agentspec+, the ablations) are taken as agentspec's live.
-DRAFTER_BYTES_PER_TOKEN: dict[str, tuple[float, float]] = {
-    "normal": (0, 0), "ngram": (36, 8), "ngram-v2": (36, 8), "eagle3": (26, 8), "mtp": (26, 8),
-    "agentspec": (32, 170), "agentspec-s": (32, 170), "agentspec-n": (32, 170), "agentspec-paper": (32, 170),
-    "suffix": (112, 220),
-}
-_OTHER_DRAFTER = (170, 170)
+# Drafter state in bytes per token of the trace's token arena: each drafter class declares its own
+# (`BaseDrafter.bytes_per_token`: its workload table, built once for one tenant; its live state per tenant, the
+# event loop's drafters with replicate > 1). Measured on the default trace (5.3M arena tokens, tables built in
+# the run) at max_num_seqs 256 above a `normal` run: ngram 33, eagle3 25, agentspec 27, suffix 106 bytes per
+# token with the table; live, per tenant: agentspec 131 on the default trace (replicate 2) and 226 on a trace of
+# random tokens (replicate 10 → 50), suffix 139 and 338. Drafters that declare none (agspec, agentspec+,
+# agentspec-r) are taken as agentspec's live state, the default.
 # Per running-call slot and draft token of the longest draft (k): the slot's row of scheduled drafts, int32
 # (measured: 3.8 bytes per slot per token, k = 10⁵ at max_num_seqs 256, every drafter).
 DRAFT_TOKEN_BYTES = 4
@@ -131,7 +126,7 @@ def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: Engine
     per_tenant = (stats["calls"] * (CALL.itemsize + CALL_OBJECT_BYTES)
                   + stats["rows"] * (LOG_ROW.itemsize + STEP_BYTES / batch)
                   + stats["hash_slots"] * HASH_SLOT_BYTES)
-    table, live = DRAFTER_BYTES_PER_TOKEN.get(spec.method, _OTHER_DRAFTER)
+    table, live = (spec.drafter_class or BaseDrafter).bytes_per_token
     drafter = stats["arena"] * (table if tenants == 1 else live * tenants)
     blocks_per_call = cdiv(max_len, bs) + 1
     slot_table = seqs * 4.0 * blocks_per_call + 8.0 * blocks_per_call

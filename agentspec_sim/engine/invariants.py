@@ -29,7 +29,10 @@ from agentspec_sim.engine.request import S_FINISHED, S_REFUSED, S_RUNNING, S_SKI
 from agentspec_sim.engine.scheduler import SimulationError
 
 if TYPE_CHECKING:
-    from agentspec_sim.engine.simulator import Simulator
+    from collections.abc import Iterable, Sequence
+
+    from agentspec_sim.engine.request import CallState, CallTable
+    from agentspec_sim.engine.result import StepLogBuilder
 
 # Step times are sums of float64 durations computed in different orders (one step per event or a
 # run of steps); they agree to far better than a nanosecond of simulated time.
@@ -127,27 +130,28 @@ def check_completion(ids: list[str], status: np.ndarray, emitted: np.ndarray, ta
         raise SimulationError(f"skipped call {ids[i]!r} arrived or emitted tokens (DONE)")
 
 
-def check_run(sim: Simulator) -> None:
-    """All whole-run invariants of a finished simulation (called by `Simulator.run`)."""
-    buf = sim.log.buf
-    n_steps, n_rows = sim.log.num_steps, sim.log.num_rows
+def check_run(log: StepLogBuilder, table: CallTable, states: Sequence[CallState],
+              queries: Iterable[Sequence[CallState]]) -> None:
+    """All whole-run invariants of a finished simulation (called by `Simulator.run`): its step log, its call
+    table and states, and each query's calls in order."""
+    buf = log.buf
+    n_steps, n_rows = log.num_steps, log.num_rows
     steps = buf.steps[:n_steps]
     start_s = np.ascontiguousarray(steps["time_s"])
     duration_s = steps["forward_s"] + steps["draft_s"]
     check_clock(start_s, duration_s)
     check_work_conservation(start_s, duration_s, steps["waiting"])
 
-    table = sim.table
     n = table.rows
     col = table.cols
-    ids = [s.call_id for s in sim.states]
+    ids = [s.call_id for s in states]
     status = col["status"][:n]
     rows = buf.rows[:n_rows]
     row_steps = np.repeat(np.arange(n_steps), steps["batch_size"])
     scheduled_s = first_scheduled(np.ascontiguousarray(rows["call"]), row_steps, start_s, n)
     predecessor = np.full(n, -1, dtype=np.int64)
-    for query in sim.queries:
-        order = [s.index for s in query.calls]
+    for calls in queries:
+        order = [s.index for s in calls]
         predecessor[order[1:]] = order[:-1]
     arrival_s, first_token_s, finish_s = col["arrival_s"][:n], col["first_token_s"][:n], col["finish_s"][:n]
     check_causality(ids, arrival_s, scheduled_s, first_token_s, finish_s, status, predecessor)

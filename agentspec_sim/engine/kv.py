@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from agentspec_sim.engine.counters import CT_FREE_SLOTS, KV_FREE, KV_NODES
 from agentspec_sim.engine.request import CallState, CallTable, zeros
 
 
@@ -132,10 +133,10 @@ def node_of(p, h):
     i = _slot_of(p.table.key, h)
     if p.table.key[i] == h:
         return p.table.node[i]
-    node = p.ctr[1]
+    node = p.ctr[KV_NODES]
     if node == p.nodes.shape[0]:
         raise ValueError("block pool: out of node capacity")
-    p.ctr[1] = node + 1
+    p.ctr[KV_NODES] = node + 1
     p.table.key[i] = h
     p.table.node[i] = node
     p.nodes.head[node] = -1
@@ -194,7 +195,7 @@ def _unlink(p, block):
     a, b = p.blocks.prv[block], p.blocks.nxt[block]
     p.blocks.nxt[a] = b
     p.blocks.prv[b] = a
-    p.ctr[0] -= 1
+    p.ctr[KV_FREE] -= 1
 
 
 @internal_kernel
@@ -204,7 +205,7 @@ def _link_after(p, anchor, block):
     p.blocks.prv[block] = anchor
     p.blocks.nxt[block] = b
     p.blocks.prv[b] = block
-    p.ctr[0] += 1
+    p.ctr[KV_FREE] += 1
 
 
 @kernel
@@ -232,7 +233,7 @@ def pop_free_into(p, out, start, n):
         block = blocks.nxt[block]
     blocks.nxt[head] = block
     blocks.prv[block] = head
-    p.ctr[0] -= n
+    p.ctr[KV_FREE] -= n
 
 
 @internal_kernel
@@ -340,16 +341,16 @@ def allocate_slots(p, c, r, num_new, hits, nhits, full_sequence_must_fit):
             evictable += 1
     if full_sequence_must_fit:
         full = -(-min(num_tokens, max_len) // bs) - held
-        if full + evictable > p.ctr[0]:
+        if full + evictable > p.ctr[KV_FREE]:
             return False
     need = max(0, -(-min(computed + num_new, max_len) // bs) - held)
-    if need + evictable > p.ctr[0]:
+    if need + evictable > p.ctr[KV_FREE]:
         return False
     if slot < 0:
         if nhits + need == 0:
             return True  # holds nothing and needs nothing (so no block can have become full)
-        c.ctr[0] -= 1
-        slot = c.slots.free[c.ctr[0]]
+        c.ctr[CT_FREE_SLOTS] -= 1
+        slot = c.slots.free[c.ctr[CT_FREE_SLOTS]]
         c.calls.slot[r] = slot
         c.slots.nblocks[slot] = 0
     row = c.slot_blocks[slot]
@@ -375,8 +376,8 @@ def free_call(p, c, r):
     if slot >= 0:
         free_blocks(p, c.slot_blocks[slot], c.slots.nblocks[slot])
         c.slots.nblocks[slot] = 0
-        c.slots.free[c.ctr[0]] = slot
-        c.ctr[0] += 1
+        c.slots.free[c.ctr[CT_FREE_SLOTS]] = slot
+        c.ctr[CT_FREE_SLOTS] += 1
         c.calls.slot[r] = -1
     c.calls.num_cached_blocks[r] = 0
 
@@ -474,7 +475,7 @@ class BlockPool:
         if nodes <= have:
             return
         grown = _records(NODE, max(nodes, 2 * have), head=-1, tail=-1)
-        count = int(p.ctr[1])
+        count = int(p.ctr[KV_NODES])
         grown[:count] = p.nodes[:count]
         table = _records(ENTRY, _table_size(grown.shape[0]))
         _rehash(table, grown, count)
@@ -486,7 +487,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return int(self.p.ctr[0])
+        return int(self.p.ctr[KV_FREE])
 
     @property
     def ref(self) -> np.ndarray:
@@ -522,7 +523,7 @@ class BlockPool:
 
     def cache(self, block: int, h: int) -> None:
         """Record that `block` holds hash `h`."""
-        self.reserve_nodes(int(self.p.ctr[1]) + 1)
+        self.reserve_nodes(int(self.p.ctr[KV_NODES]) + 1)
         cache_hash_from_python(self.p, block, np.int64(h))
 
     def num_evictable(self, blocks: list[int]) -> int:
@@ -560,7 +561,7 @@ class KVCacheManager:
         return state._r
 
     def _one_free_slot(self) -> None:
-        if self.table.ctr[0] == 0:
+        if self.table.ctr[CT_FREE_SLOTS] == 0:
             self.table.reserve_slots(2 * self.table.slot_blocks.shape[0], self.blocks_per_call)
 
     def ensure_hashes(self, state: CallState, num_full_blocks: int) -> None:

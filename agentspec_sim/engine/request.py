@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from agentspec_sim.engine.counters import CT_FREE_SLOTS
 from agentspec_sim.trace.schema import Call
 
 WAITING, RUNNING, FINISHED, REFUSED, SKIPPED = "waiting", "running", "finished", "refused", "skipped"
@@ -81,7 +82,7 @@ class Calls(NamedTuple):
     hashes: np.ndarray  # int64: block hashes, region r's at regions.off[r] (0 = not computed)
     nodes: np.ndarray  # int64: the block pool's node of each hash (kv.py)
     regions: np.ndarray  # [regions] REGION: off, cap (blocks it can hold), n (hashes computed so far)
-    slots: np.ndarray  # [slots] SLOT: nblocks (of slot_blocks' row), free (stack of unused slots, size ctr[0])
+    slots: np.ndarray  # [slots] SLOT: nblocks (of slot_blocks' row), free (unused slots, ctr[CT_FREE_SLOTS] of them)
     slot_blocks: np.ndarray  # int32 [slots, max blocks per call]: block ids, head → tail
     slot_drafts: np.ndarray  # int32 [slots, longest draft]: the drafts of the call holding the slot
     ctr: np.ndarray  # int64 counters: [free slots]
@@ -204,12 +205,12 @@ class CallTable:
         drafts[:have] = self.slot_drafts
         records = zeros(new_slots, dtype=SLOT)
         records["nblocks"][:have] = self.slots["nblocks"]
-        free = int(self.ctr[0])
+        free = int(self.ctr[CT_FREE_SLOTS])
         added = np.arange(new_slots - 1, have - 1, -1, dtype=np.int64)
         records["free"][:added.shape[0]] = added
         records["free"][added.shape[0]:added.shape[0] + free] = self.slots["free"][:free]
         self.slot_blocks, self.slot_drafts, self.slots = blocks, drafts, records
-        self.ctr[0] = free + added.shape[0]
+        self.ctr[CT_FREE_SLOTS] = free + added.shape[0]
         self._refresh()
 
     def reserve_draft_width(self, length: int) -> None:

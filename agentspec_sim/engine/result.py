@@ -30,8 +30,9 @@ import numpy as np
 import polars as pl
 from numba import njit
 
-from agentspec_sim.drafters.protocol import SpeculativeConfig
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
+from agentspec_sim.engine.counters import LG_DRAFT_TOKENS, LG_ROWS, LG_STEPS
+from agentspec_sim.engine.drafting import SpeculativeConfig
 from agentspec_sim.engine.request import zeros
 
 STEP_COLUMNS = (
@@ -126,11 +127,11 @@ class StepLogBuilder:
 
     @property
     def num_rows(self) -> int:
-        return int(self.buf.ctr[0])
+        return int(self.buf.ctr[LG_ROWS])
 
     @property
     def num_steps(self) -> int:
-        return int(self.buf.ctr[1])
+        return int(self.buf.ctr[LG_STEPS])
 
     def reserve(self, rows: int, steps: int, events: int, drafts: int) -> None:
         """Room for `rows` more call-steps, `steps` steps, `events` events and `drafts` draft tokens."""
@@ -150,7 +151,7 @@ class StepLogBuilder:
     def engine_frame(self) -> pl.DataFrame:
         """One row per engine step (see the module docstring)."""
         b = self.buf
-        st = b.steps[:int(b.ctr[1])]
+        st = b.steps[:int(b.ctr[LG_STEPS])]
         ns = st.shape[0]
         # Every field is 8 bytes, laid out in order: one transposing copy gives all the columns (a copy
         # per field would read the whole log once per field).
@@ -174,7 +175,7 @@ class StepLogBuilder:
     def steps_frame(self, engine: pl.DataFrame, drafter: str, call_ids: list[str]) -> pl.DataFrame:
         """One row per call-step: the rows of the log with their engine step's columns."""
         b = self.buf
-        rows = b.rows[:int(b.ctr[0])]
+        rows = b.rows[:int(b.ctr[LG_ROWS])]
         batch = engine["batch_size"].to_numpy()
         row_step = pl.Series("step", np.repeat(np.arange(batch.shape[0], dtype=np.int64), batch))
         per_step = engine.select("time_s", "batch_size", "step_time_s", "forward_s", "draft_s", "D", "rho", "t_A",
@@ -191,7 +192,7 @@ class StepLogBuilder:
             "position": column("position"),
             "context_len": column("context_len"),
             "scheduled_tokens": column("scheduled"),
-            "draft": _list_column(b.draft_tokens[:int(b.ctr[3])], drafted),
+            "draft": _list_column(b.draft_tokens[:int(b.ctr[LG_DRAFT_TOKENS])], drafted),
             "drafted": drafted,
             "accepted": column("accepted"),
             "emitted": column("emitted"),

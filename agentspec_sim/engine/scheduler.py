@@ -35,10 +35,27 @@ from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
-from agentspec_sim.drafters.protocol import NoDrafting, draft_between_steps, drafts_every_step
-from agentspec_sim.engine import drafts as engine_drafts
-from agentspec_sim.engine import kv
+from agentspec_sim.engine.counters import (
+    KV_FREE,
+    LG_DRAFT_TOKENS,
+    LG_EVENTS,
+    LG_ROWS,
+    LG_STEPS,
+    Q_PREEMPTIONS,
+    Q_RUNNING,
+    Q_WAITING,
+    Q_WAITING_HEAD,
+    SC_BAD_ROW,
+    SC_BOUND,
+    SC_FINISHED,
+    SC_PREEMPTED,
+    SC_ROWS,
+    SC_SAMPLED,
+    SC_TOP,
+)
+from agentspec_sim.engine.drafting import NoDrafting, caches_loop, draft_between_steps, drafts_every_step
 from agentspec_sim.engine.drafts import drafts_from, drafts_from_rows, verify
 from agentspec_sim.engine.fastcall import FastCall
 from agentspec_sim.engine.kv import (
@@ -51,12 +68,14 @@ from agentspec_sim.engine.kv import (
     lookup,
 )
 from agentspec_sim.engine.request import NOT_CHAINED, S_FINISHED, S_RUNNING, S_WAITING, CallState, CallTable, zeros
-from agentspec_sim.kernel_cache import clear_if_changed, package_sources
+from agentspec_sim.host.kernel_cache import clear_if_changed, package_sources
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 # This module's kernels compile in kv.py's and drafts.py's, and `run_steps` in the drafters' compiled steps it
 # drafts with (any module of drafters/, found through the protocol when it is compiled).
-clear_if_changed(__file__, [kv.__file__, engine_drafts.__file__, *package_sources("agentspec_sim.drafters")])
+# The loop compiles in the engine's kernels (kv, drafts, the counters) and, per drafter, its step: that one is
+# stamped when the drafter registers it (engine/drafting.py `compiled_step`).
+clear_if_changed(__file__, package_sources("agentspec_sim.engine"))
 
 # Why requests were left waiting (ScheduledBatch.bound): nobody waiting, max_num_seqs, KV (no room or a
 # preemption), token budget spent.
@@ -217,11 +236,11 @@ def _preempt(p, c, qu, victim):
     c.calls.status[victim] = S_WAITING
     c.calls.decoding[victim] = False
     c.calls.preemptions[victim] += 1
-    qu.q[3] += 1
+    qu.q[Q_PREEMPTIONS] += 1
     cap = qu.waiting.shape[0]
-    qu.q[1] = (qu.q[1] - 1 + cap) % cap  # to the front of the waiting queue
-    qu.waiting[qu.q[1]] = victim
-    qu.q[2] += 1
+    qu.q[Q_WAITING_HEAD] = (qu.q[Q_WAITING_HEAD] - 1 + cap) % cap  # to the front of the waiting queue
+    qu.waiting[qu.q[Q_WAITING_HEAD]] = victim
+    qu.q[Q_WAITING] += 1
 
 
 @inline_kernel
@@ -243,7 +262,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
     rows = 0
     preempted = 0
     i = 0
-    while i < qu.q[0] and budget > 0:
+    while i < qu.q[Q_RUNNING] and budget > 0:
         r = qu.running[i]
         computed = c.calls.num_computed[r]
         num_tokens = c.calls.prompt_len[r] + c.calls.num_emitted[r]
@@ -253,8 +272,8 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
             continue
         scheduled = True
         while not allocate_slots(p, c, r, n, sb.hits, np.int64(0), np.bool_(False)):
-            qu.q[0] -= 1
-            victim = qu.running[qu.q[0]]
+            qu.q[Q_RUNNING] -= 1
+            victim = qu.running[qu.q[Q_RUNNING]]
             _preempt(p, c, qu, victim)
             sb.lists.preempted[preempted] = victim
             preempted += 1
@@ -275,24 +294,24 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
         bound = B_KV
     else:
         cap = qu.waiting.shape[0]
-        while qu.q[2] > 0:
+        while qu.q[Q_WAITING] > 0:
             if budget <= 0:
                 bound = B_TOKENS
                 break
-            if qu.q[0] >= max_num_seqs:
+            if qu.q[Q_RUNNING] >= max_num_seqs:
                 bound = B_SEQS
                 break
-            r = qu.waiting[qu.q[1]]
+            r = qu.waiting[qu.q[Q_WAITING_HEAD]]
             nhits = lookup(p, c, r, sb.hits) if c.calls.num_computed[r] == 0 else 0
             computed = c.calls.num_computed[r] + nhits * bs
             n = min(c.calls.prompt_len[r] + c.calls.num_emitted[r] - computed, budget)
             if not allocate_slots(p, c, r, n, sb.hits, nhits, np.bool_(True)):
                 bound = B_KV
                 break
-            qu.q[1] = (qu.q[1] + 1) % cap
-            qu.q[2] -= 1
-            qu.running[qu.q[0]] = r
-            qu.q[0] += 1
+            qu.q[Q_WAITING_HEAD] = (qu.q[Q_WAITING_HEAD] + 1) % cap
+            qu.q[Q_WAITING] -= 1
+            qu.running[qu.q[Q_RUNNING]] = r
+            qu.q[Q_RUNNING] += 1
             c.calls.status[r] = S_RUNNING
             c.calls.num_computed[r] = computed
             c.calls.prefix_hit_tokens[r] += nhits * bs
@@ -305,10 +324,10 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
     for k in range(rows):
         c.calls.num_computed[sb.rows.call[k]] += sb.rows.n[k]
         top = max(top, sb.rows.context[k] + sb.rows.n[k])
-    sb.sc[0] = rows
-    sb.sc[1] = preempted
-    sb.sc[2] = bound
-    sb.sc[6] = top
+    sb.sc[SC_ROWS] = rows
+    sb.sc[SC_PREEMPTED] = preempted
+    sb.sc[SC_BOUND] = bound
+    sb.sc[SC_TOP] = top
 
 
 @internal_kernel
@@ -317,10 +336,10 @@ def update_step(p, c, qu, sb, step):
 
     A row with drafts accepts the first min(draft_acc, drafted) of them (`draft_acc` was set by
     `verify` against the recording) and emits one more token unless that ends the call; a row
-    without drafts emits the recording's next token. Returns −1 (and the row in sb.sc[5]) when the
+    without drafts emits the recording's next token. Returns −1 (and the row in sb.sc[SC_BAD_ROW]) when the
     accepted drafts are not the recording (the lossless check) or were never verified, else 0.
     """
-    rows = sb.sc[0]
+    rows = sb.sc[SC_ROWS]
     finished = 0
     sampled = 0
     for i in range(rows):
@@ -337,13 +356,13 @@ def update_step(p, c, qu, sb, step):
         if spec > 0:
             a = min(c.calls.draft_acc[r], spec)
             if a < 0 or a > remaining:
-                sb.sc[5] = i
+                sb.sc[SC_BAD_ROW] = i
                 return -1
             at = c.calls.hist_off[r] + c.calls.prompt_len[r] + pos
             drafts = c.slot_drafts[sb.rows.slot[i]]
             for k in range(a):
                 if drafts[k] != c.tokens[at + k]:
-                    sb.sc[5] = i
+                    sb.sc[SC_BAD_ROW] = i
                     return -1
             c.calls.drafted[r] += spec
             c.calls.accepted[r] += a
@@ -369,26 +388,26 @@ def update_step(p, c, qu, sb, step):
             sampled += 1
     if finished:
         kept = 0
-        for k in range(qu.q[0]):
+        for k in range(qu.q[Q_RUNNING]):
             r = qu.running[k]
             if c.calls.status[r] != S_FINISHED:
                 qu.running[kept] = r
                 kept += 1
-        qu.q[0] = kept
+        qu.q[Q_RUNNING] = kept
         for k in range(finished):
             free_call(p, c, sb.lists.finished[k])
-    sb.sc[3] = finished
-    sb.sc[4] = sampled
+    sb.sc[SC_FINISHED] = finished
+    sb.sc[SC_SAMPLED] = sampled
     return 0
 
 
 @inline_kernel
 def _event(lg, kind, r, step):
-    k = lg.ctr[2]
+    k = lg.ctr[LG_EVENTS]
     lg.events.kind[k] = kind
     lg.events.call[k] = r
     lg.events.step[k] = step
-    lg.ctr[2] = k + 1
+    lg.ctr[LG_EVENTS] = k + 1
 
 
 @internal_kernel
@@ -397,8 +416,8 @@ def log_step(lg, c, sb, running, waiting, free_blocks):
 
     `running` / `waiting`: the queues after scheduling; `free_blocks`: after the update.
     """
-    rows = sb.sc[0]
-    base = lg.ctr[0]
+    rows = sb.sc[SC_ROWS]
+    base = lg.ctr[LG_ROWS]
     tokens = 0
     decode = 0
     drafted = 0
@@ -413,34 +432,34 @@ def log_step(lg, c, sb, running, waiting, free_blocks):
         lg.rows.accepted[base + i] = sb.rows.accepted[i]
         lg.rows.emitted[base + i] = sb.rows.emitted[i]
         if sb.rows.spec[i]:
-            t = lg.ctr[3]
+            t = lg.ctr[LG_DRAFT_TOKENS]
             for k in range(sb.rows.spec[i]):
                 lg.draft_tokens[t + k] = c.slot_drafts[sb.rows.slot[i], k]
-            lg.ctr[3] = t + sb.rows.spec[i]
+            lg.ctr[LG_DRAFT_TOKENS] = t + sb.rows.spec[i]
         tokens += sb.rows.n[i]
         decode += sb.rows.decode[i]
         drafted += sb.rows.spec[i]
         accepted += sb.rows.accepted[i]
-    lg.ctr[0] = base + rows
-    k = lg.ctr[1]
+    lg.ctr[LG_ROWS] = base + rows
+    k = lg.ctr[LG_STEPS]
     lg.steps.batch_size[k] = rows
     lg.steps.scheduled_tokens[k] = tokens
     lg.steps.decode_calls[k] = decode
     lg.steps.running[k] = running
     lg.steps.waiting[k] = waiting
-    lg.steps.bound[k] = sb.sc[2]
+    lg.steps.bound[k] = sb.sc[SC_BOUND]
     lg.steps.D[k] = drafted
     lg.steps.acc[k] = accepted
     lg.steps.free_blocks[k] = free_blocks
-    lg.ctr[1] = k + 1
+    lg.ctr[LG_STEPS] = k + 1
     return k
 
 
 @internal_kernel
 def _log_full(lg, c, max_num_seqs):
-    return (lg.rows.shape[0] - lg.ctr[0] < max_num_seqs or lg.steps.shape[0] == lg.ctr[1]
-            or lg.events.shape[0] - lg.ctr[2] < 4 * max_num_seqs
-            or lg.draft_tokens.shape[0] - lg.ctr[3] < max_num_seqs * c.slot_drafts.shape[1])
+    return (lg.rows.shape[0] - lg.ctr[LG_ROWS] < max_num_seqs or lg.steps.shape[0] == lg.ctr[LG_STEPS]
+            or lg.events.shape[0] - lg.ctr[LG_EVENTS] < 4 * max_num_seqs
+            or lg.draft_tokens.shape[0] - lg.ctr[LG_DRAFT_TOKENS] < max_num_seqs * c.slot_drafts.shape[1])
 
 
 # Python's way into the internal kernels the compiled loop calls (engine/kv.py "Python API": why), for
@@ -469,7 +488,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
     call finished whose query's next call does not arrive at once (or `chain` is off: other events
     are pending), or — with `stop_on_emit`, when a drafter must see every token — a call emitted,
     unless the drafter's compiled side drafts this step (`drafting`: its state, whose kernel
-    drafters/protocol.py `draft_between_steps` finds; one that `drafts_every_step` is called after every
+    engine/drafting.py `draft_between_steps` finds; one that `drafts_every_step` is called after every
     step, emitting or not; `NoDrafting` never drafts): then the run goes on with the drafts set, each
     step's drafting time in the log's `draft_s` (the run's first step gets the event loop's); a step it
     cannot do ends the run. The last step of a run is always left to the event loop.
@@ -481,28 +500,28 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
     s = 0
     draft_s = 0.0
     while s < max_steps:
-        if qu.q[0] == 0 and qu.q[2] == 0:
+        if qu.q[Q_RUNNING] == 0 and qu.q[Q_WAITING] == 0:
             return s, RUN_IDLE
         if _log_full(lg, c, max_num_seqs):
             return s, RUN_FULL
         schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
-        rows = sb.sc[0]
+        rows = sb.sc[SC_ROWS]
         if pb.par[0]:
             persistent_batch_update(pb, sb.rows.call[:rows])
-        for j in range(sb.sc[1]):  # victims in preemption order, with the step that runs next
+        for j in range(sb.sc[SC_PREEMPTED]):  # victims in preemption order, with the step that runs next
             _event(lg, EV_PREEMPT, sb.lists.preempted[j], step0 + s)
         if rows == 0:
-            if sb.sc[1] > 0:
+            if sb.sc[SC_PREEMPTED] > 0:
                 # The only running calls preempted themselves (vLLM: an empty scheduler output, the
                 # model runner returns at once): no step happens; the next schedule re-admits them.
                 continue
             return s, RUN_EMPTY
         step = step0 + s
-        running, waiting = qu.q[0], qu.q[2]
+        running, waiting = qu.q[Q_RUNNING], qu.q[Q_WAITING]
         if update_step(p, c, qu, sb, step) < 0:
             return s, RUN_LOSSLESS
-        log_step(lg, c, sb, running, waiting, p.ctr[0])
-        lg.steps.draft_s[lg.ctr[1] - 1] = draft_s
+        log_step(lg, c, sb, running, waiting, p.ctr[KV_FREE])
+        lg.steps.draft_s[lg.ctr[LG_STEPS] - 1] = draft_s
         draft_s = 0.0
         emitted = False
         for i in range(rows):
@@ -511,7 +530,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
             if sb.rows.started[i]:
                 _event(lg, EV_FIRST, sb.rows.call[i], step)
         stop = False
-        finished = sb.sc[3]
+        finished = sb.sc[SC_FINISHED]
         if finished:
             at_once = chain
             for j in range(finished):
@@ -524,15 +543,15 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
                 nxt = c.calls.chain_next[r]
                 if at_once and nxt >= 0:
                     c.calls.status[nxt] = S_WAITING
-                    qu.waiting[(qu.q[1] + qu.q[2]) % cap] = nxt
-                    qu.q[2] += 1
+                    qu.waiting[(qu.q[Q_WAITING_HEAD] + qu.q[Q_WAITING]) % cap] = nxt
+                    qu.q[Q_WAITING] += 1
                     _event(lg, EV_ARRIVE, nxt, step)
             if not at_once:
                 stop = True
         if stop_on_emit and (emitted or drafts_every_step(drafting)) and not stop:
             # Draft inline only where the loop goes on (room for another step, a call left to step); else the
             # event loop does (it always takes the last step of a run).
-            if s + 1 >= max_steps or _log_full(lg, c, max_num_seqs) or (qu.q[0] == 0 and qu.q[2] == 0):
+            if s + 1 >= max_steps or _log_full(lg, c, max_num_seqs) or (qu.q[Q_RUNNING] == 0 and qu.q[Q_WAITING] == 0):
                 stop = True
             else:
                 draft_s = draft_between_steps(c, sb, pb, drafting, max_model_len)
@@ -545,8 +564,14 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
     return max_steps, RUN_MAX
 
 
+# `run_steps` for drafting states registered outside the package (engine/drafting.py `caches_loop`): the same
+# function, compiled without numba's on-disk cache, so the shared cache index never names a plugin's module.
+run_steps_uncached = njit(cache=False, _nrt=False, no_cfunc_wrapper=True)(run_steps.py_func)
+
+
 # -- Python API ----------------------------------------------------------------------------------------
 _NO_DRAFTING = NoDrafting.make()
+
 
 class ScheduledBatch:
     """What one step runs: one entry per scheduled request, in batch-row order.
@@ -622,6 +647,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self._run_steps = FastCall(run_steps, containers=(0, 1, 2, 3, 4, 12, 13))
+        self._run_steps_uncached: FastCall | None = None  # for a drafter's state outside the package (below)
         # set_drafts' work space (rows, starts, lengths; the proposals end to end), kept so that its
         # kernel call is a FastCall too.
         self._draft_rows = np.zeros((3, max(max_num_seqs, 1)), dtype=np.int64)
@@ -666,16 +692,16 @@ class Scheduler:
             self.pb = self.pb.grown(self.table.capacity)
 
     def _waiting_rows(self) -> np.ndarray:
-        head, count, cap = int(self.qu.q[1]), int(self.qu.q[2]), self.qu.waiting.shape[0]
+        head, count, cap = int(self.qu.q[Q_WAITING_HEAD]), int(self.qu.q[Q_WAITING]), self.qu.waiting.shape[0]
         return self.qu.waiting[(head + np.arange(count)) % cap]
 
     def has_work(self) -> bool:
-        return bool(self.qu.q[0] or self.qu.q[2])
+        return bool(self.qu.q[Q_RUNNING] or self.qu.q[Q_WAITING])
 
     @property
     def running(self) -> list[CallState]:
         handles = self.table.handles
-        return [handles[r] for r in self.qu.running[:self.qu.q[0]].tolist()]
+        return [handles[r] for r in self.qu.running[:self.qu.q[Q_RUNNING]].tolist()]
 
     @property
     def waiting(self) -> list[CallState]:
@@ -684,29 +710,29 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        return int(self.qu.q[0])
+        return int(self.qu.q[Q_RUNNING])
 
     @property
     def num_waiting(self) -> int:
-        return int(self.qu.q[2])
+        return int(self.qu.q[Q_WAITING])
 
     @property
     def num_preemptions(self) -> int:
-        return int(self.qu.q[3])
+        return int(self.qu.q[Q_PREEMPTIONS])
 
     # -- one step ------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         sb = self.sb
         schedule_step_from_python(self.kv.pool.p, self.table.nt, self.qu, sb, self.max_num_batched_tokens,
                                   self.max_num_seqs, self.max_model_len)
-        n, npre = int(sb.sc[0]), int(sb.sc[1])
+        n, npre = int(sb.sc[SC_ROWS]), int(sb.sc[SC_PREEMPTED])
         if self.pb.par[0]:
             persistent_batch_update_from_python(self.pb, sb.rows["call"][:n])
         rows = sb.rows[:n]
         arrays = tuple(rows[f].copy() for f in ("call", "n", "context", "decode", "position", "spec"))
         drafts, slots = self.table.slot_drafts, rows["slot"]
         drafted = {i: drafts[slots[i], :arrays[5][i]].copy() for i in arrays[5].nonzero()[0].tolist()}
-        return ScheduledBatch(self.table, arrays, drafted, sb.lists["preempted"][:npre].copy(), BOUNDS[sb.sc[2]])
+        return ScheduledBatch(self.table, arrays, drafted, sb.lists["preempted"][:npre].copy(), BOUNDS[sb.sc[SC_BOUND]])
 
     def update_from_output(self, batch: ScheduledBatch, step: int = -1) -> StepOutput:
         """Verify, emit and roll back (vLLM `update_from_output`); finished requests leave `running`
@@ -715,7 +741,7 @@ class Scheduler:
         idx, _, _, _, position, _ = batch.arrays
         n = idx.shape[0]
         sb = self.sb
-        if n != sb.sc[0] or not np.array_equal(idx, sb.rows["call"][:n]):
+        if n != sb.sc[SC_ROWS] or not np.array_equal(idx, sb.rows["call"][:n]):
             raise ValueError("update_from_output must follow the schedule() that made the batch")
         target, acc, handles = self.table.cols["target_len"], self.table.cols["draft_acc"], self.table.handles
         for i, drafts in batch._drafted.items():
@@ -723,9 +749,9 @@ class Scheduler:
             acc[r] = verify(drafts, handles[r].call.output_tokens, int(position[i]), int(target[r]))[0]
         self._update(step)
         rows, lists = sb.rows[:n], sb.lists
-        sampled = lists["sampled"][:sb.sc[4]].copy()
+        sampled = lists["sampled"][:sb.sc[SC_SAMPLED]].copy()
         return StepOutput(rows["accepted"].copy(), rows["emitted"].copy(),
-                          [handles[r] for r in lists["finished"][:sb.sc[3]].tolist()],
+                          [handles[r] for r in lists["finished"][:sb.sc[SC_FINISHED]].tolist()],
                           [handles[r] for r in sampled.tolist()], rows["started"].copy(), sampled)
 
     def _update(self, step: int) -> None:
@@ -733,7 +759,7 @@ class Scheduler:
             self._lossless_error()
 
     def _lossless_error(self) -> None:
-        bad = self.table.handles[int(self.sb.rows["call"][int(self.sb.sc[5])])]
+        bad = self.table.handles[int(self.sb.rows["call"][int(self.sb.sc[SC_BAD_ROW])])]
         raise SimulationError(f"lossless check failed: call {bad.call_id!r} emitted tokens that differ from its "
                               "recording")
 
@@ -775,13 +801,17 @@ class Scheduler:
     def run(self, log, max_steps: int, step0: int, chain: bool, stop_on_emit: bool,
             drafting: NamedTuple | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers), drafting
-        between steps with the compiled state `drafting` (drafters/protocol.py; None: nothing drafts)."""
+        between steps with the compiled state `drafting` (engine/drafting.py; None: nothing drafts)."""
         if self.pb.par[0]:
             self.pb = self.pb.grown(self.table.capacity)
-        steps, why = self._run_steps(self.kv.pool.p, self.table.nt, self.qu, self.sb, log,
-                                     self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len, max_steps,
-                                     step0, chain, stop_on_emit, drafting if drafting is not None else _NO_DRAFTING,
-                                     self.pb)
+        state = drafting if drafting is not None else _NO_DRAFTING
+        loop = self._run_steps
+        if not caches_loop(state):  # a step registered outside the package: not in the shared on-disk cache
+            if self._run_steps_uncached is None:
+                self._run_steps_uncached = FastCall(run_steps_uncached, containers=(0, 1, 2, 3, 4, 12, 13))
+            loop = self._run_steps_uncached
+        steps, why = loop(self.kv.pool.p, self.table.nt, self.qu, self.sb, log, self.max_num_batched_tokens,
+                          self.max_num_seqs, self.max_model_len, max_steps, step0, chain, stop_on_emit, state, self.pb)
         if why == RUN_LOSSLESS:
             self._lossless_error()
         return int(steps), int(why)

@@ -52,10 +52,11 @@ from functools import partial
 import numpy as np
 import polars as pl
 
-from agentspec_sim.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
-from agentspec_sim.drafters.protocol import BaseDrafter, RunView, SpeculativeConfig, make_drafter
+from agentspec_sim.engine.budget import BatchSizeSchedule, FixedK, make_budget_policy
 from agentspec_sim.engine.config import MAX_CLOCK_S, EngineConfig, ResolvedLimits
+from agentspec_sim.engine.counters import LG_EVENTS, Q_RUNNING, Q_WAITING, SC_ROWS, SC_SAMPLED, SC_TOP
+from agentspec_sim.engine.drafting import BaseDrafter, RunView, SpeculativeConfig, new_drafter
 from agentspec_sim.engine.invariants import check_run
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
 from agentspec_sim.engine.layout import call_layout
@@ -108,7 +109,7 @@ class _QueryRun:
 
 class Simulator:
     # AgentSpec's lookups and suffix decoding's prompt-tree drafts come from tables made once per workload
-    # where that is exact (drafters/history_tables.py, suffix_tables.py); tests turn it off to compare.
+    # where that is exact (drafters/agentspec/tables.py, suffix_tables.py); tests turn it off to compare.
     draft_tables = True
 
     def __init__(self, workload: Workload, spec: SpeculativeConfig, config: EngineConfig, limits: ResolvedLimits,
@@ -119,25 +120,22 @@ class Simulator:
         self.rng_arrivals = np.random.default_rng(seeds[0])
         self.rng_stagger = np.random.default_rng(seeds[1])
         # One drafter per tenant: copies never share drafter state.
-        self.drafters = [make_drafter(spec) for _ in range(config.tenants)]
+        self.drafters = [new_drafter(spec) for _ in range(config.tenants)]
         for drafter in self.drafters:
-            # Optional hooks: drafters that index other queries (agspec) or size drafts by M(b) (agentspec).
-            if hasattr(drafter, "bind_workload"):
-                drafter.bind_workload(workload)
-            if hasattr(drafter, "bind_cost_model"):
-                drafter.bind_cost_model(cost)
-        self.policy = make_budget_policy(spec, cost)
+            drafter.bind_workload(workload)
+            drafter.bind_cost_model(cost)
+        kind = type(self.drafters[0])
+        self.policy = make_budget_policy(spec, cost, kind.budget_policy)
         # Hooks a drafter does not override are no-ops and are not called; a drafter that proposes
         # nothing and has no hooks (normal) need not see each step.
-        kind = type(self.drafters[0])
         self.hooks = tuple(getattr(kind, hook) is not getattr(BaseDrafter, hook)
                            for hook in ("start_call", "observe", "finish_call"))
         self.inert = spec.num_speculative_tokens == 0 and not any(self.hooks)
-        # vLLM's V1 runner drives a suffix proposer its own way after every step (`_suffix_step`).
-        self.per_step = bool(getattr(kind, "driven_per_step", False))
+        # vLLM's V1 runner drives a suffix proposer its own way after every step (`_per_step_drafts`).
+        self.per_step = kind.driven_per_step
         # The V1 runner skips its proposer for a batch near max_model_len (`_propose`); Model Runner V2
-        # drafters (ngram-v2) say they do not follow it.
-        self.skips_unfit_batches = bool(getattr(kind, "v1_runner", True))
+        # drafters (ngram-v2) do not.
+        self.skips_unfit_batches = kind.v1_runner
         self.states: list[CallState] = []
         self.queries: list[_QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
@@ -159,7 +157,7 @@ class Simulator:
         self._build(workload)
         if progress is not None:
             progress(0, len(self.states))  # started (the drafters' workload tables may take a while to build)
-        # The drafter's fast path for this run (drafters/protocol.py), if it has one.
+        # The drafter's fast path for this run (engine/drafting.py), if it has one.
         self.fast = self.drafters[0].engine_drafting(self._run_view())
         if self.fast is not None and self.per_step and not config.check_invariants:
             self.max_run_steps = 1 << 40  # the compiled loop drives the proposer after every step itself
@@ -168,7 +166,7 @@ class Simulator:
 
     # -- setup -------------------------------------------------------------------------------------
     def _run_view(self) -> RunView:
-        """What the drafter's fast path sees of this run (drafters/protocol.py `RunView`)."""
+        """What the drafter's fast path sees of this run (engine/drafting.py `RunView`)."""
         by_batch = type(self.policy) in (FixedK, BatchSizeSchedule)
         return RunView(drafters=self.drafters, spec=self.spec, states=self.states, table=self.table,
                        scheduler=self.scheduler, cost=self.cost, max_num_seqs=self.limits.max_num_seqs,
@@ -335,7 +333,8 @@ class Simulator:
         if self.scheduler.has_work():
             raise SimulationError("the event queue ran dry with calls still waiting or running")
         if self.config.check_invariants:
-            check_run(self)  # CLOCK, CAUSALITY, WORK, DONE over the whole log (engine/invariants.py)
+            # CLOCK, CAUSALITY, WORK, DONE over the whole log (engine/invariants.py)
+            check_run(self.log, self.table, self.states, [q.calls for q in self.queries])
         return self._result(wallclock.perf_counter() - started)
 
     def _on_arrive(self, payload: tuple[_QueryRun, int]) -> None:
@@ -413,7 +412,7 @@ class Simulator:
         KV cache could run out (a preempted call is recomputed) — plus the drafter's bound on one proposal
         over those rows. None where that cannot be bounded (a policy or drafter with no stated maximum)."""
         qu = self.scheduler.qu
-        running, waiting = int(qu.q[0]), int(qu.q[2])
+        running, waiting = int(qu.q[Q_RUNNING]), int(qu.q[Q_WAITING])
         rows = qu.running[:running] if not waiting else np.concatenate([qu.running[:running],
                                                                          self.scheduler._waiting_rows()])
         if rows.shape[0] == 0:
@@ -558,11 +557,11 @@ class Simulator:
         k0, k1 = payload
         b = self.log.buf
         ends = [*b.steps["time_s"][k0 + 1:k1].tolist(), self.now] if k1 - k0 > 1 else [self.now]
-        n_ev = int(b.ctr[2])
+        n_ev = int(b.ctr[LG_EVENTS])
         if n_ev:
             events = b.events[:n_ev]
             kinds, rows, at = events["kind"].tolist(), events["call"].tolist(), (events["step"] - k0).tolist()
-            b.ctr[2] = 0
+            b.ctr[LG_EVENTS] = 0
             col = self.table.cols
             chained = {r for kind, r in zip(kinds, rows, strict=True) if kind == EV_ARRIVE}
             for kind, r, j in zip(kinds, rows, at, strict=True):
@@ -577,7 +576,7 @@ class Simulator:
         if not self.inert:
             # The last step of the run is still in the scheduler's step buffer.
             sb = self.scheduler.sb
-            n_last = int(sb.sc[0])
+            n_last = int(sb.sc[SC_ROWS])
             drafted = False
             if self.per_step:
                 self._per_step_drafts(n_last)
@@ -589,8 +588,8 @@ class Simulator:
             elif any(self.hooks):
                 rows = sb.rows[:n_last]
                 self._drafter_hooks([self.states[r] for r in rows["call"].tolist()], rows["emitted"], rows["started"])
-            if self.spec.num_speculative_tokens and sb.sc[4] and not self.per_step and not drafted:
-                sampled = sb.lists["sampled"][:sb.sc[4]].copy()
+            if self.spec.num_speculative_tokens and sb.sc[SC_SAMPLED] and not self.per_step and not drafted:
+                sampled = sb.lists["sampled"][:sb.sc[SC_SAMPLED]].copy()
                 self._propose([self.states[r] for r in sampled.tolist()], sampled, n_last)
         if self.config.check_invariants:
             self._check_step()
@@ -643,7 +642,7 @@ class Simulator:
         col = self.table.cols
         if self.skips_unfit_batches:
             k = self.spec.num_speculative_tokens
-            if num_scheduled and int(self.scheduler.sb.sc[6]) + k > self.limits.max_model_len:
+            if num_scheduled and int(self.scheduler.sb.sc[SC_TOP]) + k > self.limits.max_model_len:
                 # vLLM's V1 runner (`_input_fits_in_drafter`, as `_suffix_step`): when one request of
                 # the batch is within k tokens of max_model_len the proposer does not run for anyone
                 # and every request gets k token-0 drafts, which the scheduler clips and verifies.
@@ -674,8 +673,7 @@ class Simulator:
             for tenant, idx in by_tenant.items():
                 # Each copy has its own drafter but the batch is shared: drafters that size drafts by
                 # the batch (agentspec's B_t) hear how many calls draft in all.
-                if hasattr(self.drafters[tenant], "begin_step"):
-                    self.drafters[tenant].begin_step(len(sampled))
+                self.drafters[tenant].begin_step(len(sampled))
                 for j, draft in zip(idx, self.drafters[tenant].propose([sampled[j] for j in idx], lens[idx]),
                                     strict=True):
                     proposals[j] = draft
@@ -706,13 +704,12 @@ class Simulator:
         # The calls that sampled and go on (sb.lists' "sampled"), in batch-row order.
         sampled = batch["call"][(batch["emitted"] > 0) & (col["status"][batch["call"]] != S_FINISHED)]
         k = self.spec.num_speculative_tokens
-        fits = not n_rows or int(sb.sc[6]) + k <= max_len
+        fits = not n_rows or int(sb.sc[SC_TOP]) + k <= max_len
         if not fits:
             self._drafter_hooks(rows, batch["emitted"], batch["started"], np.zeros(n_rows, dtype=bool))
             for i in batch["emitted"].nonzero()[0].tolist():  # tokens no tree gets (a drafter with a table must know)
-                skip = getattr(self.drafters[rows[i].tenant], "skip_tokens", None)
-                if skip is not None and rows[i].status != FINISHED:
-                    skip(rows[i], int(batch["emitted"][i]))
+                if rows[i].status != FINISHED:
+                    self.drafters[rows[i].tenant].skip_tokens(rows[i], int(batch["emitted"][i]))
             if k and sampled.shape[0]:
                 zeros = np.zeros(k, dtype=np.int32)
                 self.scheduler.set_drafts(sampled, [zeros] * sampled.shape[0])
@@ -828,7 +825,7 @@ class Simulator:
         }).with_columns((pl.col("finish_s") - pl.col("arrival_s")).alias("latency_s")).with_columns(
             pl.col("arrival_s", "finish_s", "latency_s").fill_nan(None))
         # A live AgentSpec history over the simulator's memory bound dropped idle queries' histories: say so.
-        evicted = sum(getattr(getattr(d, "history", None), "evicted", 0) for d in self.drafters)
+        evicted = sum(d.evictions() for d in self.drafters)
         preemptions = pl.DataFrame({"step": [k for k, _ in self.preempted],
                                     "call_id": [ids[r] for _, r in self.preempted]},
                                    schema={"step": pl.Int64, "call_id": pl.Utf8})

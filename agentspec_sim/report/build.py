@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from agentspec_sim.atomic import atomic_text
+from agentspec_sim.io.atomic import atomic_text
 from agentspec_sim.report import plots, tables
 from agentspec_sim.report.results import SETTING, ResultsError, seed_means, workload_name
 

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from agentspec_sim import strict_json
-from agentspec_sim.atomic import atomic_text
+from agentspec_sim.drafters.registry import speculative_config
+from agentspec_sim.io import strict_json
+from agentspec_sim.io.atomic import atomic_text
 
 BASELINE_VERSION = 1
 METRICS = ("rejection_rate", "goodput_tok_s", "speedup")  # every baseline's cells hold these
@@ -181,10 +182,10 @@ def _engine_config(engine: dict[str, Any], where: str):
 
 
 def _spec(item: dict[str, Any], where: str):
-    from agentspec_sim.drafters.base import SpecConfigError, SpeculativeConfig
+    from agentspec_sim.engine.drafting import SpecConfigError
 
     try:
-        return SpeculativeConfig.from_json(item["speculative_config"], label=item["label"])
+        return speculative_config(item["speculative_config"], label=item["label"])
     except (SpecConfigError, ValueError) as exc:
         raise BaselineError(f"{where}: {exc}") from None
 
@@ -246,7 +247,7 @@ def record_baseline(traces: Sequence[str | Path], baseline_path: str | Path, dra
                     max_num_seqs: Sequence[int], engine: dict[str, Any]) -> Baseline:
     """Measure `drafters` (names, speculative-config JSON or SpeculativeConfigs) at `max_num_seqs` on `traces`:
     a new baseline to be saved at `baseline_path` (trace paths are stored relative to its folder)."""
-    from agentspec_sim.drafters.base import parse_drafter, unique_labels
+    from agentspec_sim.drafters.registry import parse_drafter, unique_labels
 
     specs = unique_labels([parse_drafter(d) for d in drafters if parse_drafter(d).method != "normal"])
     base_dir = Path(baseline_path).parent

@@ -22,7 +22,7 @@ import polars as pl
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from agentspec_sim.atomic import atomic_binary
+from agentspec_sim.io.atomic import atomic_binary
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h")
 _DPI = 120
@@ -87,7 +87,7 @@ def speedup_vs_batch(setting: pl.DataFrame, style: Style, title: str, path: Path
 
 
 def _band(ax, rows: pl.DataFrame, color: str, label: str) -> None:
-    """A drafter's uncertainty band (its runs at the acceptance model's low and high bound, agentspec_sim.band),
+    """A drafter's uncertainty band (its runs at the acceptance model's low and high bound, agentspec_sim.run.band),
     shaded between them at the batch sizes that have one; nothing for a drafter without a band."""
     if "speedup_low" not in rows.columns or "speedup_high" not in rows.columns:
         return

@@ -1,7 +1,7 @@
 """The report's Markdown tables, laid out as the paper's Tables 1, 2 and 5 (plus the numbers behind Figure 1).
 
 Inputs are seed-averaged results (`results.seed_means`); every function returns Markdown text. A drafter with
-an uncertainty band (its runs at the acceptance model's low and high bound, agentspec_sim.band) shows its
+an uncertainty band (its runs at the acceptance model's low and high bound, agentspec_sim.run.band) shows its
 interval after the value: `1.52× [1.40–1.61×]`.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from agentspec_sim.band import format_interval
 from agentspec_sim.report.results import workload_name
+from agentspec_sim.run.band import format_interval
 
 
 def _cell(frame: pl.DataFrame, drafter: str, batch: int, column: str) -> float | None:
@@ -21,10 +21,10 @@ def _cell(frame: pl.DataFrame, drafter: str, batch: int, column: str) -> float |
 
 
 def _band(frame: pl.DataFrame, drafter: str, batch: int, metric: str) -> list[float] | None:
-    """[low, high] of `metric` at one cell from its band columns (agentspec_sim.band); None without a band."""
+    """[low, high] of `metric` at one cell from its band columns (agentspec_sim.run.band); None without a band."""
     if f"{metric}_low" not in frame.columns:
         return None
-    from agentspec_sim.band import row_values
+    from agentspec_sim.run.band import row_values
 
     rows = frame.filter((pl.col("drafter") == drafter) & (pl.col("max_num_seqs") == batch))
     return None if rows.height == 0 else row_values(rows.row(0, named=True), metric)

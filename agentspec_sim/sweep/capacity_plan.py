@@ -39,7 +39,7 @@ def cost_model_error(hardware: str, model: str) -> tuple[float, str]:
     """The step-cost model's stated error for (hardware, model): the held-out median |ours / measured − 1| of
     its bundled AIConfigurator calibration, else `COST_MODEL_ERROR`; and where the figure comes from."""
     from agentspec_sim.cost import load_hardware, load_model
-    from agentspec_sim.cost.profiles import bundled_calibration
+    from agentspec_sim.cost.build import bundled_calibration
 
     try:
         path = bundled_calibration(load_hardware(hardware).id, load_model(model).id)
@@ -64,7 +64,7 @@ class Prices:
     @classmethod
     def load(cls, path: str | Path | None = None) -> Prices:
         """The bundled price table, or a JSON file {"source": …, "usd_per_gpu_hour": {hardware: $}}."""
-        from agentspec_sim.strict_json import loads
+        from agentspec_sim.io.strict_json import loads
 
         if path is None:
             text = resources.files("agentspec_sim.cost").joinpath("profiles/prices.json").read_text()

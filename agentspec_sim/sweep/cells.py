@@ -18,14 +18,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from agentspec_sim.drafters.base import (
-    COMMON_KEYS,
-    SpecConfigError,
-    SpeculativeConfig,
-    drafter_class,
-    parse_drafter,
-)
+from agentspec_sim.drafters.registry import drafter_class, parse_drafter, speculative_config
 from agentspec_sim.engine.config import EngineConfig
+from agentspec_sim.engine.drafting import COMMON_KEYS, SpecConfigError, SpeculativeConfig
 
 # Figure 1 of the AgentSpec paper: every drafter against max batch sizes 1 … 256.
 FIGURE1_DRAFTERS = ("normal", "ngram", "ngram-v2", "suffix", "eagle3", "agentspec")
@@ -33,7 +28,7 @@ FIGURE1_MAX_NUM_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 # CPU seconds per million output tokens by method, for ordering only (slowest first): measured on
 # the default trace at max_num_seqs 256 (a sweep's cells; only the ratios matter; the workload tables
-# cached, drafters/table_cache.py). At max_num_seqs 1 per-step work adds (1 + factor)×. Unknown methods
+# cached, drafters/common/table_cache.py). At max_num_seqs 1 per-step work adds (1 + factor)×. Unknown methods
 # (agspec, the ablations, agentspec+): between agentspec and suffix.
 _SECONDS_PER_MTOK = {"normal": 0.27, "ngram": 0.32, "ngram-v2": 0.31, "eagle3": 0.27, "mtp": 0.27, "suffix": 2.6,
                      "agentspec": 0.35}
@@ -151,7 +146,7 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
 
 
 def _grid_value(text: str) -> Any:
-    from agentspec_sim import strict_json
+    from agentspec_sim.io import strict_json
 
     try:
         return strict_json.loads(text)  # NaN, Infinity stay text: the config's own check names them
@@ -198,7 +193,7 @@ def drafter_configs(drafters: Sequence[str], speculative_configs: Sequence[str] 
             data = {**(dict(base.raw) or base.to_json()), **{k: v for (k, _), v in zip(keys, values, strict=True)}}
             parts = [_short(k, v) for (k, _), v in zip(keys, values, strict=True)]
             try:
-                spec = SpeculativeConfig.from_json(data)
+                spec = speculative_config(data)
             except SpecConfigError as exc:
                 raise SweepError(f"--grid: {base.name} {' '.join(parts)}: {exc}") from None
             out.append(replace(spec, label=" ".join([base.name, *parts]) if by_name else _describe_json(spec)))
@@ -242,7 +237,7 @@ def check_sweep_size(configs: int, given: int, grid: bool, max_num_seqs: Sequenc
     """The number of cells (`configs` drafter configurations, of which `given` were listed and the rest come
     from the `grid`, × max_num_seqs × hardware × models × seeds); `ResourceError` over `max_cells`, blaming the
     largest factor (None: no limit)."""
-    from agentspec_sim.resources import require_count
+    from agentspec_sim.host.resources import require_count
 
     factors = {"grid" if grid and configs > given + 1 else "drafters": configs, "max_num_seqs": _count(max_num_seqs),
                "hardware": _count(hardware), "models": _count(models), "seeds": _count(seeds)}
@@ -257,7 +252,7 @@ def check_sweep_size(configs: int, given: int, grid: bool, max_num_seqs: Sequenc
 
 
 def _describe_json(spec: SpeculativeConfig) -> str:
-    from agentspec_sim.drafters.base import describe
+    from agentspec_sim.drafters.registry import describe
 
     return describe(spec)
 
@@ -275,7 +270,7 @@ def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: S
     return cells
 
 
-# Methods whose runs first build a workload table (drafters/history_tables.py, suffix_tables.py,
+# Methods whose runs first build a workload table (drafters/agentspec/tables.py, suffix_tables.py,
 # ngram_tables.py; eagle3/mtp's code(n) segments), shared by the cells of one drafter configuration, trace
 # and model through the disk cache.
 TABLE_METHODS = frozenset({"suffix", "agentspec", "agentspec-s", "agentspec-n", "agentspec-paper", "ngram", "ngram-v2",

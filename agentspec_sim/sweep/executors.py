@@ -86,7 +86,7 @@ class WorkloadSource:
 
                 path = cache_root() / "sweep-traces" / digest / Path(self.path).name
                 if not path.exists():
-                    from agentspec_sim.atomic import write_bytes_atomic
+                    from agentspec_sim.io.atomic import write_bytes_atomic
 
                     write_bytes_atomic(path, self.data, sync=False)
             self.loaded = load_trace(path, skip_bad_lines=self.skip_bad_lines)

@@ -14,7 +14,7 @@ Rules (docs/sweep-and-plan.md):
   (`vllm_engine_args`), and the winner's `--speculative-config` with vLLM's keys only; an EAGLE-3 winner
   names its draft head ("model", which vLLM requires), or a marked field to fill in.
 - The uncertainty band: where the chosen goodput lies inside another drafter's band (the runs at the low and
-  high bound of its acceptance model, agentspec_sim.band), or another's goodput inside the chosen one's, the
+  high bound of its acceptance model, agentspec_sim.run.band), or another's goodput inside the chosen one's, the
   plan names those drafters (`band_overlaps`, `band_note`): the simulation does not tell them apart.
 - The `num_speculative_tokens_per_batch_size` schedule: for each swept batch size up to the chosen
   one, the k of the winner's method (its configurations that differ only in k, and `normal` as
@@ -98,7 +98,7 @@ class Choice:
     ttft_p99_s: float | None
     tpot_p99_s: float | None
     preemptions: int
-    # [low, high]: the runs at the acceptance model's low and high bound (agentspec_sim.band), averaged over
+    # [low, high]: the runs at the acceptance model's low and high bound (agentspec_sim.run.band), averaged over
     # seeds as the point values are; None for a configuration without a band (or results without the columns).
     goodput_tok_s_band: list[float] | None = None
     speedup_band: list[float] | None = None
@@ -218,7 +218,7 @@ def vllm_engine_args(engine: dict[str, Any]) -> list[str]:
 
 
 def _choice(row: dict[str, Any]) -> Choice:
-    from agentspec_sim.band import row_values
+    from agentspec_sim.run.band import row_values
 
     return Choice(drafter=row["drafter"], speculative_config=json.loads(row["speculative_config"]),
                   max_num_seqs=int(row["max_num_seqs"]), goodput_tok_s=float(row["goodput_tok_s"]),
@@ -230,8 +230,8 @@ def _choice(row: dict[str, Any]) -> Choice:
 def band_overlaps(winner: DrafterPlan, others: list[DrafterPlan]) -> tuple[list[str], str | None]:
     """The drafters (of `others`, each at its own best batch size) that the chosen configuration is not told
     apart from by the acceptance model's uncertainty band: the chosen goodput lies inside one's goodput band,
-    or one's goodput inside the chosen one's band (agentspec_sim.band). (names, the sentence saying so)."""
-    from agentspec_sim.band import span
+    or one's goodput inside the chosen one's band (agentspec_sim.run.band). (names, the sentence saying so)."""
+    from agentspec_sim.run.band import span
 
     best = winner.best
     assert best is not None
@@ -365,7 +365,7 @@ def _model_context(model: str) -> int | None:
 
 def _draft_model(config: dict[str, Any], model: str) -> str | None:
     """The draft weights the acceptance parameters of (method, target model) were measured with, if known."""
-    from agentspec_sim.drafters.model_based import load_params, load_params_file
+    from agentspec_sim.drafters.model.rule import load_params, load_params_file
 
     try:
         path = config.get("acceptance_params")
@@ -378,7 +378,7 @@ def _draft_model(config: dict[str, Any], model: str) -> str | None:
 def _vllm_config(best: Choice, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The winner's `--speculative-config` (None for normal), with a batch-size schedule where the
     best k of its method changes across the swept batch sizes up to the chosen one."""
-    from agentspec_sim.drafters.base import drafter_class
+    from agentspec_sim.drafters.registry import drafter_class
 
     config = dict(best.speculative_config)
     method = config["method"]

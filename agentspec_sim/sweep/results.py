@@ -1,7 +1,7 @@
 """The sweep results file: its schema, the journal that makes it resumable, and its reader.
 
 Schema (one row per cell; docs/sweep-and-plan.md): the cell's key columns `KEY_COLUMNS`, then every
-field of `RunSummary.to_row()` in its order, then the band columns (`agentspec_sim.band.COLUMNS`:
+field of `RunSummary.to_row()` in its order, then the band columns (`agentspec_sim.run.band.COLUMNS`:
 `mean_acceptance_length_low`, `…_high`, `goodput_tok_s_low`, …, `speedup_high`; null but for an eagle3/mtp
 cell with an acceptance band; absent in files written before bands were recorded), then `engine_config`
 (the engine settings every cell shares, as JSON) and `query_latencies_s` (every completed query's
@@ -10,11 +10,11 @@ same (trace, engine config) group, filled in when the rows are written (null whi
 
 Durability: each finished cell is appended to a journal beside the results, `<results>.partial`
 (one JSON line, written with one `write` and fsynced), so a killed sweep loses at most the cells in
-flight. The parquet file itself is only ever replaced atomically (agentspec_sim.atomic): when the
+flight. The parquet file itself is only ever replaced atomically (agentspec_sim.io.atomic): when the
 sweep ends, or is interrupted, it is written from every finished row and the journal is removed. A
 resumed sweep reads both (the journal wins where both hold a cell) and discards a torn last line.
 
-One writer: a sweep holds an exclusive lock (`<results>.lock`, agentspec_sim.outputs.sole_writer) from
+One writer: a sweep holds an exclusive lock (`<results>.lock`, agentspec_sim.io.outputs.sole_writer) from
 before it reads an earlier run until its parquet is written; a second sweep of the same output is
 refused at once. A symlinked output's journal and lock sit beside the file it points to; a device or
 FIFO output gets the parquet written through at the end, with no journal and no lock (nothing to resume).
@@ -22,7 +22,7 @@ FIFO output gets the parquet written through at the end, with no journal and no 
 A failed write: when the journal cannot be appended to (a full disk, an I/O error), it is cut back to
 its last whole line, so it is intact. When the parquet then cannot be written either, the journal is
 kept for --resume only if it is intact — whole lines, each fsynced — and removed otherwise; the error
-says which. No temporary file and no torn parquet is ever left (atomic.py removes its temporary file).
+says which. No temporary file and no torn parquet is ever left (io/atomic.py removes its temporary file).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from agentspec_sim import outputs, strict_json
-from agentspec_sim.atomic import atomic_binary, atomic_text
+from agentspec_sim.io import outputs, strict_json
+from agentspec_sim.io.atomic import atomic_binary, atomic_text
 from agentspec_sim.sweep.cells import SweepError
 
 KEY_COLUMNS = ("cell_id", "trace", "drafter", "speculative_config", "max_num_seqs", "hardware", "model", "seed")
@@ -86,7 +86,7 @@ def journal_path(path: str | Path) -> Path:
 def fill_speedups(rows: Sequence[Row], baseline_of: Mapping[str, str]) -> list[Row]:
     """Rows with `speedup` = goodput / goodput of their group's `normal` row (None where that row is
     missing or its goodput is 0), and likewise `speedup_low` / `speedup_high` from `goodput_tok_s_low` /
-    `_high` (the band's runs, agentspec_sim.band) in rows that have those columns. `baseline_of` maps each
+    `_high` (the band's runs, agentspec_sim.run.band) in rows that have those columns. `baseline_of` maps each
     cell_id to its group's normal cell_id."""
     goodput = {row["cell_id"]: row["goodput_tok_s"] for row in rows}
     by_id = {row["cell_id"]: row for row in rows}

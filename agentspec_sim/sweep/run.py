@@ -52,13 +52,13 @@ Progress = Callable[[int, int, Row | None], None]
 
 def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     """Simulate one cell; its row: key columns, `RunSummary.to_row()` (speedup left to the sweep,
-    which knows the group's `normal` goodput), the band columns (`agentspec_sim.band.COLUMNS`: with `band`, a
+    which knows the group's `normal` goodput), the band columns (`agentspec_sim.run.band.COLUMNS`: with `band`, a
     banded eagle3/mtp cell's runs at its acceptance model's low and high bound — two more simulations —,
     else null), the shared engine settings, then every completed query's latency."""
-    from agentspec_sim.band import empty_columns, run_band
     from agentspec_sim.cost import cost_model_for
-    from agentspec_sim.engine.run import simulate
     from agentspec_sim.metrics import completed_latencies, summarize
+    from agentspec_sim.run.band import empty_columns, run_band
+    from agentspec_sim.run.simulation import simulate
 
     config = cell.config
     # One cost model for the cell's runs (its memo of linear-layer times is filled once, not per bound).
@@ -167,7 +167,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     cell whose run, times the local workers running at once, needs more memory than is available.
     `band`: an eagle3/mtp cell whose acceptance parameters have an uncertainty band also runs at the band's low
     and high bound (three simulations instead of one), recorded in its `<metric>_low` / `<metric>_high`
-    columns (`agentspec_sim.band`); False leaves those columns null. A resumed banded cell whose earlier row
+    columns (`agentspec_sim.run.band`); False leaves those columns null. A resumed banded cell whose earlier row
     lacks them (a file from before bands, or a run with band=False) runs again.
     `notify(text)` hears what the sweep does that the caller did not ask for in so many words (a resume that
     drops finished cells no longer in the grid).
@@ -180,7 +180,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     if resume and output is None:
         raise SweepError("resume needs an output file")
     if output is not None:
-        from agentspec_sim.outputs import PARQUET_SUFFIXES, Output, check_outputs
+        from agentspec_sim.io.outputs import PARQUET_SUFFIXES, Output, check_outputs
 
         # Before any work: a directory or a file in the way, an unknown suffix, a folder not writable.
         check_outputs(Output("output", output, PARQUET_SUFFIXES),
@@ -256,7 +256,7 @@ def _kept_rows(previous: Mapping[str, Row], cells: Sequence[Cell], band: bool) -
     """The finished rows of an earlier run that a resumed sweep keeps, by cell_id: those of the current grid,
     except a banded cell's row without its band (it runs again); with `band` off, their band columns null, as
     a fresh run would leave them."""
-    from agentspec_sim.band import COLUMNS, empty_columns, has_band
+    from agentspec_sim.run.band import COLUMNS, empty_columns, has_band
 
     kept = {}
     for cell in cells:
@@ -281,7 +281,7 @@ def _check_configs(cells: Sequence[Cell]) -> dict[EngineConfig, ResolvedLimits]:
     (EngineConfigError, ProfileError, ResourceError, SpecConfigError); their limits, by config."""
     from agentspec_sim.cost import cost_model_for
     from agentspec_sim.engine.config import resolve
-    from agentspec_sim.engine.run import check_draft_networks
+    from agentspec_sim.run.simulation import check_draft_networks
 
     limits = {}
     for config in dict.fromkeys(cell.config for cell in cells):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim.atomic import write_bytes_atomic
+from agentspec_sim.io.atomic import write_bytes_atomic
 from agentspec_sim.trace.schema import Call, Query, TraceMeta, Workload, WorkspaceFile
 
 FORMAT = 3  # bump when the loader's output for the same input can change (3: strict JSON refuses more)

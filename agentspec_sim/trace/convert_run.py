@@ -62,7 +62,7 @@ def _size_written(output: Path) -> int | None:
     """Bytes now at `output`; None where that is no file's size (standard output, a pipe, a device)."""
     import stat
 
-    from agentspec_sim.outputs import stdout_alias
+    from agentspec_sim.io.outputs import stdout_alias
 
     st = Path(stdout_alias(output)).stat()
     return st.st_size if stat.S_ISREG(st.st_mode) else None

@@ -24,9 +24,9 @@ from typing import BinaryIO
 
 import numpy as np
 
-from agentspec_sim import strict_json
-from agentspec_sim.atomic import atomic_binary, atomic_text, compression_of
-from agentspec_sim.resources import MEMORY_ENV, available_memory, format_size
+from agentspec_sim.host.resources import MEMORY_ENV, available_memory, format_size
+from agentspec_sim.io import strict_json
+from agentspec_sim.io.atomic import atomic_binary, atomic_text, compression_of
 from agentspec_sim.trace.schema import (
     EMISSIONS,
     TRACE_VERSION,

@@ -27,7 +27,7 @@ within a query (n-grams, suffixes, repeated spans) matches the same in the copy.
 - every token whose bytes could take part in one of the trace's structure delimiters (it contains a
   delimiter, lies inside one, or a prefix/suffix of it is a suffix/prefix of one). A relabelled
   token then can neither complete, continue nor start a delimiter, so AgentSpec's byte-level
-  automaton (drafters/structure.py) finds the same delimiters at the same tokens and labels every
+  automaton (drafters/common/structure.py) finds the same delimiters at the same tokens and labels every
   token with the same block (tests/test_synth.py replays agentspec on both and compares).
 
 Without a tokenizer (an ids-only trace) every id below the vocabulary size is relabelled.
@@ -222,8 +222,8 @@ def check_synth(workload: Workload, queries: int | None = None, output_tokens: i
                 vocab_size: int | None = None, output: str | Path | None = None) -> SynthSize:
     """Refuse (`ResourceError`, naming `queries` or `output_tokens`) a synthetic trace whose making needs more
     memory than is available, or, given the `output` it is written to, more disk than that has free."""
-    from agentspec_sim.atomic import compression_of
-    from agentspec_sim.resources import require_disk, require_memory
+    from agentspec_sim.host.resources import require_disk, require_memory
+    from agentspec_sim.io.atomic import compression_of
 
     knob, value = ("queries", queries) if queries is not None else ("output_tokens", output_tokens)
     size = synth_size(workload, queries, output_tokens, vocab_size)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim import strict_json
+from agentspec_sim.io import strict_json
 
 BUNDLED = {"qwen3": Path(__file__).parent / "data" / "qwen3"}
 

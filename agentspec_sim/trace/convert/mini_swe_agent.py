@@ -42,7 +42,7 @@ import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from agentspec_sim import strict_json
+from agentspec_sim.io import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
-from agentspec_sim import strict_json
+from agentspec_sim.io import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,

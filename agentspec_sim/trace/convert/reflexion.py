@@ -89,7 +89,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentspec_sim import strict_json
+from agentspec_sim.io import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,

@@ -39,7 +39,7 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from agentspec_sim import strict_json
+from agentspec_sim.io import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,

@@ -43,7 +43,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from agentspec_sim import strict_json
+from agentspec_sim.io import strict_json
 from agentspec_sim.trace.convert.base import (
     ChatCall,
     ConvertError,

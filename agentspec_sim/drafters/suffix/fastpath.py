@@ -1,0 +1,310 @@
+"""Suffix decoding's fast path (engine/drafting.py): the proposer's step, compiled, after every engine step.
+
+vLLM's V1 runner runs its suffix proposer after every step with a forward pass, emitting or not
+(`Simulator._per_step_drafts` is the runner's part). For a step in which every active call, and only
+those, emitted — none starts, stops or finishes — the compiled step appends each call's tokens to its
+prompt tree and its response to the global tree and the drafting calls speculate, in vLLM's
+persistent-batch order, as `SuffixDrafter.propose` applies them (tests/test_engine_fast_paths.py).
+With the workload's table of prompt-tree drafts (drafters/suffix/tables.py), calls drafting from it
+also start fresh and finish inside the compiled steps (`SuffixDrafter.use_local_table`, `sync`).
+Any other step goes to the drafter's `propose`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from agentspec_sim.drafters.suffix import rule as suffix
+from agentspec_sim.drafters.suffix import tables as suffix_tables
+from agentspec_sim.drafters.suffix import tree as suffix_tree
+from agentspec_sim.drafters.suffix.rule import KERNEL_FINISH, KERNEL_START, SuffixDrafter
+from agentspec_sim.drafters.suffix.tree import OP_STEP, OP_TABLE_STEP, SCAP, LocalTable, room, run_ops_into
+from agentspec_sim.engine.drafting import (
+    ENGINE_KERNEL_SOURCES,
+    S_FINISHED,
+    SC_ROWS,
+    DraftSlots,
+    EngineDrafting,
+    FastCall,
+    RunView,
+    batch_k,
+    compiled_step,
+    draft_now,
+    drafts_from_out,
+    fast_path_for,
+    kernel,
+    proposer_skipped,
+    refreshed,
+)
+from agentspec_sim.host.kernel_cache import clear_if_changed
+
+if TYPE_CHECKING:
+    from agentspec_sim.engine.drafting import CallState
+
+clear_if_changed(__file__, [suffix.__file__, suffix_tree.__file__, *ENGINE_KERNEL_SOURCES])
+
+# Forest.par fields.
+SX_DEPTH, SX_K, SX_GLOBAL_ROOT, SX_EVENT_LOOP, SX_MAX_CACHED, SX_ON = range(6)
+
+
+class Forest(NamedTuple):
+    """Suffix decoding's state (drafters/suffix/rule.py `SuffixDrafter`: its `SuffixForest` and each engine
+    call's trees and activity) as the compiled steps drive it."""
+
+    par: np.ndarray  # int64: [depth, k, global root, 1 while the event loop calls, max cached, compiled runs drive it]
+    fpar: np.ndarray  # float32: [max_spec_factor, offset, min_token_prob]
+    nd: np.ndarray  # the `SuffixForest` arrays
+    gp: np.ndarray
+    sq: np.ndarray
+    act: np.ndarray
+    pool: np.ndarray
+    ht: np.ndarray
+    meta: np.ndarray
+    seq_len: np.ndarray
+    row_state: np.ndarray  # SuffixDrafter.row_state / n_active
+    n_active: np.ndarray
+    ops: np.ndarray  # int64 [max_num_seqs, 10] work space: the step's `suffix_tree.run_ops` batch
+    out: np.ndarray  # int32 [max_num_seqs, k]
+    out_n: np.ndarray  # int32 [max_num_seqs]
+    work: np.ndarray  # int32 [3, k]
+    local: LocalTable  # the prompt-tree drafts of calls that read them from the workload's table
+    score: np.ndarray  # float32 [max_num_seqs] work space
+    # With the table, calls start and finish here too (`SuffixDrafter.use_local_table` / `sync`):
+    table_at: np.ndarray  # int64 [rows]: each row's first table position
+    response_seq: np.ndarray  # int64 [rows]: each row's response sequence (-1: responses not cached)
+    kernel_fresh: np.ndarray  # int8 [rows]: the row may be started here (never started before)
+    events: np.ndarray  # int64 [., 2]: (KERNEL_START | KERNEL_FINISH, row) made here, for `sync`
+    n_events: np.ndarray  # int64 [1]
+    n_cached: np.ndarray  # int64 [1]: cached responses
+    marks: np.ndarray  # int64 [max_num_seqs, 2] work space: each op's row and whether it starts / finishes
+
+
+class SuffixSteps(NamedTuple):
+    """The compiled state of a suffix run."""
+
+    ds: DraftSlots
+    sx: Forest
+
+
+@kernel
+def _suffix_event(sx, kind, r):
+    sx.events[sx.n_events[0], 0] = kind
+    sx.events[sx.n_events[0], 1] = r
+    sx.n_events[0] += 1
+
+
+@compiled_step(SuffixSteps, every_step=True)
+def suffix_step(c, sb, pb, state, max_model_len):
+    """`SuffixDrafter.propose` for the step in `sb`, its rows in vLLM's persistent-batch order (`pb.order`,
+    when on); returns the drafting seconds, or −1.0 with nothing changed when the event loop must do it:
+    a compiled run while the drafter holds queued work (par[SX_ON] = 0), the V1 runner's proposer skip, a
+    call that starts, stops (active, not in the batch), finishes or reached max_model_len, or no room in
+    the forest. Called by the event loop (par[SX_EVENT_LOOP]), the drafter has started the calls that
+    start, and a call that finishes has its tokens appended and drafts nothing (`SuffixDrafter.finish_rows`
+    follows). Inside a run, a call drafting from the workload's table (`Forest.table_at`) that starts
+    fresh — its first tokens, never started before, no cached response to evict — or finishes is started
+    or finished here: a start only opens its response (made up front), so doing it before the rows ahead
+    of it changes nothing they see (as `SuffixDrafter.start_fresh`); a finish follows its row's tokens;
+    both are logged for `SuffixDrafter.sync`."""
+    dr, sx = state.ds, state.sx
+    n = sb.sc[SC_ROWS]
+    event_loop = sx.par[SX_EVENT_LOOP] != 0
+    if not event_loop and sx.par[SX_ON] == 0:
+        return -1.0
+    if proposer_skipped(sb, dr, max_model_len):
+        return -1.0
+    depth = sx.par[SX_DEPTH]
+    k = batch_k(sb, dr)
+    # The step's OP_STEP batch, in batch-row order, built in work space only (ops, dr.rows): a row the
+    # kernel cannot do returns before anything changes.
+    ops = sx.ops
+    need = 0
+    m = 0
+    nops = 0
+    starts = 0
+    max_cached = sx.par[SX_MAX_CACHED]
+    for row in range(n):
+        i = pb.order[row] if pb.par[0] else row
+        e = sb.rows.emitted[i]
+        if e == 0:
+            continue
+        r = sb.rows.call[i]
+        flags = 0
+        if r < sx.row_state.shape[0] and sx.row_state[r, 3] == 1 and (event_loop or not sb.rows.started[i]):
+            local, glob, tabled = sx.row_state[r, 1], sx.row_state[r, 2], sx.row_state[r, 4]
+        elif (not event_loop and sb.rows.started[i] and r < sx.kernel_fresh.shape[0] and sx.kernel_fresh[r]
+              and (max_cached == 0 or sx.n_cached[0] + starts < max_cached)):
+            local, glob, tabled = -1, sx.response_seq[r], sx.table_at[r]
+            flags = 1
+            starts += 1
+        else:
+            return -1.0
+        if c.calls.status[r] == S_FINISHED and not event_loop:
+            if tabled < 0:  # its own prompt tree: the drafter keeps or frees it
+                return -1.0
+            flags |= 2
+        end = c.calls.prompt_len[r] + c.calls.num_emitted[r]
+        if end >= max_model_len:
+            return -1.0
+        sx.marks[nops, 0] = r
+        sx.marks[nops, 1] = flags
+        if ((tabled < 0 and sx.seq_len[local] + e > sx.sq[local, SCAP])
+                or (glob >= 0 and sx.seq_len[glob] + e > sx.sq[glob, SCAP])):
+            return -1.0
+        need += (depth if tabled >= 0 else 2 * depth) * e + 1
+        base = c.calls.hist_off[r]
+        ctx = min(depth, end)
+        if tabled >= 0:  # the prompt tree's draft after num_emitted tokens, from the table
+            ops[nops, 0] = OP_TABLE_STEP
+            ops[nops, 1] = tabled + c.calls.num_emitted[r]
+        else:
+            ops[nops, 0] = OP_STEP
+            ops[nops, 1] = sx.row_state[r, 0]
+        ops[nops, 2] = local
+        ops[nops, 3] = glob
+        ops[nops, 4] = base + end - e
+        ops[nops, 5] = e
+        ops[nops, 6] = base + end - ctx
+        ops[nops, 7] = ctx
+        ops[nops, 8] = 0
+        ops[nops, 9] = -1
+        limit = min(k, max_model_len - end - 1)  # the V1 runner's suffix budget
+        if limit > 0 and c.calls.status[r] != S_FINISHED:
+            ops[nops, 8] = min(limit, sx.par[SX_K])
+            ops[nops, 9] = m
+            dr.rows[m] = r
+            m += 1
+        nops += 1
+    if nops != sx.n_active[0] + starts or not room(sx.nd, sx.ht, sx.meta, need):
+        return -1.0
+    if nops == 0:
+        return 0.0
+    for j in range(nops):  # fresh starts: an active call with its (empty) response
+        if sx.marks[j, 1] & 1:
+            r = sx.marks[j, 0]
+            sx.row_state[r, 0] = -1
+            sx.row_state[r, 1] = -1
+            sx.row_state[r, 2] = ops[j, 3]
+            sx.row_state[r, 3] = 1
+            sx.row_state[r, 4] = sx.table_at[r]
+            sx.kernel_fresh[r] = 0
+            sx.n_active[0] += 1
+            if ops[j, 3] >= 0:
+                sx.n_cached[0] += 1
+            _suffix_event(sx, KERNEL_START, r)
+    for j in range(nops):  # the sequences' lengths as `SuffixForest.reserve` keeps them
+        if ops[j, 0] == OP_STEP:
+            sx.seq_len[ops[j, 2]] += ops[j, 5]
+        if ops[j, 3] >= 0:
+            sx.seq_len[ops[j, 3]] += ops[j, 5]
+    run_ops_into(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.par[SX_GLOBAL_ROOT], ops[:nops], c.tokens,
+                 sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work, sx.local, sx.score)
+    for j in range(nops):  # finishes (inside a run): no longer active
+        if sx.marks[j, 1] & 2:
+            r = sx.marks[j, 0]
+            sx.row_state[r, 3] = 0
+            sx.n_active[0] -= 1
+            _suffix_event(sx, KERNEL_FINISH, r)
+    drafts_from_out(c, dr.rows, sx.out, sx.out_n, m)
+    return dr.draft_s[m]
+
+
+class SuffixDrafting(EngineDrafting):
+    """One run's suffix fast path: the compiled steps' state, and the event loop's compiled step."""
+
+    def __init__(self, drafter: SuffixDrafter, run: RunView) -> None:
+        self.drafter, self.run = drafter, run
+        run.table.reserve_draft_width(max(drafter.k, 1))
+        if run.use_tables:
+            table, at = self._table()
+            drafter.use_local_table(table, at, run.states, run.table.cols["target_len"][:len(run.states)])
+        self.ds = DraftSlots.model_free(run)
+        self.state: SuffixSteps | None = None
+        self._step = FastCall(draft_now, containers=(0, 1, 2, 3))
+
+    def _table(self) -> tuple[LocalTable, np.ndarray]:
+        """The prompt-tree drafts of this run's calls (drafters/suffix/tables.py) and each table row's first
+        position, from the disk cache when a run with the same calls, options and max_model_len made them."""
+        run, drafter = self.run, self.drafter
+        prompts, outputs, lengths = run.runnable()
+        cols, n = run.table.cols, len(run.states)
+        options = {"depth": drafter.depth, "k": drafter.k, "factor": drafter.factor, "min_prob": drafter.min_prob,
+                   "offset": drafter.offset, "max_model_len": run.max_model_len}
+        key = suffix_tables.table_key(options, run.tokens_digest, cols["hist_off"][:n], cols["prompt_len"][:n],
+                                      lengths)
+        table, at = suffix_tables.cached_local_table(key, lambda: suffix_tables.build_local_table(
+            drafter.depth, drafter.k, drafter.factor, drafter.min_prob, run.max_model_len, prompts, outputs))
+        return table, at[:n].copy()
+
+    def run_state(self) -> SuffixSteps:
+        """The forest's current arrays (a new tuple only when an array was replaced: the scheduler's FastCall
+        keys on it). While the drafter holds queued work (a call's finish seen in a step where the proposer
+        was skipped) a compiled run drives nothing (par[SX_ON] = 0): its next `propose` applies it."""
+        drafter = self.drafter
+        forest = drafter.forest
+        current = {"nd": forest.nd, "gp": forest.gp, "sq": forest.sq, "act": forest.act, "pool": forest.pool,
+                   "ht": forest.ht, "meta": forest.meta, "seq_len": forest.seq_len, "row_state": drafter.row_state}
+        if self.state is None:
+            seqs, k = self.run.max_num_seqs, max(drafter.k, 1)
+            sx = Forest(
+                par=np.array([drafter.depth, drafter.k, drafter.global_root, 0, drafter.max_cached, 0], dtype=np.int64),
+                fpar=np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32),
+                n_active=drafter.n_active, ops=np.zeros((seqs, 10), dtype=np.int64),
+                out=np.zeros((seqs, k), dtype=np.int32), out_n=np.zeros(seqs, dtype=np.int32),
+                work=np.zeros((3, k), dtype=np.int32), local=forest.local_table,
+                score=np.zeros(seqs, dtype=np.float32),
+                table_at=drafter.table_at if drafter.table_at is not None else np.zeros(1, dtype=np.int64),
+                response_seq=drafter.response_seq, kernel_fresh=drafter.kernel_fresh, events=drafter.events,
+                n_events=drafter.n_events, n_cached=drafter.n_cached, marks=np.zeros((seqs, 2), dtype=np.int64),
+                **current)
+            self.state = SuffixSteps(self.ds, sx)
+        elif (sx := refreshed(self.state.sx, current)) is not self.state.sx:
+            self.state = SuffixSteps(self.ds, sx)
+        self.state.sx.par[SX_ON] = 0 if drafter.queue or drafter.touched else 1
+        return self.state
+
+    def sync(self) -> None:
+        self.drafter.sync()  # the starts and finishes the compiled steps made
+
+    def per_step_drafts(self, rows: Sequence[CallState], calls: np.ndarray, emitted: np.ndarray,
+                        num_tokens: np.ndarray) -> float | None:
+        """The compiled kernel doing the rows' appends and drafts (`SuffixDrafter.start_fresh`, `suffix_step`,
+        `SuffixDrafter.finish_rows`): the drafting seconds, or None when the step needs the drafter's own
+        `propose` (a stop, a restart, an eviction, a call at max_model_len), before anything changed or,
+        should the kernel decline, after the fresh starts."""
+        drafter, run = self.drafter, self.run
+        emitting = emitted.nonzero()[0]
+        if (num_tokens[emitting] >= run.max_model_len).any():
+            return None
+        fresh = [state for state in (rows[i] for i in emitting.tolist())
+                 if state.drafter_state is None or not state.drafter_state.active]
+        if len(drafter.active) + len(fresh) != emitting.shape[0]:  # an active call did not emit: it stops
+            return None
+        if fresh and not drafter.start_fresh(fresh):
+            return None
+        drafter.make_step_room(calls[emitting], emitted[emitting])
+        st = self.run_state()
+        run.table.reserve_draft_width(int(st.ds.par[0]))
+        st.sx.par[SX_EVENT_LOOP] = 1
+        try:
+            seconds = float(self._step(run.table.nt, run.scheduler.sb, run.scheduler.pb, st, run.max_model_len))
+        finally:
+            st.sx.par[SX_EVENT_LOOP] = 0
+        if seconds < 0.0:
+            return None
+        finished = emitting[run.table.cols["status"][calls[emitting]] == S_FINISHED]
+        if finished.shape[0]:
+            drafter.finish_rows([rows[i] for i in finished.tolist()])
+        return seconds
+
+
+@fast_path_for(SuffixDrafter)
+def engine_drafting(drafter: SuffixDrafter, run: RunView) -> SuffixDrafting | None:
+    """The fast path of exactly `suffix` with one drafter and a fixed k (else its own `propose` every step)."""
+    if (type(drafter) is not SuffixDrafter or len(run.drafters) > 1 or run.spec.num_speculative_tokens <= 0
+            or not run.fixed_k):
+        return None
+    return SuffixDrafting(drafter, run)
