@@ -384,11 +384,11 @@ def engine_replay(workload: Workload, spec: SpeculativeConfig, config: EngineCon
                                       tensor_parallel_size=config.tensor_parallel_size)
     spec = bind_engine_context(spec, config, workload)
     limits = resolve(config)
-    sim = Simulator(workload, spec, config, limits, cost_model)
     # What is recorded is the drafter's own propose, so the event loop drives it after every step; the
     # engine's compiled driving equals that step for step (tests/test_engine_fast_paths.py
     # ::test_suffix_driven_in_runs_equals_the_event_loops).
-    sim.fast, sim.max_run_steps = None, 1
+    sim = Simulator(workload, spec, config, limits, cost_model, fast_path=False)
+    sim.max_run_steps = 1
     drafter = sim.drafters[0]
     inner = drafter.propose
     proposals: dict[int, list[tuple[list[str], list[int], list[list[int]]]]] = {}

@@ -23,9 +23,7 @@ def _workload(seed: int = 3):
 
 
 def _sim(wl, spec, cfg, fast: bool = True, max_run_steps: int | None = None) -> Simulator:
-    sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), COST)
-    if not fast:
-        sim.fast = None
+    sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), COST, fast_path=fast)
     if max_run_steps is not None:
         sim.max_run_steps = max_run_steps
     return sim

@@ -116,9 +116,9 @@ def _suffix_run(event_loop: bool, track: bool, monkeypatch) -> dict[tuple[str, i
     if not track:
         monkeypatch.setattr(Scheduler, "track_batch_rows", lambda self: None)
     sim = Simulator(wl, parse_drafter({"method": "suffix", "num_speculative_tokens": 4}), cfg, resolve(cfg),
-                    ConstantCost())
+                    ConstantCost(), fast_path=not event_loop)
     if event_loop:
-        sim.fast, sim.max_run_steps = None, 1
+        sim.max_run_steps = 1
     steps = sim.run().steps
     return {(cid, p): list(d) for cid, p, d in zip(steps["call_id"], steps["position"], steps["draft"], strict=True)}
 

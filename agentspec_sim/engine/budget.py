@@ -12,14 +12,14 @@ redundancy-aware split (of ⌊α/bz⌋ or M(b)) needs the drafter's candidates, 
 Which policy a run uses: the speculative config's `budget_policy` (any drafter), else the drafter
 class's `budget_policy` attribute, else vLLM's rule (`batch-size-schedule` when
 `num_speculative_tokens_per_batch_size` is set, `fixed` otherwise). Policies register by name
-(`register_budget_policy`); a policy with `bind_cost_model` gets the engine's cost model.
+(`register_budget_policy`), each a `BudgetPolicy`: what the engine asks is declared there with defaults.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,8 +30,12 @@ if TYPE_CHECKING:
     from agentspec_sim.engine.request import CallState
 
 
-@runtime_checkable
-class BudgetPolicy(Protocol):
+class BudgetPolicy:
+    """What the engine asks a policy, once per step; the defaults are a policy that decides per call."""
+
+    # The same k for every call at every step (vLLM's static `num_speculative_tokens`).
+    fixed: bool = False
+
     def max_draft_lens(self, num_scheduled: int, rows: Sequence[CallState]) -> np.ndarray:
         """The most draft tokens each row may propose for the next step.
 
@@ -41,11 +45,25 @@ class BudgetPolicy(Protocol):
         Post: an int64 array of `len(rows)` values ≥ 0 (0: the call does not draft). The engine
               further clips each by max_model_len − num_tokens, as vLLM's proposer does.
         """
-        ...
+        raise NotImplementedError
+
+    def k_of_batch(self, max_num_seqs: int) -> np.ndarray | None:
+        """The draft length at 0…max_num_seqs scheduled calls when that alone decides it (the compiled loop
+        then drafts without asking), else None."""
+        return None
+
+    def longest_draft(self, max_num_seqs: int) -> int | None:
+        """The longest draft the policy lets a call propose (the event loop's horizon), None where unstated."""
+        return None
+
+    def bind_cost_model(self, cost: StepCostModel) -> None:
+        """Before the run: the engine's cost model (policies that price their choice)."""
 
 
-class FixedK:
+class FixedK(BudgetPolicy):
     """vLLM's static `num_speculative_tokens`: every drafting call may propose k tokens."""
+
+    fixed = True
 
     def __init__(self, k: int) -> None:
         self.k = int(k)
@@ -53,8 +71,14 @@ class FixedK:
     def max_draft_lens(self, num_scheduled: int, rows: Sequence[CallState]) -> np.ndarray:
         return np.full(len(rows), self.k, dtype=np.int64)
 
+    def k_of_batch(self, max_num_seqs: int) -> np.ndarray:
+        return np.full(max_num_seqs + 1, self.k, dtype=np.int64)
 
-class BatchSizeSchedule:
+    def longest_draft(self, max_num_seqs: int) -> int:
+        return self.k
+
+
+class BatchSizeSchedule(BudgetPolicy):
     """vLLM's `num_speculative_tokens_per_batch_size`: k by the number of scheduled requests.
 
     Dense lookup as vLLM's `build_dynamic_sd_schedule_lookup`: the first range starts at 1; gaps
@@ -81,8 +105,14 @@ class BatchSizeSchedule:
     def max_draft_lens(self, num_scheduled: int, rows: Sequence[CallState]) -> np.ndarray:
         return np.full(len(rows), self.k_for(num_scheduled), dtype=np.int64)
 
+    def k_of_batch(self, max_num_seqs: int) -> np.ndarray:
+        return np.array([self.k_for(n) for n in range(max_num_seqs + 1)], dtype=np.int64)
 
-class AdaSpecPolicy:
+    def longest_draft(self, max_num_seqs: int) -> int:
+        return int(self.k_of_batch(max_num_seqs).max())
+
+
+class AdaSpecPolicy(BudgetPolicy):
     """AdaSpec-style allocation (Huang et al., 2026, "AdaSpec: Adaptive Speculative Decoding for Fast,
     SLO-Aware LLM Serving", SoCC'25), as the AgentSpec paper uses it for its Figure 3: each call's draft
     length from its own running acceptance rate. AdaSpec's SLO machinery is not modelled; the rule is
@@ -121,6 +151,9 @@ class AdaSpecPolicy:
 
     def bind_cost_model(self, cost: StepCostModel) -> None:
         self.cost = cost
+
+    def longest_draft(self, max_num_seqs: int) -> int:
+        return self.k_max
 
     def acceptance(self, state: CallState) -> float:
         """The call's acceptance estimate a (see the class docstring)."""
@@ -222,6 +255,6 @@ def make_budget_policy(spec: SpeculativeConfig, cost: StepCostModel | None = Non
     """The policy for `spec` (`budget_policy_name`); `cost` (the engine's cost model) is bound into
     policies that use one."""
     policy = BUDGET_POLICIES[budget_policy_name(spec, drafter_default)](spec)
-    if cost is not None and hasattr(policy, "bind_cost_model"):
+    if cost is not None:
         policy.bind_cost_model(cost)
     return policy

@@ -21,7 +21,7 @@ the invariant.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,12 +33,13 @@ if TYPE_CHECKING:
 
     from agentspec_sim.engine.request import CallState, CallTable
     from agentspec_sim.engine.result import StepLogBuilder
+    from agentspec_sim.engine.scheduler import Scheduler
 
 # Step times are sums of float64 durations computed in different orders (one step per event or a
 # run of steps); they agree to far better than a nanosecond of simulated time.
 TOLERANCE_S = 1e-9
 
-__all__ = ["TOLERANCE_S", "check_causality", "check_clock", "check_completion", "check_run",
+__all__ = ["TOLERANCE_S", "check_causality", "check_clock", "check_completion", "check_run", "check_step",
            "check_work_conservation", "first_scheduled"]
 
 
@@ -157,3 +158,36 @@ def check_run(log: StepLogBuilder, table: CallTable, states: Sequence[CallState]
     check_causality(ids, arrival_s, scheduled_s, first_token_s, finish_s, status, predecessor)
     check_completion(ids, status, col["num_emitted"][:n], col["target_len"][:n], arrival_s, first_token_s,
                      finish_s)
+
+
+def check_step(sched: Scheduler, pool: Any, t: CallTable, states: Sequence[CallState], max_num_seqs: int,
+               block_size: int) -> None:
+    """The runtime invariants after each run of steps (SEQS, BLOCKS, REFS, SLOTS, CALLS): the scheduler, the
+    KV pool and the call table agree. BUDGET is checked where steps are priced (engine/pricing.py)."""
+    if sched.num_running > max_num_seqs:
+        raise SimulationError(f"{sched.num_running} running > max_num_seqs (SEQS)")
+    held = int(np.count_nonzero(pool.ref[1:]))
+    if held + pool.num_free != pool.usable:
+        raise SimulationError(f"KV blocks: {held} held + {pool.num_free} free ≠ {pool.usable} usable (BLOCKS)")
+    col, n = t.cols, t.rows
+    running = sched.qu.running[:sched.num_running]
+    slots = col["slot"][running]
+    blocks = np.where(slots >= 0, t.slot_nblocks[np.maximum(slots, 0)], 0)
+    if int(blocks.sum()) != int(pool.ref.sum()):
+        raise SimulationError(f"KV references {int(pool.ref.sum())} ≠ blocks held by running calls "
+                              f"{int(blocks.sum())} (REFS)")
+    bad = (col["status"][running] != S_RUNNING) | (blocks * block_size < col["num_computed"][running])
+    if bad.any():
+        s = states[int(running[bad.nonzero()[0][0]])]
+        raise SimulationError(f"call {s.call_id!r}: {s.num_computed} computed tokens in "
+                              f"{len(s.block_ids)} blocks (SLOTS)")
+    waiting = sched._waiting_rows()
+    bad = (col["status"][waiting] != S_WAITING) | (col["slot"][waiting] >= 0)
+    if bad.any():
+        s = states[int(waiting[bad.nonzero()[0][0]])]
+        raise SimulationError(f"waiting call {s.call_id!r} holds KV blocks (SLOTS)")
+    arrived = int(np.count_nonzero(~np.isnan(col["arrival_s"][:n])))
+    finished = int(np.count_nonzero(np.isin(col["status"][:n], (S_FINISHED, S_REFUSED))))
+    if arrived != finished + sched.num_running + sched.num_waiting:
+        raise SimulationError(f"CALLS: {arrived} arrived ≠ {finished} finished or refused + "
+                              f"{sched.num_running} running + {sched.num_waiting} waiting")

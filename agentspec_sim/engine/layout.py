@@ -102,13 +102,28 @@ def _make_layout(workload: Workload, replicate: int, max_len: int, bs: int, thin
                       tokens, np.asarray(caps, dtype=np.int64), needed, first_empty)
 
 
+def next_arrival_s(finish_s: float, nxt: Call, think_time: float | None, offset_s: float) -> float:
+    """The agent workflow between two calls of a query: the next call arrives its think time after the previous
+    one finished (`think_time` when set, else the trace's `think_s`), never before its recorded `arrival_s`
+    (shifted by the query's `offset_s`, the send time the load protocol gave it)."""
+    arrival = finish_s + (think_time if think_time is not None else nxt.think_s)
+    if nxt.arrival_s is not None:
+        arrival = max(arrival, nxt.arrival_s + offset_s)
+    return arrival
+
+
+def arrives_at_finish(nxt: Call, think_time: float | None) -> bool:
+    """`next_arrival_s` is the finish instant itself, whatever it is: no think time, no recorded arrival."""
+    return (think_time if think_time is not None else nxt.think_s) == 0.0 and nxt.arrival_s is None
+
+
 def _chain_next(calls: tuple[Call, ...], k: int, next_row: int, max_len: int, think_time: float | None) -> int:
-    """chain_next of a query's k-th call: the next call's row if it arrives the instant this one ends."""
+    """chain_next of a query's k-th call: the next call's row if it arrives the instant this one ends (the
+    compiled loop then queues it inside a run of steps) and is not refused at max_model_len."""
     if k + 1 == len(calls):
         return NO_NEXT
     nxt = calls[k + 1]
-    think = think_time if think_time is not None else nxt.think_s
-    if think == 0.0 and nxt.arrival_s is None and nxt.prompt_len < max_len:
+    if arrives_at_finish(nxt, think_time) and nxt.prompt_len < max_len:
         return next_row
     return NOT_CHAINED
 

@@ -13,7 +13,9 @@ its own table the first time it handles it (`CallTable.adopt`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -375,3 +377,17 @@ class CallState:
     def __repr__(self) -> str:
         return (f"CallState({self.call_id!r}, {self.status}, emitted={self.num_emitted}/{self.target_len}, "
                 f"computed={self.num_computed}/{self.num_tokens})")
+
+
+@dataclass
+class QueryRun:
+    """One query instance (a tenant's copy of a trace query): its calls in order."""
+
+    index: int
+    query_id: str
+    tenant: int
+    calls: list[CallState]
+    offset_s: float  # added to the trace's arrival_s of its calls
+    arrival_s: float = math.nan
+    finish_s: float = math.nan
+    completed: bool = False

@@ -22,7 +22,7 @@ engine step's batch_size, step_time_s (= draft_s + forward_s), forward_s, draft_
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -33,7 +33,7 @@ from numba import njit
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.counters import LG_DRAFT_TOKENS, LG_ROWS, LG_STEPS
 from agentspec_sim.engine.drafting import SpeculativeConfig
-from agentspec_sim.engine.request import zeros
+from agentspec_sim.engine.request import S_FINISHED, S_REFUSED, CallState, CallTable, QueryRun, zeros
 
 STEP_COLUMNS = (
     "step", "time_s", "drafter", "call_id", "phase", "position", "context_len", "scheduled_tokens", "draft",
@@ -216,3 +216,49 @@ def _list_column(values: np.ndarray, lengths: np.ndarray) -> pl.Series:
         pl.col("draft"))
     return (frame.join(grouped, on="row", how="left", maintain_order="left")
             .with_columns(pl.col("draft").fill_null(empty)))["draft"]
+
+
+def calls_frame(t: CallTable, states: Sequence[CallState], query_ids: Sequence[str]) -> pl.DataFrame:
+    """A run's calls, one row each (RunResult.calls): the call table's columns at the run's end."""
+    st, n = states, t.rows
+    ids = [s.call_id for s in st]
+    col = {k: v[:n].copy() for k, v in t.cols.items()}
+    status = t.status_names()
+    finished = col["status"] == S_FINISHED
+    return pl.DataFrame({
+        "call_id": ids,
+        "query_id": list(query_ids),
+        "tenant": col["tenant"],
+        "seq": np.fromiter((s.call.seq for s in st), dtype=np.int64, count=n),
+        "status": status,
+        "arrival_s": col["arrival_s"],
+        "first_token_s": col["first_token_s"],
+        "finish_s": col["finish_s"],
+        "prompt_len": col["prompt_len"],
+        "output_len": col["num_emitted"],
+        "recorded_output_len": np.fromiter((s.output_len for s in st), dtype=np.int64, count=n),
+        "truncated": (col["target_len"] < np.fromiter((s.output_len for s in st), dtype=np.int64, count=n))
+        & finished,
+        "prefix_hit_tokens": col["prefix_hit_tokens"],
+        "drafted": col["drafted"],
+        "accepted": col["accepted"],
+        "draft_steps": col["draft_steps"],
+        "decode_steps": col["decode_steps"],
+        "preemptions": col["preemptions"],
+        "refused": col["status"] == S_REFUSED,
+    }).with_columns(pl.col("arrival_s", "first_token_s", "finish_s").fill_nan(None))
+
+
+def queries_frame(qs: Sequence[QueryRun], emitted: np.ndarray) -> pl.DataFrame:
+    """A run's query instances, one row each (RunResult.queries); `emitted`: each call's tokens, by table row."""
+    return pl.DataFrame({
+        "query_id": [q.query_id for q in qs],
+        "tenant": np.fromiter((q.tenant for q in qs), dtype=np.int64, count=len(qs)),
+        "calls": np.fromiter((len(q.calls) for q in qs), dtype=np.int64, count=len(qs)),
+        "arrival_s": np.fromiter((q.arrival_s for q in qs), dtype=np.float64, count=len(qs)),
+        "finish_s": np.fromiter((q.finish_s for q in qs), dtype=np.float64, count=len(qs)),
+        "completed": [q.completed for q in qs],
+        "output_tokens": np.fromiter((int(emitted[[s.index for s in q.calls]].sum()) for q in qs), dtype=np.int64,
+                                     count=len(qs)),
+    }).with_columns((pl.col("finish_s") - pl.col("arrival_s")).alias("latency_s")).with_columns(
+        pl.col("arrival_s", "finish_s", "latency_s").fill_nan(None))

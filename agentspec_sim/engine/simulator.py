@@ -10,71 +10,70 @@ with its whole effect in one handler:
   verification and emission); its duration is the drafting time spent proposing the drafts it
   verifies (model-free proposers run on the CPU after the previous step, serialized with it as in
   vLLM's synchronous V1 loop) plus `cost.step_time(batch)`. DONE is pushed at the end.
-- DONE: the effects that wait for the step's end time: first-token and finish times, drafter
-  hooks, the next call of each finished call's query (it arrives think_s after the finish, or at
-  its recorded arrival_s, never before), the drafts for the next step, then STEP at the same
-  instant. (Emission happens at STEP time but only touches the running calls, which no ARRIVE in
-  between reads: arrivals only join the waiting queue.)
+- DONE: the effects that wait for the step's end time: first-token and finish times, the next call of
+  each finished call's query (`layout.next_arrival_s`: think_s after the finish, never before its
+  recorded arrival_s), the drafting owed to the step (below), then STEP at the same instant. (Emission
+  happens at STEP time but only touches the running calls, which no ARRIVE in between reads: arrivals
+  only join the waiting queue.)
 
 Drafts for step t+1 are proposed at the end of step t (after sampling) for the calls that sampled
-a token and go on; a call's first step after its prefill emits its first token with no draft.
+a token and go on; a call's first step after its prefill emits its first token with no draft. Who
+drafts is fixed when the run is built, one of four (`_draft_after_run`): nothing (`normal`); vLLM's V1
+runner driving a suffix proposer after every step (`_per_step_drafts`); the drafter's fast path observing
+and proposing in one compiled call (`EngineDrafting.after_step`); or the drafter's hooks, then its
+proposal (`_propose`: the fast path's compiled proposal where it has one, else `propose`).
 
 Runs of steps. A STEP event runs as many steps as nothing outside the engine can change: no other
 event pending, no drafter that must see the tokens (a drafter proposes after every step that
-emitted — except where the compiled loop drafts itself between steps, `scheduler.InlineDrafts`:
-vLLM's n-gram proposers `ngram` and `ngram-v2`; `eagle3`/`mtp` from their acceptance tables;
-`agentspec` from its history in steps where no call starts or finishes (`InlineHistory`); `suffix`
-in steps where exactly the active calls emitted (`InlineSuffix`); anything else stops the run and
-the drafter's own Python hooks do that step), every next call of a query arriving the instant its
-predecessor ends (those join the waiting queue inside the run). With an event pending (a query sent
-later under a load protocol, a call after its think time) a run takes as many steps as surely all start
-before that event (`_step_bound`: an upper bound on a step's time from the cost model, which is
-MONOTONE) and ends at the first step in which a call finishes, so no step of it could have seen the
-event. It prices them in one `step_times`
-call and pushes one DONE at the end of the last; DONE then does for the run what it does for one
-step. The steps, their order and their times are those of one step per STEP event
-(`max_run_steps = 1`; tests/test_engine_golden.py pins whole runs, tests/test_engine_fast_paths.py
-compares the two), only without a trip through the heap per step: with `normal`, the default trace
-is a handful of runs. The t_A / t_V reference (each drafting step priced without its drafts)
-times nothing and is priced for the whole log when the run ends (`_price_references`).
+emitted — except where its fast path drafts between steps inside the compiled loop, engine/drafting.py
+`compiled_step`: the n-gram proposers, `eagle3`/`mtp` from their acceptance tables, `agentspec` from its
+history in steps where no call starts or finishes, `suffix` in steps where exactly the active calls
+emitted; a step its kernel declines stops the run and the event loop does it), every next call of a
+query arriving the instant its predecessor ends (those join the waiting queue inside the run). With an
+event pending (a query sent later under a load protocol, a call after its think time) a run takes as
+many steps as surely all start before that event (`_step_bound`: an upper bound on a step's time from
+the cost model, which is MONOTONE) and ends at the first step in which a call finishes, so no step of
+it could have seen the event. engine/pricing.py prices the run's steps at once and DONE is pushed at
+the end of the last; DONE then does for the run what it does for one step. The steps, their order and
+their times are those of one step per STEP event (`max_run_steps = 1`; tests/test_engine_golden.py pins
+whole runs, tests/test_engine_fast_paths.py compares the two), only without a trip through the heap per
+step: with `normal`, the default trace is a handful of runs. The t_A / t_V reference (each drafting step
+priced without its drafts) times nothing and is priced for the whole log when the run ends.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import time as wallclock
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import polars as pl
 
-from agentspec_sim.cost.base import BatchShape, StepCostModel, step_times
-from agentspec_sim.engine.budget import BatchSizeSchedule, FixedK, make_budget_policy
+from agentspec_sim.cost.base import BatchShape, StepCostModel
+from agentspec_sim.engine.budget import make_budget_policy
 from agentspec_sim.engine.config import MAX_CLOCK_S, EngineConfig, ResolvedLimits
 from agentspec_sim.engine.counters import LG_EVENTS, Q_RUNNING, Q_WAITING, SC_ROWS, SC_SAMPLED, SC_TOP
 from agentspec_sim.engine.drafting import BaseDrafter, RunView, SpeculativeConfig, new_drafter
-from agentspec_sim.engine.invariants import check_run
+from agentspec_sim.engine.invariants import check_run, check_step
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
-from agentspec_sim.engine.layout import call_layout
+from agentspec_sim.engine.layout import call_layout, next_arrival_s
 from agentspec_sim.engine.load import is_gated, request_rate_arrivals
+from agentspec_sim.engine.pricing import StepPricer
 from agentspec_sim.engine.request import (
     FINISHED,
     NO_NEXT,
     NOT_CHAINED,
     REFUSED,
     S_FINISHED,
-    S_REFUSED,
-    S_RUNNING,
-    S_WAITING,
     SKIPPED,
     CallState,
     CallTable,
+    QueryRun,
 )
-from agentspec_sim.engine.result import RunResult, StepLogBuilder
+from agentspec_sim.engine.result import RunResult, StepLogBuilder, calls_frame, queries_frame
 from agentspec_sim.engine.scheduler import (
     EV_ARRIVE,
     EV_FINISH,
@@ -93,27 +92,14 @@ _UNKNOWN = object()
 __all__ = ["SimulationError", "Simulator"]
 
 
-@dataclass
-class _QueryRun:
-    """One query instance (a tenant's copy of a trace query): its calls in order."""
-
-    index: int
-    query_id: str
-    tenant: int
-    calls: list[CallState]
-    offset_s: float  # added to the trace's arrival_s of its calls
-    arrival_s: float = math.nan
-    finish_s: float = math.nan
-    completed: bool = False
-
-
 class Simulator:
     # AgentSpec's lookups and suffix decoding's prompt-tree drafts come from tables made once per workload
     # where that is exact (drafters/agentspec/tables.py, suffix_tables.py); tests turn it off to compare.
     draft_tables = True
 
     def __init__(self, workload: Workload, spec: SpeculativeConfig, config: EngineConfig, limits: ResolvedLimits,
-                 cost: StepCostModel, progress: Callable[[int, int], None] | None = None) -> None:
+                 cost: StepCostModel, progress: Callable[[int, int], None] | None = None, *,
+                 fast_path: bool = True) -> None:
         self.spec, self.config, self.limits, self.cost = spec, config, limits, cost
         self.progress = progress
         seeds = np.random.SeedSequence(config.seed).spawn(2)
@@ -137,10 +123,10 @@ class Simulator:
         # drafters (ngram-v2) do not.
         self.skips_unfit_batches = kind.v1_runner
         self.states: list[CallState] = []
-        self.queries: list[_QueryRun] = []
+        self.queries: list[QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
         self.heap: list[tuple[float, int, int, object]] = []
-        self.gate_groups: list[list[_QueryRun]] | None = None  # gated protocols (engine/load.py)
+        self.gate_groups: list[list[QueryRun]] | None = None  # gated protocols (engine/load.py)
         self._k_bound: int | object | None = _UNKNOWN  # the policy's longest draft (`_draft_len_bound`), once
         self.seq = 0
         self.now = 0.0
@@ -153,33 +139,36 @@ class Simulator:
         # Longest run of steps per STEP event (1: one step per event, the plain loop; tests compare).
         # A per-step drafter must see every step, emitting or not: its runs are one step long.
         self.max_run_steps = 1 if config.check_invariants or self.per_step else 1 << 40
-        self._budget_memo: dict[int, int] = {}
+        self.pricer = StepPricer(cost, limits.max_num_batched_tokens, config.check_invariants)
         self._build(workload)
         if progress is not None:
             progress(0, len(self.states))  # started (the drafters' workload tables may take a while to build)
-        # The drafter's fast path for this run (engine/drafting.py), if it has one.
-        self.fast = self.drafters[0].engine_drafting(self._run_view())
+        # The drafter's fast path for this run (engine/drafting.py), if it has one (tests turn it off to compare).
+        self.fast = self.drafters[0].engine_drafting(self._run_view()) if fast_path else None
         if self.fast is not None and self.per_step and not config.check_invariants:
             self.max_run_steps = 1 << 40  # the compiled loop drives the proposer after every step itself
         if self.fast is not None and self.fast.replaces_hooks:
             self.hooks = (False, False, False)  # drafting reads the tables, not per-call drafter state
+        # What the event loop drafts after each run of steps, for its last step: one way for the whole run (a
+        # function of the class, not a bound method: the simulator holding its own method would be a cycle).
+        if self.inert:
+            self._draft_after_run = _no_drafting
+        elif self.per_step:
+            self._draft_after_run = Simulator._per_step_drafts  # vLLM's V1 runner driving a suffix proposer
+        elif self.fast is not None and self.fast.observes_steps:
+            self._draft_after_run = Simulator._fast_observes_then_propose
+        else:
+            self._draft_after_run = Simulator._hooks_then_propose
 
     # -- setup -------------------------------------------------------------------------------------
     def _run_view(self) -> RunView:
         """What the drafter's fast path sees of this run (engine/drafting.py `RunView`)."""
-        by_batch = type(self.policy) in (FixedK, BatchSizeSchedule)
         return RunView(drafters=self.drafters, spec=self.spec, states=self.states, table=self.table,
                        scheduler=self.scheduler, cost=self.cost, max_num_seqs=self.limits.max_num_seqs,
                        max_model_len=self.limits.max_model_len, tokens_digest=self.layout.tokens_digest,
-                       k_of_batch=self._k_of_batch() if by_batch else None, fixed_k=type(self.policy) is FixedK,
+                       k_of_batch=self.policy.k_of_batch(self.limits.max_num_seqs), fixed_k=self.policy.fixed,
                        skips_unfit_batches=self.skips_unfit_batches, use_tables=self.draft_tables,
                        runnable=_weak(self._runnable_calls), drafter_hooks=_weak(self._drafter_hooks))
-
-    def _k_of_batch(self) -> np.ndarray:
-        """The draft length a FixedK / BatchSizeSchedule policy allows at 0…max_num_seqs scheduled calls."""
-        policy = self.policy
-        return np.array([policy.k if isinstance(policy, FixedK) else policy.k_for(n)
-                         for n in range(self.limits.max_num_seqs + 1)], dtype=np.int64)
 
     def _runnable_calls(self) -> tuple[list[np.ndarray], list[np.ndarray | None], np.ndarray]:
         """Every call's prompt and the output it emits in this run (cut at max_model_len), None for the calls
@@ -219,7 +208,7 @@ class Simulator:
             raise SimulationError(
                 f"call {call.id!r} needs {needed} KV blocks ({tokens} tokens) but the cache holds {usable} blocks "
                 f"of {bs}; raise gpu_memory_utilization, num_kv_blocks or tensor_parallel_size, or lower max_model_len")
-        self.queries = [_QueryRun(q, query_id, tenant, [], 0.0) for q, (query_id, tenant) in enumerate(layout.queries)]
+        self.queries = [QueryRun(q, query_id, tenant, [], 0.0) for q, (query_id, tenant) in enumerate(layout.queries)]
         self.position_in_query = layout.position
         table = CallTable.build(cols, layout.tokens, layout.region_caps, slots=self.limits.max_num_seqs,
                                 blocks_per_slot=cdiv(max_len, bs) + 1)
@@ -240,7 +229,7 @@ class Simulator:
         self.kv = KVCacheManager(self.limits.num_kv_blocks, bs, max_len, cfg.enable_prefix_caching, table)
         self.scheduler = Scheduler(self.kv, self.limits.max_num_seqs, self.limits.max_num_batched_tokens, max_len)
         if self.per_step:
-            # The suffix proposer walks vLLM's persistent batch row by row (`_suffix_step`).
+            # The suffix proposer walks vLLM's persistent batch row by row (`_per_step_drafts`).
             self.scheduler.track_batch_rows()
         self._place_arrivals()
 
@@ -271,7 +260,7 @@ class Simulator:
         for q in self.queries:
             self._send(q, float(starts[q.index]))
 
-    def _send(self, query: _QueryRun, at: float) -> None:
+    def _send(self, query: QueryRun, at: float) -> None:
         """Query `query`'s first call reaches the server at `at` (its later calls follow it)."""
         query.offset_s = at - (query.calls[0].call.arrival_s or 0.0)
         query.arrival_s = at
@@ -308,7 +297,7 @@ class Simulator:
             for query in self.gate_groups[i]:
                 self._send(query, at)
 
-    def _query_ended(self, query: _QueryRun, now: float) -> None:
+    def _query_ended(self, query: QueryRun, now: float) -> None:
         """A query's last call finished (or one of its calls was refused): under a gated protocol its slot
         passes on at this instant."""
         if self.gate_groups is None:
@@ -337,7 +326,7 @@ class Simulator:
             check_run(self.log, self.table, self.states, [q.calls for q in self.queries])
         return self._result(wallclock.perf_counter() - started)
 
-    def _on_arrive(self, payload: tuple[_QueryRun, int]) -> None:
+    def _on_arrive(self, payload: tuple[QueryRun, int]) -> None:
         query, k = payload
         state = query.calls[k]
         if not self.now <= MAX_CLOCK_S:
@@ -385,7 +374,8 @@ class Simulator:
             self.step_pending = False
             self.pending_draft_s = 0.0
             return
-        end = self._price(self.step_count, self.step_count + steps)
+        end = self.pricer.price(self.log, self.step_count, self.step_count + steps, self.now, self.pending_draft_s)
+        self.pending_draft_s = 0.0
         self._push(end, DONE, (self.step_count, self.step_count + steps))
 
     def _steps_before(self, t_next: float) -> int:
@@ -442,114 +432,9 @@ class Simulator:
         """The longest draft the budget policy lets a call propose (drafters propose within it); None: unstated."""
         if self._k_bound is not _UNKNOWN:
             return self._k_bound
-        self._k_bound = self._policy_longest_draft()
+        longest = self.policy.longest_draft(self.limits.max_num_seqs)
+        self._k_bound = None if longest is None else max(longest, self.spec.num_speculative_tokens)
         return self._k_bound
-
-    def _policy_longest_draft(self) -> int | None:
-        policy = self.policy
-        if isinstance(policy, FixedK):
-            return max(policy.k, self.spec.num_speculative_tokens)
-        if isinstance(policy, BatchSizeSchedule):
-            return max(int(self._k_of_batch().max()), self.spec.num_speculative_tokens)
-        k_max = getattr(policy, "k_max", None)
-        return None if k_max is None else max(int(k_max), self.spec.num_speculative_tokens)
-
-    def _price(self, k0: int, k1: int) -> float:
-        """Times of steps k0 … k1 − 1 (logged, not yet priced); returns the end of the last one.
-
-        Each step's duration is the drafting time spent before it (the first step's: the event loop's
-        last proposal; the others': `run_steps`'s own, for the n-gram proposer drafting inline) plus
-        its forward time. The reference of t_A and t_V (the
-        step priced without its drafts, paper §3.1) times nothing, so `_price_references` prices it
-        for all steps at once when the run ends.
-        """
-        if k1 - k0 == 1:
-            return self._price_one(k0)
-        m, steps = k1 - k0, self.log.buf.steps[k0:k1]
-        query, context, prefill = self._shapes(k0, k1)
-        sizes = steps["batch_size"]
-        offsets = np.zeros(m + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        forward = step_times(self.cost, query, context, prefill, offsets)
-        draft_s = steps["draft_s"].copy()
-        draft_s[0], self.pending_draft_s = self.pending_draft_s, 0.0
-        # Step j starts when step j − 1 ends and takes its drafting then its forward time, accumulated
-        # in that order as one step per event would: end_j = (end_{j−1} + draft_j) + forward_j.
-        interleaved = np.empty(2 * m + 1)
-        interleaved[0], interleaved[1::2], interleaved[2::2] = self.now, draft_s, forward
-        ends = np.cumsum(interleaved)[2::2]
-        steps["time_s"][0] = self.now
-        steps["time_s"][1:] = ends[:-1]
-        steps["forward_s"], steps["draft_s"] = forward, draft_s
-        steps["budget"] = self._budgets(sizes)
-        self._check_budget(int(steps["scheduled_tokens"].max()))
-        return float(ends[-1])
-
-    def _shapes(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(query lens, context lens, is-prefill) of the call-steps of steps k0 … k1 − 1, the last
-        logged (int32 views of the log, but is-prefill)."""
-        b = self.log.buf
-        r1 = self.log.num_rows
-        rows = b.rows[r1 - int(b.steps["batch_size"][k0:k1].sum()):r1]
-        return rows["scheduled"], rows["context_len"], rows["decode"] == 0
-
-    def _price_references(self) -> None:
-        """t_A, t_V and t_D of every step with drafts (NaN elsewhere), from its reference: the same
-        batch priced without its drafts. One batched `step_times` over the whole log (bit-identical
-        to pricing each step alone) instead of a second cost-model call per step in the hot loop."""
-        b = self.log.buf
-        steps = b.steps[:self.log.num_steps]
-        rows = b.rows[:self.log.num_rows]
-        sizes, d = steps["batch_size"], steps["D"]
-        for name in ("t_A", "t_V", "t_D"):
-            steps[name] = np.nan
-        drafting = d.nonzero()[0]
-        if drafting.shape[0] == 0:
-            return
-        sub = np.zeros(drafting.shape[0] + 1, dtype=np.int64)
-        np.cumsum(sizes[drafting], out=sub[1:])
-        picked = np.repeat(d > 0, sizes)  # the rows of those steps: four fields, not whole log rows
-        base = step_times(self.cost, rows["scheduled"][picked] - rows["drafted"][picked], rows["context_len"][picked],
-                          rows["decode"][picked] == 0, sub)
-        n, dk = sizes[drafting], d[drafting]
-        steps["t_A"][drafting] = base / n
-        steps["t_V"][drafting] = (steps["forward_s"][drafting] - base) / dk
-        steps["t_D"][drafting] = steps["draft_s"][drafting] / dk
-
-    def _check_budget(self, scheduled_tokens: int) -> None:
-        if self.config.check_invariants and scheduled_tokens > self.limits.max_num_batched_tokens:
-            raise SimulationError(f"step scheduled {scheduled_tokens} tokens > max_num_batched_tokens (BUDGET)")
-
-    def _price_one(self, k: int) -> float:
-        """`_price` of a run of one step, with Python scalars (the common case with drafters)."""
-        log = self.log
-        r1 = log.num_rows
-        n = int(log.col["batch_size"][k])
-        rows = log.buf.rows[r1 - n:r1]
-        query, context = rows["scheduled"].astype(np.int64), rows["context_len"].astype(np.int64)
-        prefill = rows["decode"] == 0
-        forward = float(self.cost.step_time(BatchShape(query, context, prefill)).total_s)
-        draft_s, self.pending_draft_s = self.pending_draft_s, 0.0
-        col = log.col
-        col["time_s"][k], col["forward_s"][k], col["draft_s"][k] = self.now, forward, draft_s
-        budget = self._budget_memo.get(n)
-        if budget is None:
-            budget = self._budget_memo[n] = self.cost.token_budget(n)
-        col["budget"][k] = budget
-        self._check_budget(int(col["scheduled_tokens"][k]))
-        return self.now + draft_s + forward
-
-    def _budgets(self, sizes: np.ndarray) -> np.ndarray:
-        """M(b) of each step's batch size (memoised: few distinct sizes, all ≤ max_num_seqs, so a lookup
-        table by size instead of sorting millions of steps' sizes)."""
-        memo = self._budget_memo
-        present = np.bincount(sizes)
-        table = np.zeros(present.shape[0], dtype=np.int64)
-        for n in present.nonzero()[0].tolist():
-            if n not in memo:
-                memo[n] = self.cost.token_budget(n)
-            table[n] = memo[n]
-        return table[sizes]
 
     def _on_done(self, payload: tuple[int, int]) -> None:
         """DONE of steps k0 … k1 − 1: time the run's events (first tokens, finishes, next calls that
@@ -573,30 +458,36 @@ class Simulator:
                     self.preempted.append((k0 + j, r))
                 else:  # EV_ARRIVE
                     col["arrival_s"][r] = ends[j]
-        if not self.inert:
-            # The last step of the run is still in the scheduler's step buffer.
-            sb = self.scheduler.sb
-            n_last = int(sb.sc[SC_ROWS])
-            drafted = False
-            if self.per_step:
-                self._per_step_drafts(n_last)
-            elif self.fast is not None and self.fast.observes_steps:
-                seconds = self.fast.after_step(n_last)
-                drafted = seconds is not None
-                if drafted:
-                    self.pending_draft_s = seconds
-            elif any(self.hooks):
-                rows = sb.rows[:n_last]
-                self._drafter_hooks([self.states[r] for r in rows["call"].tolist()], rows["emitted"], rows["started"])
-            if self.spec.num_speculative_tokens and sb.sc[SC_SAMPLED] and not self.per_step and not drafted:
-                sampled = sb.lists["sampled"][:sb.sc[SC_SAMPLED]].copy()
-                self._propose([self.states[r] for r in sampled.tolist()], sampled, n_last)
+        self._draft_after_run(self, int(self.scheduler.sb.sc[SC_ROWS]))  # the run's last step: in the step buffer
         if self.config.check_invariants:
-            self._check_step()
+            check_step(self.scheduler, self.kv.pool, self.table, self.states, self.limits.max_num_seqs,
+                       self.config.block_size)
         self.step_count = k1
         self._push(self.now, STEP, None)
 
-    # -- pieces of DONE ---------------------------------------------------------------------------------
+    # -- pieces of DONE: drafting after a run (one of these, chosen at construction) -------------------
+    def _hooks_then_propose(self, n_rows: int) -> None:
+        """The drafter's hooks for the step's rows that emitted, then its proposal for the calls that sampled."""
+        if any(self.hooks):
+            rows = self.scheduler.sb.rows[:n_rows]
+            self._drafter_hooks([self.states[r] for r in rows["call"].tolist()], rows["emitted"], rows["started"])
+        self._propose_sampled(n_rows)
+
+    def _fast_observes_then_propose(self, n_rows: int) -> None:
+        """The fast path observes and proposes the step in one compiled call (`EngineDrafting.after_step`), or,
+        where it declines, the proposal goes the usual way."""
+        seconds = self.fast.after_step(n_rows)
+        if seconds is None:
+            self._propose_sampled(n_rows)
+        else:
+            self.pending_draft_s = seconds
+
+    def _propose_sampled(self, n_rows: int) -> None:
+        sb = self.scheduler.sb
+        if self.spec.num_speculative_tokens and sb.sc[SC_SAMPLED]:
+            sampled = sb.lists["sampled"][:sb.sc[SC_SAMPLED]].copy()
+            self._propose([self.states[r] for r in sampled.tolist()], sampled, n_rows)
+
     def _drafter_hooks(self, rows: list[CallState], emitted: np.ndarray, started: np.ndarray,
                        may_observe: np.ndarray | None = None) -> None:
         """start_call / observe / finish_call for the rows that emitted, in row order (`may_observe`
@@ -627,11 +518,8 @@ class Simulator:
             nxt = query.calls[position + 1]
             if nxt.index in chained:
                 return
-            think = self.config.think_time if self.config.think_time is not None else nxt.call.think_s
-            arrival = now + think
-            if nxt.call.arrival_s is not None:
-                arrival = max(arrival, nxt.call.arrival_s + query.offset_s)
-            self._push(arrival, ARRIVE, (query, position + 1))
+            self._push(next_arrival_s(now, nxt.call, self.config.think_time, query.offset_s), ARRIVE,
+                       (query, position + 1))
         else:
             query.finish_s = now
             query.completed = True
@@ -643,7 +531,7 @@ class Simulator:
         if self.skips_unfit_batches:
             k = self.spec.num_speculative_tokens
             if num_scheduled and int(self.scheduler.sb.sc[SC_TOP]) + k > self.limits.max_model_len:
-                # vLLM's V1 runner (`_input_fits_in_drafter`, as `_suffix_step`): when one request of
+                # vLLM's V1 runner (`_input_fits_in_drafter`, as `_per_step_drafts`): when one request of
                 # the batch is within k tokens of max_model_len the proposer does not run for anyone
                 # and every request gets k token-0 drafts, which the scheduler clips and verifies.
                 self.scheduler.set_drafts(rows, [np.zeros(k, dtype=np.int32)] * len(sampled))
@@ -747,83 +635,15 @@ class Simulator:
         if self.progress is not None:
             self.progress(self.done_calls, len(self.states))
 
-    # -- checks ----------------------------------------------------------------------------------------
-    def _check_step(self) -> None:
-        """The runtime invariants (config.check_invariants) after a run; BUDGET is checked in `_price`."""
-        sched, pool, t = self.scheduler, self.kv.pool, self.table
-        if sched.num_running > self.limits.max_num_seqs:
-            raise SimulationError(f"{sched.num_running} running > max_num_seqs (SEQS)")
-        held = int(np.count_nonzero(pool.ref[1:]))
-        if held + pool.num_free != pool.usable:
-            raise SimulationError(f"KV blocks: {held} held + {pool.num_free} free ≠ {pool.usable} usable (BLOCKS)")
-        col, n = t.cols, t.rows
-        running = sched.qu.running[:sched.num_running]
-        slots = col["slot"][running]
-        blocks = np.where(slots >= 0, t.slot_nblocks[np.maximum(slots, 0)], 0)
-        if int(blocks.sum()) != int(pool.ref.sum()):
-            raise SimulationError(f"KV references {int(pool.ref.sum())} ≠ blocks held by running calls "
-                                  f"{int(blocks.sum())} (REFS)")
-        bad = (col["status"][running] != S_RUNNING) | (blocks * self.config.block_size < col["num_computed"][running])
-        if bad.any():
-            s = self.states[int(running[bad.nonzero()[0][0]])]
-            raise SimulationError(f"call {s.call_id!r}: {s.num_computed} computed tokens in "
-                                  f"{len(s.block_ids)} blocks (SLOTS)")
-        waiting = sched._waiting_rows()
-        bad = (col["status"][waiting] != S_WAITING) | (col["slot"][waiting] >= 0)
-        if bad.any():
-            s = self.states[int(waiting[bad.nonzero()[0][0]])]
-            raise SimulationError(f"waiting call {s.call_id!r} holds KV blocks (SLOTS)")
-        arrived = int(np.count_nonzero(~np.isnan(col["arrival_s"][:n])))
-        finished = int(np.count_nonzero(np.isin(col["status"][:n], (S_FINISHED, S_REFUSED))))
-        if arrived != finished + sched.num_running + sched.num_waiting:
-            raise SimulationError(f"CALLS: {arrived} arrived ≠ {finished} finished or refused + "
-                                  f"{sched.num_running} running + {sched.num_waiting} waiting")
-
     # -- result ------------------------------------------------------------------------------------------
     def _result(self, wall_s: float) -> RunResult:
         ids = [s.call_id for s in self.states]
-        self._price_references()
+        self.pricer.price_references(self.log)
         engine_steps = self.log.engine_frame()
         st, t = self.states, self.table
         n = t.rows
-        col = {k: v[:n].copy() for k, v in t.cols.items()}
-        status = t.status_names()
-        finished = col["status"] == S_FINISHED
-        calls = pl.DataFrame({
-            "call_id": ids,
-            "query_id": [self.queries[s.query_index].query_id for s in st],
-            "tenant": col["tenant"],
-            "seq": np.fromiter((s.call.seq for s in st), dtype=np.int64, count=n),
-            "status": status,
-            "arrival_s": col["arrival_s"],
-            "first_token_s": col["first_token_s"],
-            "finish_s": col["finish_s"],
-            "prompt_len": col["prompt_len"],
-            "output_len": col["num_emitted"],
-            "recorded_output_len": np.fromiter((s.output_len for s in st), dtype=np.int64, count=n),
-            "truncated": (col["target_len"] < np.fromiter((s.output_len for s in st), dtype=np.int64, count=n))
-            & finished,
-            "prefix_hit_tokens": col["prefix_hit_tokens"],
-            "drafted": col["drafted"],
-            "accepted": col["accepted"],
-            "draft_steps": col["draft_steps"],
-            "decode_steps": col["decode_steps"],
-            "preemptions": col["preemptions"],
-            "refused": col["status"] == S_REFUSED,
-        }).with_columns(pl.col("arrival_s", "first_token_s", "finish_s").fill_nan(None))
-        qs = self.queries
-        emitted = col["num_emitted"]
-        queries = pl.DataFrame({
-            "query_id": [q.query_id for q in qs],
-            "tenant": np.fromiter((q.tenant for q in qs), dtype=np.int64, count=len(qs)),
-            "calls": np.fromiter((len(q.calls) for q in qs), dtype=np.int64, count=len(qs)),
-            "arrival_s": np.fromiter((q.arrival_s for q in qs), dtype=np.float64, count=len(qs)),
-            "finish_s": np.fromiter((q.finish_s for q in qs), dtype=np.float64, count=len(qs)),
-            "completed": [q.completed for q in qs],
-            "output_tokens": np.fromiter((int(emitted[[s.index for s in q.calls]].sum()) for q in qs), dtype=np.int64,
-                                         count=len(qs)),
-        }).with_columns((pl.col("finish_s") - pl.col("arrival_s")).alias("latency_s")).with_columns(
-            pl.col("arrival_s", "finish_s", "latency_s").fill_nan(None))
+        calls = calls_frame(t, st, [self.queries[s.query_index].query_id for s in st])
+        queries = queries_frame(self.queries, t.cols["num_emitted"][:n])
         # A live AgentSpec history over the simulator's memory bound dropped idle queries' histories: say so.
         evicted = sum(d.evictions() for d in self.drafters)
         preemptions = pl.DataFrame({"step": [k for k, _ in self.preempted],
@@ -833,6 +653,10 @@ class Simulator:
                          num_preemptions=self.scheduler.num_preemptions, wall_s=wall_s, preemptions=preemptions,
                          extra={"history_evictions": evicted} if evicted else {},
                          steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids))
+
+
+def _no_drafting(sim: Simulator, n_rows: int) -> None:
+    """A drafter that proposes nothing and has no hooks (`normal`) sees no step."""
 
 
 def _weak(method: Callable) -> Callable:

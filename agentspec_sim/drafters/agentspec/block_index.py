@@ -530,7 +530,7 @@ class BlockArena:
         self.used = np.zeros(1, dtype=np.int64)
         # Tokens (SEPs and lead-ins included) held by live blocks: [0] counts what `run` reserved and
         # `free_block` dropped, [1] what compiled callers appended after checking the room themselves
-        # (engine/scheduler.py `propose_history_inline`).
+        # (drafters/agentspec/fastpath.py, its compiled step).
         self.live = np.zeros(2, dtype=np.int64)
         self._stale = 0  # keys of freed blocks still in the table, at most (a position per level)
 
@@ -575,7 +575,7 @@ class BlockArena:
 
     def ensure_room(self, b: int, n: int) -> None:
         """Capacity for n more tokens in block b, for a compiled caller that appends them later and checks
-        the room itself (engine/scheduler.py `propose_history_inline`); nothing is counted as live."""
+        the room itself (drafters/agentspec/fastpath.py, its compiled step); nothing is counted as live."""
         if self.bk[b, BLIVE]:
             self._grow(b, int(self.bk[b, BLEN]) + n)
 

@@ -484,7 +484,7 @@ class History:
 
     def attach_row(self, row: int, cursor: _Cursor) -> None:
         """Record an engine call (table row `row`, output labels known) for compiled drafting: its lineage
-        and the block of each of its output tokens (`engine/scheduler.py` `InlineHistory`)."""
+        and the block of each of its output tokens (drafters/agentspec/fastpath.py `HistoryDrafting`)."""
         blocks = np.asarray(cursor.blocks, dtype=np.int64)[cursor.labels]
         n = blocks.shape[0]
         if n:
