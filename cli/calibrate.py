@@ -50,12 +50,8 @@ def acceptance(
 ) -> None:
     """Fit the acceptance model's per-position intercepts (and feature coefficients) by maximum likelihood
     on per-step accepted lengths; report observed vs fitted acceptance per category."""
-    from agentspec_sim.drafters.model.calibrate import (
-        CalibrationError,
-        calibrate_file,
-        calibrate_specdecode_bench,
-        looks_like_specdecode_bench,
-    )
+    from agentspec_sim.drafters.model.calibrate import calibrate_file, calibrate_specdecode_bench
+    from agentspec_sim.drafters.model.observations import CalibrationError, looks_like_specdecode_bench
     from agentspec_sim.drafters.model.rule import FEATURES, ModelBasedDrafter, load_params_file
     from agentspec_sim.drafters.registry import drafter_class
     from agentspec_sim.engine.drafting import SpecConfigError

@@ -14,6 +14,7 @@ import pytest
 from simhelpers import ConstantCost, agent_query, config, workload
 
 from agentspec_sim import simulate
+from agentspec_sim.drafters.agentspec.allocation import Candidates, allocate, batch_budget, redundancy_score, saturation
 from agentspec_sim.drafters.agentspec.block_index import (
     OP_APPEND,
     OP_LOOKUP,
@@ -21,16 +22,7 @@ from agentspec_sim.drafters.agentspec.block_index import (
     consensus_lists,
     match_levels,
 )
-from agentspec_sim.drafters.agentspec.rule import (
-    DEFAULT_K,
-    PAPER_PRESET,
-    Candidates,
-    allocate,
-    batch_budget,
-    bind_engine_context,
-    redundancy_score,
-    saturation,
-)
+from agentspec_sim.drafters.agentspec.rule import DEFAULT_K, PAPER_PRESET, bind_engine_context
 from agentspec_sim.drafters.registry import make_drafter, parse_drafter
 from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.engine.request import CallState
@@ -433,7 +425,7 @@ def test_table_rebuilds_stay_logarithmic_when_blocks_are_freed(monkeypatch):
 
 
 def test_offline_replay_sees_what_the_drafter_sees(tok):
-    from agentspec_sim.drafters.agentspec.rule import History
+    from agentspec_sim.drafters.agentspec.history import History
 
     table = tok.token_bytes()
     c0 = _call(tok, "g0", "q", 0, "Write it.", "Plan.\n```python\ntotal = compute_total(items)\n```\nok")
@@ -592,7 +584,7 @@ def test_precomputed_output_labels_draft_as_the_fed_automaton(monkeypatch, metho
     prompts continue from the automaton the last output left."""
     from dataclasses import replace
 
-    from agentspec_sim.drafters.agentspec.rule import History
+    from agentspec_sim.drafters.agentspec.history import History
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import load_trace
 

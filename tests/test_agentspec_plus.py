@@ -10,7 +10,8 @@ import pytest
 from simhelpers import ConstantCost, agent_query, config, workload
 
 from agentspec_sim import simulate
-from agentspec_sim.drafters.agentspec.rule import BatchBudget, batch_budget
+from agentspec_sim.drafters.agentspec.allocation import batch_budget
+from agentspec_sim.drafters.agentspec.rule import BatchBudget
 from agentspec_sim.drafters.agentspec_plus.rule import AgentSpecPlusDrafter
 from agentspec_sim.drafters.registry import make_drafter, parse_drafter
 from agentspec_sim.engine.drafting import SpecConfigError

@@ -13,8 +13,8 @@ from agentspec_sim.analysis.repetition import isolation_premise
 from agentspec_sim.cost import build_cost_model
 from agentspec_sim.cost.base import BatchShape
 from agentspec_sim.cost.break_even import batch_grid, break_even, break_even_at, break_even_grid
+from agentspec_sim.drafters.agentspec.allocation import break_even_depth, capped_lengths
 from agentspec_sim.drafters.agentspec.block_index import META_FIELDS
-from agentspec_sim.drafters.agentspec.rule import break_even_depth, capped_lengths
 from agentspec_sim.drafters.registry import make_drafter, parse_drafter
 from agentspec_sim.engine.drafting import SpecConfigError
 

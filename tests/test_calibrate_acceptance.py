@@ -11,25 +11,24 @@ import pytest
 from typer.testing import CliRunner
 
 from agentspec_sim.drafters.model.calibrate import (
-    CalibrationError,
-    Observation,
     calibrate_file,
     calibrate_specdecode_bench,
-    expected_counts,
     fit_steps,
     fit_targets,
+    model_rates,
+    observed_rates,
+)
+from agentspec_sim.drafters.model.observations import (
+    CalibrationError,
+    Observation,
     load_spec_bench,
     load_specdecode_bench,
     load_vllm_metrics,
     looks_like_specdecode_bench,
-    model_rates,
-    observed_rates,
-    reference_streams,
-    sample_steps,
     walk_positions,
-    workload_streams,
 )
 from agentspec_sim.drafters.model.rule import AcceptanceParams, load_params_file
+from agentspec_sim.drafters.model.streams import expected_counts, reference_streams, sample_steps, workload_streams
 from agentspec_sim.trace.bundled import bundled_trace
 from agentspec_sim.trace.io import load_trace
 

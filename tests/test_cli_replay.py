@@ -42,7 +42,7 @@ def test_table(trace, monkeypatch):
 def test_a_live_history_over_the_memory_bound_is_reported(trace, monkeypatch):
     """agentspec with --replicate 2 drafts from live histories (a drafter per copy, no table); past the
     simulator's memory bound they drop idle queries' histories, and the table says so."""
-    import agentspec_sim.drafters.agentspec.rule as agentspec
+    import agentspec_sim.drafters.agentspec.history as agentspec
 
     monkeypatch.setenv("COLUMNS", "200")
     args = ["replay", str(trace), "--drafter", "agentspec", "--max-num-seqs", "1", "--replicate", "2"]

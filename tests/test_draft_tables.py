@@ -103,7 +103,7 @@ def test_the_table_needs_no_memory_bound_and_the_live_history_says_when_it_passe
     (MAX_LIVE_TOKENS), dropping idle queries' histories past it and reporting them. The table holds no
     histories: a bound the live history passes changes nothing there, and where the live history evicts
     nothing the two agree."""
-    import agentspec_sim.drafters.agentspec.rule as agentspec
+    import agentspec_sim.drafters.agentspec.history as agentspec
 
     wl = _queries()
     cfg = config(check_invariants=False, arrival="zero", max_num_seqs=2)

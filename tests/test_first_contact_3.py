@@ -237,7 +237,7 @@ def test_an_arrival_before_the_previous_calls_is_refused_naming_the_line(tmp_pat
 
 
 def test_a_metrics_file_without_per_step_drafted_names_the_missing_field(tmp_path):
-    from agentspec_sim.drafters.model.calibrate import CalibrationError, load_vllm_metrics
+    from agentspec_sim.drafters.model.observations import CalibrationError, load_vllm_metrics
 
     path = tmp_path / "m.jsonl"
     path.write_text('{"per_step_accepted": [1, 0, 2]}\n')

@@ -10,13 +10,7 @@ import pytest
 from simhelpers import ConstantCost, call, workload
 
 from agentspec_sim.drafters.common.structure import token_bytes_of
-from agentspec_sim.drafters.model.calibrate import (
-    MT_BENCH_CATEGORIES,
-    build_streams,
-    call_features,
-    replay_drafter,
-    sample_steps,
-)
+from agentspec_sim.drafters.model.calibrate import replay_drafter
 from agentspec_sim.drafters.model.rule import (
     ACCEPTANCE_DIR,
     AcceptanceParams,
@@ -29,6 +23,7 @@ from agentspec_sim.drafters.model.rule import (
     load_params,
     uniform_draw,
 )
+from agentspec_sim.drafters.model.streams import MT_BENCH_CATEGORIES, build_streams, call_features, sample_steps
 from agentspec_sim.drafters.registry import make_drafter, speculative_config
 from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.engine.drafting import SpecConfigError

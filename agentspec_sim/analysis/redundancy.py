@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from agentspec_sim.drafters.agentspec.block_index import META_C, META_CT, META_N, META_P
-from agentspec_sim.drafters.agentspec.rule import History
+from agentspec_sim.drafters.agentspec.history import History
 from agentspec_sim.trace.schema import Workload
 
 DEFAULT_MATCH_LENS = (2, 4, 8)

@@ -1,5 +1,6 @@
-"""AgentSpec (the paper, §4) and its ablations: the rule (rule.py), the structure-isolated block history
-(block_index.py, over the suffix family's tree arena), the workload's lookup table (tables.py) and the
+"""AgentSpec (the paper, §4) and its ablations: the drafters and their settings (rule.py), the history cache
+H(agent, query, block) (history.py; its n-gram index over the suffix family's tree arena, block_index.py),
+the redundancy-aware budget allocation (allocation.py), the workload's lookup table (tables.py) and the
 compiled path (fastpath.py). docs/agentspec.md works the rules out."""
 
 # The methods this family registers → the module of the package that defines each (drafters/registry.py loads

@@ -22,19 +22,18 @@ import numpy as np
 
 from agentspec_sim.cost import break_even
 from agentspec_sim.cost.break_even import break_even_at
-from agentspec_sim.drafters.agentspec import block_index
 from agentspec_sim.drafters.agentspec import rule as agentspec
 from agentspec_sim.drafters.agentspec import tables as history_tables
+from agentspec_sim.drafters.agentspec.allocation import capped_lengths
 from agentspec_sim.drafters.agentspec.block_index import BCAP, BLEN, OP_APPEND, OP_LOOKUP, run_ops_into
+from agentspec_sim.drafters.agentspec.history import MAX_SCAN, MIN_SUPPORT
 from agentspec_sim.drafters.agentspec.rule import (
-    MAX_SCAN,
-    MIN_SUPPORT,
     AgentSpecDrafter,
     AgentSpecNDrafter,
     AgentSpecPaperDrafter,
     AgentSpecSDrafter,
-    capped_lengths,
 )
+from agentspec_sim.drafters.suffix import tree as suffix_tree
 from agentspec_sim.engine.drafting import (
     ENGINE_KERNEL_SOURCES,
     S_FINISHED,
@@ -54,12 +53,15 @@ from agentspec_sim.engine.drafting import (
     sampled_calls,
     set_verified,
 )
-from agentspec_sim.host.kernel_cache import clear_if_changed
+from agentspec_sim.host.kernel_cache import clear_if_changed, package_sources
 
 if TYPE_CHECKING:
     from agentspec_sim.engine.drafting import CallState
 
-clear_if_changed(__file__, [agentspec.__file__, block_index.__file__, break_even.__file__, *ENGINE_KERNEL_SOURCES])
+# Its kernels call the family's own compiled functions (allocation, history, block index, the suffix tree it
+# builds on) and the cost model's break-even grid.
+clear_if_changed(__file__, [*package_sources(__package__), suffix_tree.__file__, break_even.__file__,
+                            *ENGINE_KERNEL_SOURCES])
 
 # Drafters whose every lookup a workload table can give; drafters whose live history the compiled steps drive.
 TABLE_DRAFTERS = (AgentSpecDrafter, AgentSpecSDrafter, AgentSpecNDrafter, AgentSpecPaperDrafter)

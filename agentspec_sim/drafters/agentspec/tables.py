@@ -32,7 +32,7 @@ import numpy as np
 from agentspec_sim.drafters.agentspec import block_index
 from agentspec_sim.drafters.agentspec import rule as agentspec
 from agentspec_sim.drafters.agentspec.block_index import META_P
-from agentspec_sim.drafters.agentspec.rule import MAX_SCAN, MIN_SUPPORT, History
+from agentspec_sim.drafters.agentspec.history import MAX_SCAN, MIN_SUPPORT, History
 from agentspec_sim.drafters.common import structure, table_cache
 from agentspec_sim.drafters.common.table_cache import Arrays, PathPool, cached_arrays
 from agentspec_sim.trace.schema import Call

@@ -46,18 +46,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from agentspec_sim.drafters.agentspec.allocation import Candidates, allocate, redundancy_score
 from agentspec_sim.drafters.agentspec.block_index import META_C, META_CT, META_FIELDS, META_MATCH, META_N, META_P
-from agentspec_sim.drafters.agentspec.rule import (
-    BUDGET_DEFAULTS,
-    DEFAULT_K,
-    ENGINE_KEYS,
-    MATCH_DEFAULTS,
-    BatchBudget,
-    Candidates,
-    History,
-    allocate,
-    redundancy_score,
-)
+from agentspec_sim.drafters.agentspec.history import History
+from agentspec_sim.drafters.agentspec.rule import BUDGET_DEFAULTS, DEFAULT_K, ENGINE_KEYS, MATCH_DEFAULTS, BatchBudget
 from agentspec_sim.drafters.agspec.corpus_index import NGramIndex, continuation_len, lookup
 from agentspec_sim.drafters.agspec.rule import (
     FORMS,
