@@ -34,7 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from agentspec_sim.engine.config import EngineConfig
+from agentspec_sim.cost import cost_model_for
+from agentspec_sim.cost.base import BatchShape
+from agentspec_sim.engine.config import EngineConfig, resolve
+from agentspec_sim.metrics import completed_latencies, summarize
+from agentspec_sim.run.simulation import simulate
 from agentspec_sim.slo import LatencySLO
 
 
@@ -191,9 +195,6 @@ def throughput_ceiling(workload: Any, config: EngineConfig, cost_model: Any, iso
     context (output-token weighted), each step emitting the isolated run's mean acceptance length per call,
     over the mean output tokens per query. A guess for the search's start (the batch stops limiting the load
     long before it fills), not a bound."""
-    from agentspec_sim.cost.base import BatchShape
-    from agentspec_sim.engine.config import resolve
-
     calls = [c for q in workload.queries for c in q.calls]
     out = np.array([c.output_len for c in calls], dtype=np.float64)
     if not calls or out.sum() <= 0:
@@ -219,12 +220,7 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
                   cost_model: Any = None) -> Capacity:
     """The capacity of `drafter` on `config` for `workload` (library entry point; probes run here, in order).
     `cost_model` default: the config's roofline model, built once for every probe."""
-    from agentspec_sim.metrics import completed_latencies, summarize
-    from agentspec_sim.run.simulation import simulate
-
     if cost_model is None:
-        from agentspec_sim.cost import cost_model_for
-
         cost_model = cost_model_for(config)
 
     def run(probe: EngineConfig) -> tuple[Probe, Any, tuple[float, ...]]:

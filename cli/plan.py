@@ -85,65 +85,33 @@ def plan(
     """Pick the drafter (and k) and max batch size that serve the most load per GPU under the SLOs (a capacity
     search: --slo-ttft / --slo-tpot / --slo-query-latency), or with --goodput the most goodput of the batch job
     under p99 SLOs; print the vLLM flags that deploy it."""
-    import math
-
-    from agentspec_sim.sweep import SweepError, read_results
+    from agentspec_sim.sweep import SweepError
+    from agentspec_sim.sweep.capacity_plan import Prices, is_capacity_results, plan_capacity
     from agentspec_sim.sweep.plan import SLO
     from agentspec_sim.sweep.plan import plan as make_plan
 
-    for name, value in (("--slo-p99-latency", slo_p99_latency), ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot),
-                        ("--min-goodput", min_goodput)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise UsageError(f"{name} must be > 0 (a finite number), got {value}")
-    if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
-        raise UsageError(f"--target-rate must be > 0 queries/s (a finite number), got {target_rate}")
+    _check_positive({"--slo-p99-latency": slo_p99_latency, "--slo-ttft": slo_ttft, "--slo-tpot": slo_tpot,
+                     "--min-goodput": min_goodput, "--target-rate": target_rate})
     slo = SLO(slo_p99_latency, slo_ttft, slo_tpot, min_goodput, allow_preemption)
-    from agentspec_sim.sweep.capacity_plan import Prices, is_capacity_results, plan_capacity
-
     try:
         price_table = Prices.load(prices)  # a bad price file fails before any sweep runs
     except SweepError as exc:
         raise UsageError(str(exc)) from None
-    search = None
-    if capacity is None:  # by capacity when a trace is planned under per-request SLOs and nothing says otherwise
-        capacity = (results is None and slo_p99_latency is None and min_goodput is None
-                    and any(v is not None for v in (slo_ttft, slo_tpot, slo_query_latency)))
-    if capacity and results is None:
-        if slo_p99_latency is not None or min_goodput is not None:
-            raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
-                             "(not --slo-p99-latency or --min-goodput)")
-        latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
-        load = sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1)
-        engine = sweep_cli.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len,
-                                         num_kv_blocks, tensor_parallel_size, calibration, replicate,
-                                         think_time, no_prefix_caching, load)
-        search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine)
-        if rate is not None or request_rate is not None or copies != 1:
-            raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")
-    elif not capacity and results is None and (slo_query_latency is not None or target_rate is not None):
-        raise UsageError("--slo-query-latency and --target-rate plan by capacity: not with --goodput")
+    engine_options = (max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
+                      tensor_parallel_size, calibration, replicate, think_time, no_prefix_caching)
     if results is not None:
-        if ctx.get_parameter_source("capacity").name not in ("DEFAULT", "DEFAULT_MAP"):
-            raise UsageError("--capacity/--goodput: with --results the plan follows the file (capacity results plan "
-                             "by capacity)")
-        if trace is not None:
-            raise UsageError("--results plans from a finished sweep: give no TRACE")
-        _refuse_sweep_options(ctx)
-        try:
-            frame = read_results(results)
-        except SweepError as exc:
-            raise UsageError(str(exc)) from None
+        frame = _results_frame(ctx, results, trace)
     else:
-        if search is None:  # a capacity search's engine was made above
-            engine = sweep_cli.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len,
-                                             num_kv_blocks, tensor_parallel_size, calibration, replicate,
-                                             think_time, no_prefix_caching,
-                                             sweep_cli.load_settings(rate, request_rate, burstiness, max_concurrency,
-                                                                     copies))
+        search = _capacity_search(capacity, slo_p99_latency, min_goodput, slo_ttft, slo_tpot, slo_query_latency,
+                                  slo_attainment, capacity_tolerance, burstiness, max_concurrency, target_rate,
+                                  rate, request_rate, copies, engine_options)
+        load = sweep_cli.load_settings(*((None, None) if search else (rate, request_rate)), burstiness,
+                                       max_concurrency, 1 if search else copies)
         frame = sweep_cli.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
-                                        engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
-                                        address=address, skip_bad_lines=skip_bad_lines, show_progress=not as_json,
+                                        engine=sweep_cli.engine_config(*engine_options, load), output=output,
+                                        resume=resume, jobs=jobs, executor=executor, address=address,
+                                        skip_bad_lines=skip_bad_lines, show_progress=not as_json,
                                         max_cells=max_cells, band=not no_band, capacity=search)
     by_capacity = is_capacity_results(frame)
     if not by_capacity and (target_rate is not None or slo_query_latency is not None):
@@ -162,6 +130,55 @@ def plan(
         return
     for p in plans:
         (_render_capacity if by_capacity else _render)(p)
+
+
+def _check_positive(values: dict[str, float | None]) -> None:
+    import math
+
+    for name, value in values.items():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            unit = " queries/s" if name == "--target-rate" else ""
+            raise UsageError(f"{name} must be > 0{unit} (a finite number), got {value}")
+
+
+def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_ttft, slo_tpot, slo_query_latency,
+                     slo_attainment, capacity_tolerance, burstiness, max_concurrency, target_rate, rate,
+                     request_rate, copies, engine_options: tuple):
+    """The capacity search a plan of a TRACE runs, or None for the batch job's plan (--goodput): by capacity when
+    the trace is planned under per-request SLOs and nothing says otherwise."""
+    if capacity is None:
+        capacity = (slo_p99_latency is None and min_goodput is None
+                    and any(v is not None for v in (slo_ttft, slo_tpot, slo_query_latency)))
+    if not capacity:
+        if slo_query_latency is not None or target_rate is not None:
+            raise UsageError("--slo-query-latency and --target-rate plan by capacity: not with --goodput")
+        return None
+    if slo_p99_latency is not None or min_goodput is not None:
+        raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
+                         "(not --slo-p99-latency or --min-goodput)")
+    latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
+    engine = sweep_cli.engine_config(*engine_options, sweep_cli.load_settings(None, None, burstiness,
+                                                                              max_concurrency, 1))
+    search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine)
+    if rate is not None or request_rate is not None or copies != 1:
+        raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")
+    return search
+
+
+def _results_frame(ctx: typer.Context, results: Path, trace: Path | None):
+    """`plan --results`: the finished sweep's rows; no option that would have changed that sweep."""
+    from agentspec_sim.sweep import SweepError, read_results
+
+    if ctx.get_parameter_source("capacity").name not in ("DEFAULT", "DEFAULT_MAP"):
+        raise UsageError("--capacity/--goodput: with --results the plan follows the file (capacity results plan "
+                         "by capacity)")
+    if trace is not None:
+        raise UsageError("--results plans from a finished sweep: give no TRACE")
+    _refuse_sweep_options(ctx)
+    try:
+        return read_results(results)
+    except SweepError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _refuse_sweep_options(ctx: typer.Context) -> None:

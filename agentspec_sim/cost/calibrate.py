@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentspec_sim.cost.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
+from agentspec_sim.cost.profiles import HardwareProfile, ModelProfile, load_hardware, load_model, profile_mismatch
 from agentspec_sim.cost.roofline import Calibration, RooflineCostModel
 
 FORWARD_FACTORS = (
@@ -159,8 +159,6 @@ def fit_calibration(timings: StepTimings, hardware: HardwareProfile | str, model
     otherwise, unless `allow_profile_mismatch`): fitted against another device's peaks, CPU timings gave an
     A100 efficiencies of 2.0 and 1.43, numbers that describe neither.
     """
-    from agentspec_sim.cost.profiles import profile_mismatch
-
     hw, m = load_hardware(hardware), load_model(model)
     mismatch = profile_mismatch(timings.hardware, timings.model, hw, m)
     if mismatch and not allow_profile_mismatch:

@@ -83,7 +83,6 @@ def speculative_config(data: Mapping[str, Any] | str, label: str | None = None) 
     return spec
 
 
-
 _EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 5}'
 INT64_MAX = 2**63 - 1
 
@@ -164,8 +163,6 @@ def _parse_schedule(value: object) -> tuple[tuple[int, int, int], ...]:
     if ranges[0][0] != 1:
         raise SpecConfigError(f"{what}: the first range must start at 1, got {list(ranges[0])}")
     return tuple(ranges)
-
-
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from agentspec_sim.cost.base import BatchShape
 from agentspec_sim.engine.drafting import SpecConfigError, SpeculativeConfig
 
 if TYPE_CHECKING:
@@ -171,8 +172,6 @@ class AdaSpecPolicy(BudgetPolicy):
         key = (batch_size, context_len.bit_length())  # context bucketed by powers of two
         tau = self._tau_memo.get(key)
         if tau is None:
-            from agentspec_sim.cost.base import BatchShape
-
             ctx = 1 << max(key[1] - 1, 0)
             one = self.cost.step_time(BatchShape.decode(batch_size, ctx, 1)).total_s
             two = self.cost.step_time(BatchShape.decode(batch_size, ctx, 2)).total_s

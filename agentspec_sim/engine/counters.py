@@ -28,3 +28,12 @@ KV_NODES = 1  # prefix-hash nodes in use
 
 # CallTable.ctr (engine/request.py).
 CT_FREE_SLOTS = 0  # free running-call slots
+
+# PersistentBatch.par (engine/scheduler.py): vLLM's persistent batch.
+PB_ON = 0  # tracked at all (a drafter asked for it)
+PB_ROWS = 1  # batch rows held
+PB_TICK = 2  # steps seen
+
+# DraftSlots.par (engine/drafts.py): a fast path's draft limits for the run.
+DS_K_MAX = 0  # num_speculative_tokens
+DS_SKIP_UNFIT = 1  # the V1 runner's proposer skip near max_model_len applies

@@ -62,7 +62,7 @@ from numba.extending import overload
 from agentspec_sim.engine import counters as _counters
 from agentspec_sim.engine import drafts as _drafts
 from agentspec_sim.engine import kv as _kv
-from agentspec_sim.engine.counters import SC_ROWS, SC_SAMPLED, SC_TOP
+from agentspec_sim.engine.counters import DS_K_MAX, PB_ON, SC_ROWS, SC_SAMPLED, SC_TOP
 from agentspec_sim.engine.drafts import (
     DraftSlots,
     batch_k,
@@ -87,47 +87,14 @@ if TYPE_CHECKING:
 # decorators): a family's `clear_if_changed` lists them beside its own.
 ENGINE_KERNEL_SOURCES = (_drafts.__file__, _kv.__file__, _counters.__file__)
 
+# Everything a drafter family may use of the engine (docs/architecture.md).
 __all__ = [
-    # the drafter's Python side
-    "COMMON_KEYS",
-    # the compiled side: kernels, the call table and the step's drafts
-    "ENGINE_KERNEL_SOURCES",
-    "MAX_SPECULATIVE_TOKENS",
-    "NO_EFFECT_KEYS",
-    "SC_ROWS",
-    "SC_SAMPLED",
-    "SC_TOP",
-    "S_FINISHED",
-    "BaseDrafter",
-    "CallState",
-    "CallTable",
-    "DraftSlots",
-    "Drafter",
-    # the fast path
-    "EngineDrafting",
-    "FastCall",
-    "NoDrafting",
-    "RunView",
-    "SchedulerView",
-    "SpecConfigError",
-    "SpeculativeConfig",
-    "batch_k",
-    "compiled_step",
-    "draft_between_steps",
-    "draft_now",
-    "drafting_calls",
-    "drafts_every_step",
-    "drafts_from",
-    "drafts_from_out",
-    "fast_path_for",
-    "grown",
-    "kernel",
-    "new_drafter",
-    "proposer_skipped",
-    "refreshed",
-    "sampled_calls",
-    "set_verified",
-    "verify",
+    "COMMON_KEYS", "DS_K_MAX", "ENGINE_KERNEL_SOURCES", "MAX_SPECULATIVE_TOKENS", "NO_EFFECT_KEYS", "PB_ON",
+    "SC_ROWS", "SC_SAMPLED", "SC_TOP", "S_FINISHED", "BaseDrafter", "CallState", "CallTable", "DraftSlots",
+    "Drafter", "EngineDrafting", "FastCall", "NoDrafting", "RunView", "SchedulerView", "SpecConfigError",
+    "SpeculativeConfig", "batch_k", "caches_loop", "compiled_step", "draft_between_steps", "draft_now",
+    "draft_now_for", "drafting_calls", "drafts_every_step", "drafts_from", "drafts_from_out", "fast_path_for",
+    "grown", "kernel", "new_drafter", "proposer_skipped", "refreshed", "sampled_calls", "set_verified", "verify"
 ]
 
 
@@ -287,6 +254,13 @@ class BaseDrafter:
         set it (`bind_engine_context`: hardware, model, tensor_parallel_size, calibration, seed, tokenizer)."""
         return spec
 
+    @classmethod
+    def acceptance_params(cls, spec: SpeculativeConfig, model: str | None = None) -> Any | None:
+        """The acceptance model's parameters a run of `spec` on an engine serving `model` resolves (a
+        model-based drafter's, with their source and any uncertainty band: run/band.py); None for a drafter
+        whose drafts are its rule's own."""
+        return None
+
     def engine_drafting(self, run: RunView) -> EngineDrafting | None:
         """This drafter's fast path for a run (`EngineDrafting`, given a `RunView`), or None: the engine drives
         the hooks and `propose`. The default asks the function registered for the nearest class of this
@@ -349,8 +323,6 @@ def grown(array: np.ndarray, rows: int, fill: int) -> np.ndarray:
     out = np.full((max(2 * array.shape[0], rows), *array.shape[1:]), fill, dtype=array.dtype)
     out[:array.shape[0]] = array
     return out
-
-
 
 
 class SchedulerView(Protocol):

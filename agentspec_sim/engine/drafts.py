@@ -13,11 +13,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from agentspec_sim.engine.counters import SC_ROWS, SC_SAMPLED, SC_TOP
+from agentspec_sim.engine.counters import DS_K_MAX, DS_SKIP_UNFIT, SC_ROWS, SC_SAMPLED, SC_TOP
 from agentspec_sim.engine.kv import internal_kernel, kernel
-
-# DraftSlots.par fields: num_speculative_tokens, whether the V1 runner's proposer skip applies.
-DS_K_MAX, DS_SKIP_UNFIT = range(2)
 
 
 @kernel

@@ -43,6 +43,9 @@ from agentspec_sim.engine.counters import (
     LG_EVENTS,
     LG_ROWS,
     LG_STEPS,
+    PB_ON,
+    PB_ROWS,
+    PB_TICK,
     Q_PREEMPTIONS,
     Q_RUNNING,
     Q_WAITING,
@@ -142,9 +145,9 @@ class PersistentBatch(NamedTuple):
     it. `persistent_batch_update` does the three parts in O(batch) per step.
     """
 
-    par: np.ndarray  # int64: [on, rows held, steps seen]
+    par: np.ndarray  # int64: PB_ON, PB_ROWS, PB_TICK (engine/counters.py)
     call: np.ndarray  # int64 [max_num_seqs]: the call (table row) in each batch row
-    seen: np.ndarray  # int64 [table rows]: the last step (par[2]) that scheduled the call, 0: never
+    seen: np.ndarray  # int64 [table rows]: the last step (par[PB_TICK]) that scheduled the call, 0: never
     index: np.ndarray  # int64 [table rows]: the call's index in that step's buffer
     order: np.ndarray  # int64 [max_num_seqs]: the step's batch rows — order[k]: step-buffer index of row k
     work: np.ndarray  # int64 [2, max_num_seqs]: holes; calls to add
@@ -158,7 +161,7 @@ class PersistentBatch(NamedTuple):
     @classmethod
     def off(cls) -> PersistentBatch:
         off = cls.make(1, 1)
-        off.par[0] = 0
+        off.par[PB_ON] = 0
         return off
 
     def grown(self, calls: int) -> PersistentBatch:
@@ -176,9 +179,9 @@ def persistent_batch_update(pb, calls):
     """`PersistentBatch`'s three parts for a step that scheduled `calls` (table rows, step-buffer order):
     afterwards the batch holds exactly these calls in rows 0 … len(calls) − 1 and pb.order[k] is the
     step-buffer index of the call in row k."""
-    n_old = pb.par[1]
-    tick = pb.par[2] + 1
-    pb.par[2] = tick
+    n_old = pb.par[PB_ROWS]
+    tick = pb.par[PB_TICK] + 1
+    pb.par[PB_TICK] = tick
     holes = pb.work[0]
     adds = pb.work[1]
     n = calls.shape[0]
@@ -223,7 +226,7 @@ def persistent_batch_update(pb, calls):
         pb.call[holes[h]] = pb.call[last]
         h += 1
         last -= 1
-    pb.par[1] = n
+    pb.par[PB_ROWS] = n
     for k in range(n):
         pb.order[k] = pb.index[pb.call[k]]
 
@@ -506,7 +509,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
             return s, RUN_FULL
         schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
         rows = sb.sc[SC_ROWS]
-        if pb.par[0]:
+        if pb.par[PB_ON]:
             persistent_batch_update(pb, sb.rows.call[:rows])
         for j in range(sb.sc[SC_PREEMPTED]):  # victims in preemption order, with the step that runs next
             _event(lg, EV_PREEMPT, sb.lists.preempted[j], step0 + s)
@@ -663,13 +666,13 @@ class Scheduler:
     def track_batch_rows(self) -> None:
         """Follow vLLM's persistent batch from now on (`PersistentBatch`): every schedule updates it and
         `batch_order` gives the step's rows in its order. For drafters that depend on that order (suffix)."""
-        if not self.pb.par[0]:
+        if not self.pb.par[PB_ON]:
             self.pb = PersistentBatch.make(self.max_num_seqs, self.table.capacity)
 
     def batch_order(self, n: int) -> np.ndarray:
         """The last schedule's n rows in vLLM's persistent-batch order: step-buffer indices, row 0 first
         (the step buffer's own order when the batch is not tracked)."""
-        return self.pb.order[:n] if self.pb.par[0] else np.arange(n)
+        return self.pb.order[:n] if self.pb.par[PB_ON] else np.arange(n)
 
     # -- queues ------------------------------------------------------------------------------------
     def add_request(self, state: CallState) -> None:
@@ -688,7 +691,7 @@ class Scheduler:
             q[1], cap = 0, 2 * cap
         self.qu.waiting[(q[1] + q[2]) % cap] = row
         q[2] += 1
-        if self.pb.par[0]:
+        if self.pb.par[PB_ON]:
             self.pb = self.pb.grown(self.table.capacity)
 
     def _waiting_rows(self) -> np.ndarray:
@@ -726,7 +729,7 @@ class Scheduler:
         schedule_step_from_python(self.kv.pool.p, self.table.nt, self.qu, sb, self.max_num_batched_tokens,
                                   self.max_num_seqs, self.max_model_len)
         n, npre = int(sb.sc[SC_ROWS]), int(sb.sc[SC_PREEMPTED])
-        if self.pb.par[0]:
+        if self.pb.par[PB_ON]:
             persistent_batch_update_from_python(self.pb, sb.rows["call"][:n])
         rows = sb.rows[:n]
         arrays = tuple(rows[f].copy() for f in ("call", "n", "context", "decode", "position", "spec"))
@@ -802,7 +805,7 @@ class Scheduler:
             drafting: NamedTuple | None = None) -> tuple[int, int]:
         """`run_steps` over this scheduler's state, logging into `log` (a `StepLogBuilder`'s buffers), drafting
         between steps with the compiled state `drafting` (engine/drafting.py; None: nothing drafts)."""
-        if self.pb.par[0]:
+        if self.pb.par[PB_ON]:
             self.pb = self.pb.grown(self.table.capacity)
         state = drafting if drafting is not None else _NO_DRAFTING
         loop = self._run_steps

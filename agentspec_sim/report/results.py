@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from agentspec_sim.io import strict_json
+from agentspec_sim.run.band import COLUMNS as BAND_COLUMNS
+from agentspec_sim.run.simulation import compare
 
 if TYPE_CHECKING:
     from agentspec_sim.engine.config import EngineConfig
@@ -142,7 +144,6 @@ def compare_rows(workload: Workload, trace: str, drafters: Sequence[Any], max_nu
     """Run `compare` (normal + `drafters`) at each max batch size on `config`; one sweep-schema row per run."""
     from dataclasses import replace
 
-    from agentspec_sim.run.simulation import compare
 
     rows = []
     for size in max_num_seqs:
@@ -176,7 +177,6 @@ def seed_means(frame: pl.DataFrame) -> pl.DataFrame:
     averages five), query latencies pooled; `seeds` counts them. Settings and drafters in the order they
     first appear, batch sizes ascending (deterministic for the same input)."""
     numeric = [c for c in METRIC_COLUMNS if c != "query_latencies_s"]
-    from agentspec_sim.run.band import COLUMNS as BAND_COLUMNS
 
     # The band columns (agentspec_sim.run.band) only in results written since they were recorded.
     extra = [c for c in ("rejection_rate_tokens", "mean_acceptance_length", "budget_utilisation", "output_tokens",

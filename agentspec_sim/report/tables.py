@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from agentspec_sim.report.results import workload_name
-from agentspec_sim.run.band import format_interval
+from agentspec_sim.run.band import format_interval, row_values
 
 
 def _cell(frame: pl.DataFrame, drafter: str, batch: int, column: str) -> float | None:
@@ -24,7 +24,6 @@ def _band(frame: pl.DataFrame, drafter: str, batch: int, metric: str) -> list[fl
     """[low, high] of `metric` at one cell from its band columns (agentspec_sim.run.band); None without a band."""
     if f"{metric}_low" not in frame.columns:
         return None
-    from agentspec_sim.run.band import row_values
 
     rows = frame.filter((pl.col("drafter") == drafter) & (pl.col("max_num_seqs") == batch))
     return None if rows.height == 0 else row_values(rows.row(0, named=True), metric)

@@ -24,7 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from agentspec_sim.cost import cost_model_for
+from agentspec_sim.drafters.registry import drafter_class
 from agentspec_sim.engine.drafting import SpeculativeConfig
+from agentspec_sim.metrics import summarize
+from agentspec_sim.run.simulation import simulate
 
 if TYPE_CHECKING:
     from agentspec_sim.cost.base import StepCostModel
@@ -45,12 +49,7 @@ COLUMNS = tuple(f"{metric}_{bound}" for metric in METRICS for bound in BOUNDS)
 def resolved_params(spec: SpeculativeConfig, model: str | None = None) -> AcceptanceParams | None:
     """The acceptance parameters a run of `spec` on an engine serving `model` resolves (the config's own
     `target_model` / `acceptance_params` win, as in a run); None for a drafter that is not model-based."""
-    from agentspec_sim.drafters.model.rule import ModelBasedDrafter, bind_engine_context, resolve_params
-    from agentspec_sim.drafters.registry import drafter_class
-
-    if not issubclass(drafter_class(spec.method), ModelBasedDrafter):
-        return None
-    return resolve_params(bind_engine_context(spec, model=model))
+    return drafter_class(spec.method).acceptance_params(spec, model)
 
 
 def has_band(spec: SpeculativeConfig, model: str | None = None) -> bool:
@@ -118,15 +117,10 @@ def run_band(workload: Workload, spec: SpeculativeConfig, config: EngineConfig, 
     """Run `spec`'s two bound configs on `workload` and `config` (the point run's own engine, seed included);
     their summaries' speedups are against `baseline` (the point run's `normal` run; None: no speedup).
     None, running nothing, where `spec` has no band. `progress(name, done, total)` as in `compare`."""
-    from agentspec_sim.metrics import summarize
-    from agentspec_sim.run.simulation import simulate
-
     configs = bound_configs(spec, config.model)
     if configs is None:
         return None
     if cost_model is None:
-        from agentspec_sim.cost import cost_model_for
-
         cost_model = cost_model_for(config)
     out = {}
     for bound, bounded in configs.items():

@@ -5,15 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentspec_sim.cost import cost_model_for
+from agentspec_sim.cost import cost_model_for, roofline
 from agentspec_sim.cost.base import StepCostModel
 from agentspec_sim.drafters.registry import bind_engine_context as bind_drafter_context
 from agentspec_sim.drafters.registry import parse_drafter, unique_labels
+from agentspec_sim.engine import result, scheduler
 from agentspec_sim.engine.config import EngineConfig, resolve
 from agentspec_sim.engine.drafting import SpecConfigError, SpeculativeConfig
 from agentspec_sim.engine.footprint import check_run_memory
 from agentspec_sim.engine.result import RunResult
 from agentspec_sim.engine.simulator import Simulator
+from agentspec_sim.host.kernel_cache import is_compiled
+from agentspec_sim.metrics import summarize
 from agentspec_sim.trace.schema import Workload
 
 if TYPE_CHECKING:
@@ -64,8 +67,6 @@ def compare(workload: Workload, drafters: Sequence[str | SpeculativeConfig | Map
     (agentspec_sim/slo.py) where given. `on_result` sees each run
     as it completes (so an interrupted caller keeps the finished ones). A setting vLLM refuses and a run
     that would not fit in memory fail before the first run (and the cost model) starts."""
-    from agentspec_sim.metrics import summarize
-
     config = config or EngineConfig()
     specs = [parse_drafter("normal")] + [s for s in map(parse_drafter, drafters) if s.method != "normal"]
     specs = unique_labels(specs)
@@ -110,9 +111,5 @@ def kernels_compiled() -> bool:
     is empty or stale: a fresh install, an edited source file). The command line says so before it
     starts, since that first compile takes minutes on a small machine and shows no progress.
     True when the cache is current, or when it cannot be told."""
-    from agentspec_sim.cost import roofline
-    from agentspec_sim.engine import result, scheduler
-    from agentspec_sim.host.kernel_cache import is_compiled
-
     return all(is_compiled(kernel) is not False
                for kernel in (scheduler.run_steps, roofline._step_parts, result._transposed))

@@ -35,6 +35,7 @@ from agentspec_sim.drafters.agentspec.rule import (
 )
 from agentspec_sim.drafters.suffix import tree as suffix_tree
 from agentspec_sim.engine.drafting import (
+    DS_K_MAX,
     ENGINE_KERNEL_SOURCES,
     S_FINISHED,
     SC_ROWS,
@@ -354,7 +355,7 @@ class TableDrafting(EngineDrafting):
         ds = self.state.ds
         ds.rows[:m] = calls
         ds.max_lens[:m] = max_lens
-        self.run.table.reserve_draft_width(int(ds.par[0]))
+        self.run.table.reserve_draft_width(int(ds.par[DS_K_MAX]))
         return float(self._buffered(self.run.table.nt, self.state, m))
 
 
@@ -423,7 +424,7 @@ class HistoryDrafting(EngineDrafting):
             run.drafter_hooks(states, emitted * hooked, started)
         st = self.run_state()
         st.ah.hooked[:n_rows] = hooked
-        run.table.reserve_draft_width(int(st.ds.par[0]))
+        run.table.reserve_draft_width(int(st.ds.par[DS_K_MAX]))
         seconds = float(self._step(run.table.nt, sb, run.scheduler.pb, st, run.max_model_len))
         st.ah.hooked[:n_rows] = 0
         if seconds < 0.0:

@@ -87,6 +87,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from agentspec_sim.cost import build_cost_model
+from agentspec_sim.cost.break_even import break_even_at, break_even_grid
 from agentspec_sim.drafters.agentspec.allocation import Candidates, allocate, batch_budget, capped_lengths
 from agentspec_sim.drafters.agentspec.block_index import (
     META_C,
@@ -100,7 +102,9 @@ from agentspec_sim.drafters.agentspec.history import History
 from agentspec_sim.drafters.common.structure import (
     token_bytes_of,
 )
-from agentspec_sim.drafters.registry import register_drafter
+from agentspec_sim.drafters.registry import drafter_class, register_drafter
+from agentspec_sim.drafters.suffix.rule import DEFAULTS as SUFFIX_DEFAULTS
+from agentspec_sim.drafters.suffix.rule import SuffixDrafter
 from agentspec_sim.engine.drafting import MAX_SPECULATIVE_TOKENS, BaseDrafter, SpecConfigError, SpeculativeConfig
 
 if TYPE_CHECKING:
@@ -135,7 +139,6 @@ BUDGET_MODES = ("alpha", "token_budget")
 DEPTH_RULES = ("break_even", "allocation")
 BREAK_EVEN_BATCHES = 1024  # the break-even grid's reach (vLLM's largest default max_num_seqs); grown on demand
 ENGINE_KEYS = frozenset({"hardware", "model", "tensor_parallel_size", "calibration"})
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,7 +183,6 @@ def engine_cost_model(opts: dict[str, Any]) -> StepCostModel | None:
     """The cost model named by the bound engine context (for `budget: token_budget`), or None."""
     if opts.get("hardware") is None or opts.get("model") is None:
         return None
-    from agentspec_sim.cost import build_cost_model
 
     return build_cost_model(opts["hardware"], opts["model"], int(opts.get("tensor_parallel_size") or 1),
                             opts.get("calibration"))
@@ -238,8 +240,6 @@ class BatchBudget:
             raise SpecConfigError("depth 'break_even' needs the engine's cost model: bind the engine context "
                                   "(agentspec.bind_engine_context) or call bind_cost_model")
         if self._grid is None or self._grid[-1, 0] < max_batch:
-            from agentspec_sim.cost.break_even import break_even_grid
-
             self._grid = break_even_grid(self.cost, max(max_batch, BREAK_EVEN_BATCHES))
         return self._grid
 
@@ -247,7 +247,6 @@ class BatchBudget:
         """τ for a step of `bz` drafting calls at `mean_context` (−1: batch-aware drafting is off)."""
         if self.depth_rule != "break_even" or bz <= 0:
             return -1.0
-        from agentspec_sim.cost.break_even import break_even_at
 
         return float(break_even_at(self.break_even_grid(bz), float(bz), float(mean_context)))
 
@@ -419,8 +418,6 @@ class AgentSpecRDrafter(BatchBudget, BaseDrafter):
     supports_batch_size_schedule: ClassVar[bool] = False
 
     def __init__(self, spec: SpeculativeConfig) -> None:
-        from agentspec_sim.drafters.suffix.rule import SuffixDrafter
-
         super().__init__(spec)
         opts = {**BUDGET_DEFAULTS, **dict(spec.options)}
         self._init_budget(opts)
@@ -478,17 +475,12 @@ class AgentSpecRDrafter(BatchBudget, BaseDrafter):
 
 def _suffix_spec(spec: SpeculativeConfig) -> SpeculativeConfig:
     """The inner `suffix` config of an agentspec-r config (its suffix keys, its k), resolved by suffix's rules."""
-    from agentspec_sim.drafters.suffix.rule import DEFAULTS as SUFFIX_DEFAULTS
-    from agentspec_sim.drafters.suffix.rule import SuffixDrafter
-
     options = tuple(sorted((k, v) for k, v in spec.options if k in SUFFIX_DEFAULTS))
     inner = SpeculativeConfig(method="suffix", num_speculative_tokens=spec.num_speculative_tokens, options=options)
     return SuffixDrafter.configure(inner)
 
 
 def _r_keys() -> frozenset[str]:
-    from agentspec_sim.drafters.suffix.rule import DEFAULTS as SUFFIX_DEFAULTS
-
     return frozenset(SUFFIX_DEFAULTS) | frozenset(BUDGET_DEFAULTS) | ENGINE_KEYS
 
 
@@ -510,7 +502,6 @@ def bind_engine_context(spec: SpeculativeConfig, *, hardware: str | None = None,
     is read). Configs of other methods are returned unchanged."""
     if spec.method not in AGENTSPEC_METHODS:
         return spec
-    from agentspec_sim.drafters.registry import drafter_class
 
     accepted = drafter_class(spec.method).config_keys
     options = dict(spec.options)

@@ -62,6 +62,7 @@ from agentspec_sim.drafters.agspec.rule import (
     forms_for,
     read_cap_file,
 )
+from agentspec_sim.drafters.common.structure import token_bytes_of
 from agentspec_sim.drafters.registry import is_int, register_drafter
 from agentspec_sim.engine.drafting import MAX_SPECULATIVE_TOKENS, BaseDrafter, SpecConfigError, SpeculativeConfig
 
@@ -186,8 +187,6 @@ class AgentSpecPlusDrafter(BatchBudget, BaseDrafter):
         tokenizer = opts.get("tokenizer")
         table = None
         if tokenizer is not None:
-            from agentspec_sim.drafters.common.structure import token_bytes_of
-
             table = token_bytes_of(str(tokenizer))
         lo, hi, cand = int(opts["min_match_len"]), int(opts["max_match_len"]), int(opts["max_candidates"])
         structured = bool(opts["structure"])

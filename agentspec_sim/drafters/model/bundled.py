@@ -24,8 +24,12 @@ from agentspec_sim.drafters.model.rule import (
     ACCEPTANCE_DIR,
     FEATURES,
     AcceptanceParams,
+    load_params,
 )
 from agentspec_sim.drafters.model.streams import REFERENCE_STREAM, Streams, reference_streams, workload_streams
+from agentspec_sim.io.atomic import write_json_atomic
+from agentspec_sim.trace.bundled import bundled_trace
+from agentspec_sim.trace.io import load_trace
 
 
 def _constant_tail(first: float, total: float, k: int) -> list[float]:
@@ -121,8 +125,6 @@ def regenerate_measured(specdecode_bench_dir: str | Path, out_dir: str | Path = 
     step at its output position, feature coefficients held at zero (see docs/model-based-drafters.md:
     on this data the copy feature, fitted, makes the training walk worse, and code has no tokenizer),
     the per-dataset band, and the fit report (training and held-out) in `calibration`."""
-    from agentspec_sim.io.atomic import write_json_atomic
-
     paths = [Path(specdecode_bench_dir) / f"combined_{d}.jsonl" for d in (*SPECDECODE_BENCH_TRAIN,
                                                                         *SPECDECODE_BENCH_HELD_OUT)]
     zero = {f: 0.0 for f in FEATURES}
@@ -147,9 +149,6 @@ def regenerate_measured(specdecode_bench_dir: str | Path, out_dir: str | Path = 
 def fit_coefficients(spec_bench_answers: str | Path) -> tuple[dict[str, float], FitResult]:
     """The feature coefficients every bundled file uses: fitted (with free intercepts, then discarded)
     on Spec-Bench's EAGLE answers, each turn tied to its own call of the bundled spec-bench trace."""
-    from agentspec_sim.trace.bundled import bundled_trace
-    from agentspec_sim.trace.io import load_trace
-
     observations = load_spec_bench(spec_bench_answers)
     k = max(int(o.drafted.max()) for o in observations)
     streams = workload_streams(load_trace(bundled_trace("spec-bench.jsonl.zst")))
@@ -160,8 +159,6 @@ def fit_coefficients(spec_bench_answers: str | Path) -> tuple[dict[str, float], 
 def regenerate_bundled(spec_bench_answers: str | Path, out_dir: str | Path = ACCEPTANCE_DIR) -> list[Path]:
     """Rewrite every file of `PUBLIC_TARGETS` (atomically): coefficients from Spec-Bench, intercepts
     solved for the public per-position targets on the MT-Bench reference stream."""
-    from agentspec_sim.io.atomic import write_json_atomic
-
     coefficients, coef_fit = fit_coefficients(spec_bench_answers)
     coef_source = (f"fitted by maximum likelihood on Spec-Bench EAGLE answers ({Path(spec_bench_answers).name}: "
                    f"Vicuna-7B v1.3, EAGLE-1 tree depth 5, greedy; {coef_fit.num_steps} steps, all 13 categories, "
@@ -200,8 +197,6 @@ def borrowed_band(params: AcceptanceParams, stream: Streams, k: int,
     EAGLE-3 fit's (`measured`, default the bundled Llama-3.1-8B file) observed / expected ratio quantiles,
     applied as a logit shift of every intercept that scales this file's expected mean acceptance length on
     `stream` at draft length k by each ratio. An assumption, and the band's source says so."""
-    from agentspec_sim.drafters.model.rule import load_params
-
     measured = measured or load_params("eagle3", "llama-3.1-8b")
     lo, hi = measured.band["ratio"]
     source = (f"ASSUMPTION: borrowed from the measured EAGLE-3 fit ({measured.model}: observed / expected mean "

@@ -54,6 +54,7 @@ from agentspec_sim.drafters.model.observations import (
 from agentspec_sim.drafters.model.rule import (
     FEATURES,
     AcceptanceParams,
+    load_params,
 )
 from agentspec_sim.drafters.model.streams import (
     REFERENCE_STREAM,
@@ -63,6 +64,10 @@ from agentspec_sim.drafters.model.streams import (
     reference_streams,
     workload_streams,
 )
+from agentspec_sim.drafters.registry import make_drafter, parse_drafter
+from agentspec_sim.engine.drafting import CallState, verify
+from agentspec_sim.trace.bundled import bundled_trace
+from agentspec_sim.trace.io import load_trace
 from agentspec_sim.trace.schema import Call, Workload
 
 # --------------------------------------------------------------------------------------------
@@ -411,9 +416,6 @@ def replay_drafter(calls: Iterable[Call], spec, k: int | None = None) -> Replay:
     """Run a drafter standalone over `calls`, one call at a time, as the engine drives it (start_call
     after the first token, propose / greedy verify / observe each step, finish_call), with a fixed
     k (default: the config's). No batching, scheduling or cost: the acceptance model alone."""
-    from agentspec_sim.drafters.registry import make_drafter, parse_drafter
-    from agentspec_sim.engine.drafting import CallState, verify
-
     spec = parse_drafter(spec)
     drafter = make_drafter(spec)
     k = spec.num_speculative_tokens if k is None else k
@@ -457,16 +459,11 @@ def calibrate_file(path: str | Path, *, method: str = "eagle3", model: str = "cu
     Feature coefficients are fitted when the data is tied to per-call streams and `coefficients`
     is None; otherwise they are held at `coefficients` (default: the method's bundled default).
     """
-    from agentspec_sim.drafters.model.rule import load_params
-
     spec_bench = looks_like_spec_bench(path)
     observations = load_spec_bench(path, k) if spec_bench else load_vllm_metrics(path)
     if k is None:
         k = max(int(o.drafted.max()) for o in observations if o.drafted.size)
     if features is None and spec_bench:
-        from agentspec_sim.trace.bundled import bundled_trace
-        from agentspec_sim.trace.io import load_trace
-
         features = load_trace(bundled_trace("spec-bench.jsonl.zst"))
     streams = workload_streams(features) if features is not None else reference_streams()
     reference = streams if features is not None else None

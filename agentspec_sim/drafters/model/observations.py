@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from agentspec_sim.host.resources import available_memory
 from agentspec_sim.io import strict_json
 from agentspec_sim.trace.schema import Call
 
@@ -60,8 +61,6 @@ class Observation:
 def _read_lines_text(path: str | Path) -> str:
     """A JSONL file's text, read no further than the memory available can hold (a device or pipe that never
     ends is refused, not read until the kernel kills the process)."""
-    from agentspec_sim.host.resources import available_memory
-
     available = available_memory()
     limit = strict_json.MAX_DOCUMENT_BYTES if available is None else max(strict_json.MAX_DOCUMENT_BYTES, available // 4)
     try:

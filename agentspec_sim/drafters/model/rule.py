@@ -63,8 +63,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numba import njit
 
-from agentspec_sim.drafters.common.structure import StructureAutomaton, token_bytes_of
-from agentspec_sim.drafters.registry import register_drafter
+from agentspec_sim.drafters.common import structure, table_cache
+from agentspec_sim.drafters.common.structure import StructureAutomaton, segment_many, token_bytes_of
+from agentspec_sim.drafters.registry import drafter_class, register_drafter
 from agentspec_sim.engine.drafting import BaseDrafter, SpecConfigError, SpeculativeConfig
 from agentspec_sim.io import strict_json
 
@@ -541,6 +542,12 @@ class ModelBasedDrafter(BaseDrafter):
     config_keys: ClassVar[frozenset[str]] = SIMULATOR_KEYS
     supports_batch_size_schedule: ClassVar[bool] = True
 
+    @classmethod
+    def acceptance_params(cls, spec: SpeculativeConfig, model: str | None = None) -> AcceptanceParams:
+        """The parameter file a run of `spec` on `model` reads (the config's own `target_model` /
+        `acceptance_params` win, as in a run)."""
+        return resolve_params(bind_engine_context(spec, model=model))
+
     def __init__(self, spec: SpeculativeConfig) -> None:
         super().__init__(spec)
         try:
@@ -673,8 +680,6 @@ class ModelBasedDrafter(BaseDrafter):
         copies share theirs), the calls of one structure segmented together. Made once per workload and
         tokenizer (the disk cache, drafters/common/table_cache.py): segmenting the default trace's outputs takes
         ~0.4 s, the same for every run of it — each cell of a sweep."""
-        from agentspec_sim.drafters.common import structure, table_cache
-
         first_row: dict[int, int] = {}  # id(call) -> its first row
         first = np.array([first_row.setdefault(id(call), r) for r, call in enumerate(calls)], dtype=np.int64)
         structures = [structure_of(call.structure) for call in calls]
@@ -693,8 +698,6 @@ class ModelBasedDrafter(BaseDrafter):
                       target_len: np.ndarray, first: np.ndarray, structures: list[tuple]
                       ) -> tuple[np.ndarray, np.ndarray]:
         """`_code_tables`, computed: row r's call is first seen at row first[r], its structure structures[r]."""
-        from agentspec_sim.drafters.common.structure import segment_many
-
         table = token_bytes_of(self.tokenizer)
         size = len(table)
         padded = None
@@ -705,7 +708,7 @@ class ModelBasedDrafter(BaseDrafter):
         code_at = np.zeros(first.shape[0], dtype=np.int64)
         pieces: list[np.ndarray] = []
         at = 0
-        for structure, rows in by_structure.items():
+        for call_structure, rows in by_structure.items():
             outputs = []
             for r in rows:
                 out = tokens[hist_off[r] + prompt_len[r]:hist_off[r] + prompt_len[r] + target_len[r]]
@@ -714,7 +717,7 @@ class ModelBasedDrafter(BaseDrafter):
                     padded = padded or [*table, b""]
                     out = np.where((out >= 0) & (out < size), out, size)
                 outputs.append(out)
-            labels = segment_many(outputs, padded or table, structure)
+            labels = segment_many(outputs, padded or table, call_structure)
             pieces.append((labels != 0).astype(np.int8))
             for r, out in zip(rows, outputs, strict=True):
                 code_at[r] = at
@@ -776,8 +779,6 @@ def bind_engine_context(spec: SpeculativeConfig, *, model: str | None = None, se
     config sets them: `target_model` (the engine's model id), `seed` (the run's seed) and `tokenizer`
     (the trace's `meta.tokenizer`; None for an ids-only trace, which turns the code feature off).
     Configs of other methods are returned unchanged."""
-    from agentspec_sim.drafters.registry import drafter_class
-
     if not issubclass(drafter_class(spec.method), ModelBasedDrafter):
         return spec
     options = dict(spec.options)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from agentspec_sim.drafters.common.structure import token_bytes_of
+from agentspec_sim.drafters.common.structure import segment, token_bytes_of
 from agentspec_sim.drafters.model.rule import (
     AcceptanceParams,
     accepted_prefix,
@@ -22,6 +22,8 @@ from agentspec_sim.drafters.model.rule import (
     copy_stream,
     structure_of,
 )
+from agentspec_sim.trace.bundled import bundled_trace
+from agentspec_sim.trace.io import load_trace
 from agentspec_sim.trace.schema import Call, Workload
 
 # --------------------------------------------------------------------------------------------
@@ -58,8 +60,6 @@ class Streams:
 
 def call_features(call: Call, token_bytes: Sequence[bytes] | None) -> tuple[np.ndarray, np.ndarray]:
     """(copy, code) of each output position of `call`, as the drafter computes them."""
-    from agentspec_sim.drafters.common.structure import segment
-
     full = np.concatenate([call.prompt_tokens, call.output_tokens]).astype(np.int32)
     copy = np.zeros(call.output_len, dtype=np.int8)
     copy_stream(full, call.prompt_len, copy)
@@ -103,9 +103,6 @@ REFERENCE_STREAM = "traces/spec-bench.jsonl.zst, MT-Bench calls (question ids 81
 def reference_streams() -> Streams:
     """The representative stream the bundled parameters are calibrated on: MT-Bench answers
     (Vicuna-7B, greedy, Qwen3 tokens) from the bundled Spec-Bench trace."""
-    from agentspec_sim.trace.bundled import bundled_trace
-    from agentspec_sim.trace.io import load_trace
-
     workload = load_trace(bundled_trace("spec-bench.jsonl.zst"))
     calls = [c for c in workload.calls if (c.extra or {}).get("category") in MT_BENCH_CATEGORIES]
     return build_streams(calls, workload.meta.tokenizer)

@@ -34,6 +34,7 @@ from agentspec_sim.drafters.ngram.index import MAX_INDEXED_N
 from agentspec_sim.drafters.ngram.rule import NgramDrafter, propose_ngram
 from agentspec_sim.drafters.registry import register_drafter
 from agentspec_sim.engine.drafting import (
+    DS_K_MAX,
     ENGINE_KERNEL_SOURCES,
     SC_ROWS,
     DraftSlots,
@@ -136,7 +137,7 @@ def adaptive_step(c, sb, pb, state, max_model_len):
     """Observe the step in `sb` (every emitting row's acceptance moves its draft length), then draft for the
     calls that sampled; the drafting seconds."""
     ds = state.ds
-    _observe_step(c, sb, state.calls, ds.par[0])
+    _observe_step(c, sb, state.calls, ds.par[DS_K_MAX])
     m = sampled_calls(c, sb, ds, max_model_len)
     if m <= 0:
         return 0.0

@@ -29,6 +29,7 @@ from agentspec_sim.drafters.ngram.index import (
     propose_ngram_rows,
 )
 from agentspec_sim.engine.drafting import (
+    DS_K_MAX,
     ENGINE_KERNEL_SOURCES,
     DraftSlots,
     EngineDrafting,
@@ -205,7 +206,7 @@ class NgramDrafting(EngineDrafting):
         state = self.state
         if state is None:
             return None
-        self.run.table.reserve_draft_width(int(state.ds.par[0]))
+        self.run.table.reserve_draft_width(int(state.ds.par[DS_K_MAX]))
         if self.from_table:
             return state
         index = prompt_index(self.drafter, self.run.table.tokens)

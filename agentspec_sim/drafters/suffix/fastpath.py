@@ -23,7 +23,9 @@ from agentspec_sim.drafters.suffix import tree as suffix_tree
 from agentspec_sim.drafters.suffix.rule import KERNEL_FINISH, KERNEL_START, SuffixDrafter
 from agentspec_sim.drafters.suffix.tree import OP_STEP, OP_TABLE_STEP, SCAP, LocalTable, room, run_ops_into
 from agentspec_sim.engine.drafting import (
+    DS_K_MAX,
     ENGINE_KERNEL_SOURCES,
+    PB_ON,
     S_FINISHED,
     SC_ROWS,
     DraftSlots,
@@ -127,7 +129,7 @@ def suffix_step(c, sb, pb, state, max_model_len):
     starts = 0
     max_cached = sx.par[SX_MAX_CACHED]
     for row in range(n):
-        i = pb.order[row] if pb.par[0] else row
+        i = pb.order[row] if pb.par[PB_ON] else row
         e = sb.rows.emitted[i]
         if e == 0:
             continue
@@ -287,7 +289,7 @@ class SuffixDrafting(EngineDrafting):
             return None
         drafter.make_step_room(calls[emitting], emitted[emitting])
         st = self.run_state()
-        run.table.reserve_draft_width(int(st.ds.par[0]))
+        run.table.reserve_draft_width(int(st.ds.par[DS_K_MAX]))
         st.sx.par[SX_EVENT_LOOP] = 1
         try:
             seconds = float(self._step(run.table.nt, run.scheduler.sb, run.scheduler.pb, st, run.max_model_len))
