@@ -1,6 +1,10 @@
 """agentspec-sim: trace-driven simulation of speculative decoding for batched LLM-agent serving."""
 
-from agentspec_sim.trace import Call, Query, TraceError, Workload, load_trace, write_trace
+from agentspec_sim.host import kernel_cache
+
+kernel_cache.install_locator()  # before numba reads its configuration: an install's kernels live per user
+
+from agentspec_sim.trace import Call, Query, TraceError, Workload, load_trace, write_trace  # noqa: E402
 
 __version__ = "0.1.0"
 

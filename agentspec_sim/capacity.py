@@ -36,6 +36,7 @@ import numpy as np
 
 from agentspec_sim.cost import cost_model_for
 from agentspec_sim.cost.base import BatchShape
+from agentspec_sim.drafters.common.table_cache import held_in_memory
 from agentspec_sim.engine.config import EngineConfig, resolve
 from agentspec_sim.metrics import completed_latencies, summarize
 from agentspec_sim.run.simulation import simulate
@@ -229,5 +230,9 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
         latencies = tuple(completed_latencies(result))
         return summary_probe(summary), summary, latencies
 
-    return search_capacity(config, search, run, len(workload.queries) * config.replicate,
-                           lambda isolated: throughput_ceiling(workload, config, cost_model, isolated))
+    # What no probe's load changes is made once for the search: the cost model (above, with its per-shape
+    # tables), the drafter's workload tables (held in memory, not read from disk again), compiled code (once
+    # per process). Each probe builds its engine state: what it does depends on the arrival times.
+    with held_in_memory():
+        return search_capacity(config, search, run, len(workload.queries) * config.replicate,
+                               lambda isolated: throughput_ceiling(workload, config, cost_model, isolated))

@@ -31,7 +31,10 @@ engine and scale runs not repeated this time):
   the first N queries only.
 - cold: a fresh install's first runs — `agentspec-sim replay traces/swe-agent.jsonl.zst --drafter normal`
   and the README's `agentspec-sim replay` — in a child with empty numba and table caches (every kernel
-  the run uses compiled, every table built: CPU and wall seconds), then again warm; --cold-repeats R.
+  the run uses compiled, every table built: CPU and wall seconds), then again warm; --cold-repeats R. First,
+  the same commands from installed copies (`pip install --target`): a first install with an empty per-user
+  kernel cache, then a second install of the same sources (agentspec_sim/host/kernel_cache.py: the kernels
+  the first compiled are reused), empty table caches both times.
 - capacity: `agentspec-sim sweep TRACE --capacity --slo-ttft 5 --slo-tpot 0.1` (--capacity-slo) over the
   Figure-1 drafters × max_num_seqs 1, 4, 16, 64, 256, -j J for each J in --sweep-jobs, the table cache empty
   but for the loaded trace: wall and CPU seconds, probes (one simulation each), CPU seconds per probe.
@@ -52,8 +55,10 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import replace
@@ -367,6 +372,7 @@ def section_capacity(args, console) -> dict:
     search of the trace finds it (empty: the search builds the drafters' tables) unless --capacity-warm."""
     import polars as pl
 
+    from agentspec_sim.sweep.cells import FIGURE1_DRAFTERS
     from agentspec_sim.trace.bundled import default_trace_path
 
     trace = Path(args.trace[0]) if args.trace else default_trace_path()
@@ -392,7 +398,17 @@ def section_capacity(args, console) -> dict:
                          "cpu_s_per_probe": cpu / probes, "load_average": os.getloadavg()[0]})
             console.print(f"capacity -j {jobs}: {frame.height} searches, {probes} probes in {wall:.1f} s wall, "
                           f"{cpu:.1f} CPU s ({cpu / probes:.2f} CPU s per probe)")
-    return {"trace": trace.name, "max_num_seqs": CAPACITY_SEQS, "runs": runs}
+    # One search per drafter at max_num_seqs 16 in a child with an empty table cache, each probe timed: what one
+    # more probe costs once the search has its tables (drafters/common/table_cache.py `held_in_memory`).
+    costs = []
+    for drafter in FIGURE1_DRAFTERS:
+        got = _child(["probes", drafter, "16", "--slo", f"{args.capacity_slo}", "--hardware", args.hardware,
+                      *(["--trace", str(trace)] if args.trace else [])], str(trace) if args.trace else None)
+        costs.append(got)
+        console.print(f"capacity probes: {drafter} @16: {got['probes']} probes, first {got['first_probe_cpu_s']:.2f} "
+                      f"CPU s, marginal {got['marginal_probe_cpu_s']:.2f} CPU s, outside the probes "
+                      f"{got['outside_probes_cpu_s']:.2f} CPU s")
+    return {"trace": trace.name, "max_num_seqs": CAPACITY_SEQS, "runs": runs, "probe_costs": costs}
 
 
 def section_arctic(args, console) -> dict:
@@ -415,12 +431,17 @@ def section_arctic(args, console) -> dict:
 COLD_COMMANDS = {"swe-agent normal": ["traces/swe-agent.jsonl.zst", "--drafter", "normal"], "readme replay": []}
 
 
-def _timed_replay(replay_args: list[str], env: dict[str, str]) -> dict:
-    """CPU (user + system) and wall seconds of one `agentspec-sim replay` in a child process."""
+def _timed_replay(replay_args: list[str], env: dict[str, str], site: Path | None = None) -> dict:
+    """CPU (user + system) and wall seconds of one `agentspec-sim replay` in a child process; `site`: run the
+    copy installed there (no site-packages processing, no working directory on sys.path: not the checkout)."""
     code = "import sys; from agentspec_sim.cli.app import main; sys.argv[0] = 'agentspec-sim'; main()"
+    python = [sys.executable]
+    if site is not None:
+        python += ["-S", "-P"]
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]])}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, "replay", *replay_args], check=True, capture_output=True,
+    subprocess.run([*python, "-c", code, "replay", *replay_args], check=True, capture_output=True,
                    env=env, cwd=HERE.parent)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -430,8 +451,26 @@ def _timed_replay(replay_args: list[str], env: dict[str, str]) -> dict:
 
 def section_cold(args, console) -> dict:
     """Each cold-start command with empty numba and workload-table caches (a fresh install's first run:
-    every kernel it uses compiled, every table built), then again with the caches that run left (warm)."""
+    every kernel it uses compiled, every table built), then again with the caches that run left (warm).
+    Then as installed copies (`pip install --target`, run from there): a first install with an empty per-user
+    kernel cache (cold), and a second install of the same sources with the kernels the first one left
+    (`installed_again`: a reinstall or a new venv of the same version; data caches empty both times)."""
     runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        sites = [Path(tmp) / "site1", Path(tmp) / "site2"]
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(sites[0]),
+                        str(HERE.parent)], check=True, capture_output=True)
+        shutil.rmtree(HERE.parent / "build", ignore_errors=True)
+        shutil.copytree(sites[0], sites[1])
+        for name, replay_args in COLD_COMMANDS.items():
+            env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "NUMBA_CACHE_LOCATOR_CLASSES")}
+            env["AGENTSPEC_SIM_KERNEL_CACHE"] = f"{tmp}/kernels-{name}"
+            first = _timed_replay(replay_args, {**env, "AGENTSPEC_SIM_CACHE": f"{tmp}/cache1-{name}"}, sites[0])
+            again = _timed_replay(replay_args, {**env, "AGENTSPEC_SIM_CACHE": f"{tmp}/cache2-{name}"}, sites[1])
+            runs.append({"command": f"agentspec-sim replay {' '.join(replay_args)}".strip(), "name": name,
+                         "installed_first": first, "installed_again": again, "load": os.getloadavg()[0]})
+            console.print(f"cold: {name}: installed, first {first['cpu_s']:.1f} CPU s / {first['wall_s']:.1f} s wall, "
+                          f"second install of the same sources {again['cpu_s']:.1f} CPU s / {again['wall_s']:.1f} s")
     for name, replay_args in COLD_COMMANDS.items():
         for repeat in range(args.cold_repeats):
             with tempfile.TemporaryDirectory() as tmp:
@@ -469,7 +508,55 @@ SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_s
             "cold": section_cold, "proxy": section_proxy, "capacity": section_capacity}
 
 
+def probe_costs(trace: str | None, drafter: str, seqs: int, slo_args: str, hardware: str) -> dict:
+    """One capacity search (agentspec_sim/capacity.py) in this process, each probe's simulation timed: CPU seconds
+    of the search, of each probe (the first reads or builds the drafter's tables; the rest are what one more
+    probe costs), and of the search outside its probes."""
+    from agentspec_sim import capacity
+    from agentspec_sim.engine.config import EngineConfig
+    from agentspec_sim.slo import LatencySLO
+    from agentspec_sim.trace.bundled import default_trace_path
+    from agentspec_sim.trace.io import load_trace
+
+    words = slo_args.split()
+    slo = LatencySLO(**{w.removeprefix("--slo-").replace("-", "_") + "_s": float(v)
+                        for w, v in zip(words[::2], words[1::2], strict=True)})
+    workload = load_trace(trace or default_trace_path())
+    config = EngineConfig(max_num_seqs=seqs, hardware=hardware)
+    simulate, times = capacity.simulate, []
+
+    def timed(*args, **kwargs):
+        t0 = time.process_time()
+        result = simulate(*args, **kwargs)
+        times.append(time.process_time() - t0)
+        return result
+
+    capacity.simulate = timed
+    capacity.find_capacity(replace(workload, queries=workload.queries[:1]), drafter, config,
+                           capacity.CapacitySearch(slo))  # compiles the kernels (and builds a query's tables): untimed
+    times.clear()
+    t0 = time.process_time()
+    cap = capacity.find_capacity(workload, drafter, config, capacity.CapacitySearch(slo))
+    total = time.process_time() - t0
+    rest = sorted(times[1:])
+    return {"drafter": drafter, "max_num_seqs": seqs, "probes": len(cap.probes), "search_cpu_s": round(total, 2),
+            "first_probe_cpu_s": round(times[0], 2), "probe_cpu_s": [round(t, 2) for t in times],
+            "marginal_probe_cpu_s": round(sum(rest) / len(rest), 2) if rest else None,
+            "outside_probes_cpu_s": round(total - sum(times), 2)}
+
+
 def child_main(argv: list[str]) -> None:
+    if argv[:1] == ["probes"]:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("what")
+        parser.add_argument("drafter")
+        parser.add_argument("seqs", type=int)
+        parser.add_argument("--trace", default=None)
+        parser.add_argument("--slo", default="--slo-ttft 5 --slo-tpot 0.1")
+        parser.add_argument("--hardware", default="a100-80g")
+        a = parser.parse_args(argv)
+        print(json.dumps(probe_costs(a.trace, a.drafter, a.seqs, a.slo, a.hardware)))
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=["engine"])
     parser.add_argument("drafter")

@@ -39,7 +39,8 @@ def say_if_compiling() -> None:
         from rich.console import Console
 
         Console(stderr=True, highlight=False, soft_wrap=True).print(
-            "compiling the simulator's kernels: once per install, about a minute (cached for later runs)…",
+            "compiling the simulator's kernels: once for these sources on this machine, under a minute (cached for "
+            "later runs and installs)…",
             markup=False)
 
 

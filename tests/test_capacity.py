@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from scipy.optimize import brentq
 from simhelpers import ConstantCost, agent_query, call, config, workload
 
+from agentspec_sim import capacity
 from agentspec_sim.capacity import CapacitySearch, find_capacity
 from agentspec_sim.cost.step_clock import StepClockCost
 from agentspec_sim.engine.load import request_rate_arrivals
@@ -159,3 +160,41 @@ def test_copies_ignore_recorded_arrivals_between_batches():
     assert starts[:, 0].tolist() == [0.0, 0.0]
     for i in (1, 2):
         assert starts[0, i] == starts[1, i] == pytest.approx(ends[:, i - 1].max())
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "agentspec"])  # the drafters with workload tables
+def test_a_search_reads_its_tables_once_and_no_probe_changes_them(drafter, monkeypatch, tmp_path):
+    """What no probe's load changes is made once per search: the drafter's workload tables are read (or built)
+    once and held for every probe (drafters/common/table_cache.py `held_in_memory`), and no probe writes them."""
+    import hashlib
+
+    from agentspec_sim.drafters.common import table_cache
+
+    monkeypatch.setenv("AGENTSPEC_SIM_CACHE", str(tmp_path))
+    rng = np.random.default_rng(5)
+    wl = workload(*[agent_query(rng, f"q{i}", 2, out_len=12, vocab=6, think_s=0.05) for i in range(10)])
+    reads, held = [], {}
+    real = table_cache._read_or_build
+
+    def counting(kind, key, build, valid):
+        reads.append(kind)
+        return real(kind, key, build, valid)
+
+    def digest(arrays):
+        return {name: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest() for name, a in arrays.items()}
+
+    monkeypatch.setattr(table_cache, "_read_or_build", counting)
+    real_search = capacity.search_capacity
+
+    def spying(*args, **kwargs):
+        out = real_search(*args, **kwargs)
+        held.update({key: digest(arrays) for key, arrays in table_cache.held_tables().items()})
+        return out
+
+    monkeypatch.setattr(capacity, "search_capacity", spying)
+    cap = find_capacity(wl, drafter, config(max_num_seqs=4, check_invariants=False),
+                        CapacitySearch(LatencySLO(ttft_s=0.05), tolerance=0.2), ConstantCost(per_token_s=1e-4))
+    assert len(cap.probes) >= 3 and reads and len(reads) == len(set(reads))  # each kind of table read once
+    assert table_cache.held_tables() == {}  # released with the search
+    for (kind, key), before in held.items():  # the held arrays, as the probes left them, equal the stored ones
+        assert digest(table_cache._read_or_build(kind, key, lambda: {}, lambda a: True)) == before

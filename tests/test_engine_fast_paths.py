@@ -23,7 +23,7 @@ from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.kv import BlockPool
 from agentspec_sim.engine.request import CallState
 from agentspec_sim.engine.simulator import Simulator
-from agentspec_sim.host.kernel_cache import clear_if_changed
+from agentspec_sim.host.kernel_cache import cache_dir, clear_if_changed
 
 
 def _without_fast_path(monkeypatch, kind):
@@ -411,7 +411,7 @@ def test_engine_modules_stamp_their_dependencies():
     import agentspec_sim.engine.scheduler as scheduler
 
     for mod in (scheduler, ngram_index, ngram_fastpath):
-        cache = os.path.join(os.path.dirname(mod.__file__), "__pycache__")
+        cache = str(cache_dir(mod.__file__))
         stem = os.path.splitext(os.path.basename(mod.__file__))[0]
         if os.access(cache, os.W_OK):
             assert os.path.exists(os.path.join(cache, f"{stem}.kernel-deps"))

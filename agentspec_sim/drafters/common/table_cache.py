@@ -58,8 +58,43 @@ def key_hash(name: str, fmt: int, code: Sequence[str], options: dict, *arrays: n
     return h
 
 
+# Within `held_in_memory()`: the tables read or built there, by (kind, key), for the next run that asks.
+_held: dict[tuple[str, str], Arrays] | None = None
+
+
+@contextlib.contextmanager
+def held_in_memory() -> Iterator[None]:
+    """Within the block, a table read or built once stays in memory for every later run that asks for it (a
+    capacity search's probes: one workload, one drafter, its tables every probe) instead of being read from
+    disk again; released when the outermost block ends. Runs read tables and never write them
+    (tests/test_capacity.py checks the tables a search held are unchanged by its probes)."""
+    global _held
+    outermost = _held is None
+    if outermost:
+        _held = {}
+    try:
+        yield
+    finally:
+        if outermost:
+            _held = None
+
+
+def held_tables() -> dict[tuple[str, str], Arrays]:
+    """What `held_in_memory` holds now (empty outside it)."""
+    return dict(_held or {})
+
+
 def cached_arrays(kind: str, key: str, build: Callable[[], Arrays], valid: Callable[[Arrays], bool]) -> Arrays:
     """The arrays stored under (`kind`, `key`) if `valid` accepts them, else `build()`'s, stored."""
+    if _held is not None and (kind, key) in _held:
+        return _held[(kind, key)]
+    arrays = _read_or_build(kind, key, build, valid)
+    if _held is not None:
+        _held[(kind, key)] = arrays
+    return arrays
+
+
+def _read_or_build(kind: str, key: str, build: Callable[[], Arrays], valid: Callable[[Arrays], bool]) -> Arrays:
     path = cache_root() / kind / f"{key}.npz"
     hit = _load(path, valid)
     if hit is not None:
