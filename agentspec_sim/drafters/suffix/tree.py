@@ -67,7 +67,9 @@ class LocalTable(NamedTuple):
         return cls(np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int64),
                    np.zeros(1, dtype=np.int32))
 
-EMPTY = np.int64(-1)
+# A free slot of the child table. Keys are never 0 (`_key` counts nodes from 1), so a new table is np.zeros: the
+# kernel's zeroed pages, touched only as entries land, instead of a fill of the whole table at every doubling.
+EMPTY = np.int64(0)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -76,7 +78,7 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 @njit(inline="always")
 def _key(node, tok):
-    return (np.int64(node) << 32) | (np.int64(tok) & 0xFFFFFFFF)
+    return ((np.int64(node) + 1) << 32) | (np.int64(tok) & 0xFFFFFFFF)
 
 
 @njit(inline="always")
@@ -784,7 +786,7 @@ class SuffixForest:
         self.meta[M_GFREE] = -1
         self.nd = np.zeros((0, NODE_FIELDS), dtype=np.int32)
         self.gp = np.zeros((0, 3), dtype=np.int32)
-        self.ht = np.full((0, 2), EMPTY, dtype=np.int64)
+        self.ht = np.zeros((0, 2), dtype=np.int64)
         self._grow_nodes(node_capacity)
         self._grow_hash(1 << max(4, (2 * node_capacity - 1).bit_length()))
         self.sq = np.zeros((0, SEQ_FIELDS), dtype=np.int64)
@@ -816,7 +818,7 @@ class SuffixForest:
         self.nd, self.gp = nd, gp
 
     def _grow_hash(self, size: int) -> None:
-        ht = np.full((size, 2), EMPTY, dtype=np.int64)
+        ht = np.zeros((size, 2), dtype=np.int64)  # all EMPTY
         move_entries(self.ht, ht)
         self.ht = ht
 
@@ -968,8 +970,8 @@ class SuffixForest:
         par = nd[:hwm, PAR].astype(np.int64)
         child = np.flatnonzero((par >= 0) & (nd[:hwm, LEN] > 0))
         child = child[nd[par[child], NCH] > 1]
-        want = dict(zip(((par[child] << 32) | (nd[child, TOK].astype(np.int64) & 0xFFFFFFFF)).tolist(), child.tolist(),
-                        strict=True))
+        keys = ((par[child] + 1) << 32) | (nd[child, TOK].astype(np.int64) & 0xFFFFFFFF)  # as `_key`
+        want = dict(zip(keys.tolist(), child.tolist(), strict=True))
         used = self.ht[:, 0] != EMPTY
         have = dict(zip(self.ht[used, 0].tolist(), self.ht[used, 1].tolist(), strict=True))
         assert have == want and len(have) == self.meta[M_HUSED]
