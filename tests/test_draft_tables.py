@@ -435,3 +435,26 @@ def test_random_workloads_and_engines_draft_the_same_with_tables(seed):
     one_step = _sim(wl, spec, cfg)
     one_step.max_run_steps = 1
     _same(with_tables, one_step.run())
+
+
+def test_a_suffix_run_sizes_its_forest_from_the_last_runs_note(monkeypatch):
+    """The response forest ends each run of a workload about as large: a run notes its size, the next run of
+    the same workload allocates that much at once (no doubling on the way), and drafts the same."""
+    from agentspec_sim.drafters.suffix import tree
+
+    grown: list[int] = []
+    real = tree.SuffixForest._grow_nodes
+    monkeypatch.setattr(tree.SuffixForest, "_grow_nodes", lambda self, cap: grown.append(cap) or real(self, cap))
+    rng = np.random.default_rng(9)  # outputs long and varied enough to outgrow the forest's first arena
+    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=200, vocab=200) for i in range(12)])
+    cfg = config(max_num_seqs=4, check_invariants=False)
+    spec = {"method": "suffix", "num_speculative_tokens": 5}
+    first = _sim(wl, spec, cfg).run()
+    during_first = [c for c in grown if c > 4096]  # past the initial arena: doublings during the run
+    grown.clear()
+    sim = _sim(wl, spec, cfg)
+    sized = list(grown)
+    grown.clear()
+    second = sim.run()
+    assert during_first and sized and not grown  # the second run grew only when it was made, to the noted size
+    _same(first, second)

@@ -383,6 +383,10 @@ class EngineDrafting:
     def after_step(self, n_rows: int) -> float | None:
         return None
 
+    def finish_run(self) -> None:
+        """The run has ended (its last step drafted, nothing left to simulate): what the fast path keeps for the
+        next run of the workload, if anything (suffix notes its forest's size)."""
+
     # A drafter driven after every step (`driven_per_step`, vLLM's suffix proposer; the engine's
     # `Simulator._per_step_drafts` is the V1 runner's part):
     def sync(self) -> None:

@@ -321,6 +321,8 @@ class Simulator:
             handlers[kind](payload)
         if self.scheduler.has_work():
             raise SimulationError("the event queue ran dry with calls still waiting or running")
+        if self.fast is not None:
+            self.fast.finish_run()
         if self.config.check_invariants:
             # CLOCK, CAUSALITY, WORK, DONE over the whole log (engine/invariants.py)
             check_run(self.log, self.table, self.states, [q.calls for q in self.queries])

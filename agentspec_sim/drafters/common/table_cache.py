@@ -94,6 +94,24 @@ def cached_arrays(kind: str, key: str, build: Callable[[], Arrays], valid: Calla
     return arrays
 
 
+def read_note(kind: str, key: str) -> Arrays | None:
+    """Small arrays a run noted under (`kind`, `key`) for the next run of the same workload (`write_note`), or
+    None: a hint, never an answer (a missing or unreadable note only costs what it would have saved)."""
+    return _load(cache_root() / kind / f"{key}.npz", lambda arrays: True)
+
+
+def write_note(kind: str, key: str, arrays: Arrays) -> None:
+    """Keep `arrays` under (`kind`, `key`) for `read_note` (atomically; a cache that cannot be written is skipped)."""
+    from agentspec_sim.io.atomic import write_bytes_atomic
+
+    path = cache_root() / kind / f"{key}.npz"
+    with contextlib.suppress(OSError):
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        write_bytes_atomic(path, buffer.getvalue(), sync=False)
+        _trim(path.parent, keep=path)
+
+
 def _read_or_build(kind: str, key: str, build: Callable[[], Arrays], valid: Callable[[Arrays], bool]) -> Arrays:
     path = cache_root() / kind / f"{key}.npz"
     hit = _load(path, valid)

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from agentspec_sim.drafters.common import table_cache
 from agentspec_sim.drafters.suffix import rule as suffix
 from agentspec_sim.drafters.suffix import tables as suffix_tables
 from agentspec_sim.drafters.suffix import tree as suffix_tree
 from agentspec_sim.drafters.suffix.rule import KERNEL_FINISH, KERNEL_START, SuffixDrafter
-from agentspec_sim.drafters.suffix.tree import OP_STEP, OP_TABLE_STEP, SCAP, LocalTable, room, run_ops_into
+from agentspec_sim.drafters.suffix.tree import M_NHWM, OP_STEP, OP_TABLE_STEP, SCAP, LocalTable, room, run_ops_into
 from agentspec_sim.engine.drafting import (
     DS_K_MAX,
     ENGINE_KERNEL_SOURCES,
@@ -214,22 +215,43 @@ def suffix_step(c, sb, pb, state, max_model_len):
     return dr.draft_s[m]
 
 
+FOREST_SIZES = "suffix-forest-sizes"  # table_cache notes: the response forest's nodes at a run's end
+
+
 class SuffixDrafting(EngineDrafting):
     """One run's suffix fast path: the compiled steps' state, and the event loop's compiled step."""
 
     def __init__(self, drafter: SuffixDrafter, run: RunView) -> None:
         self.drafter, self.run = drafter, run
         run.table.reserve_draft_width(max(drafter.k, 1))
+        self._size_key: str | None = None
         if run.use_tables:
-            table, at = self._table()
+            table, at, key = self._table()
             drafter.use_local_table(table, at, run.states, run.table.cols["target_len"][:len(run.states)])
+            # The response tree ends each run of this workload about as large: a noted size from an earlier
+            # run sizes the forest now, instead of doubling it a dozen times on the way (`finish_run`).
+            self._size_key = key
+            note = table_cache.read_note(FOREST_SIZES, key)
+            if note is not None:  # a quarter more: the room each step reserves ahead, and runs' differences
+                drafter.forest.make_room(int(note["nodes"][0]) * 5 // 4)
         self.ds = DraftSlots.model_free(run)
         self.state: SuffixSteps | None = None
         self._step = FastCall(draft_now, containers=(0, 1, 2, 3))
 
-    def _table(self) -> tuple[LocalTable, np.ndarray]:
-        """The prompt-tree drafts of this run's calls (drafters/suffix/tables.py) and each table row's first
-        position, from the disk cache when a run with the same calls, options and max_model_len made them."""
+    def finish_run(self) -> None:
+        """Note the forest's size for the next run of this workload (a sweep's next cell, a capacity search's next
+        probe), where it differs from the note by more than a tenth."""
+        if self._size_key is None:
+            return
+        nodes = int(self.drafter.forest.meta[M_NHWM])
+        note = table_cache.read_note(FOREST_SIZES, self._size_key)
+        if note is None or abs(int(note["nodes"][0]) - nodes) > nodes // 10:
+            table_cache.write_note(FOREST_SIZES, self._size_key, {"nodes": np.array([nodes], dtype=np.int64)})
+
+    def _table(self) -> tuple[LocalTable, np.ndarray, str]:
+        """The prompt-tree drafts of this run's calls (drafters/suffix/tables.py), each table row's first
+        position, and the table's key; from the disk cache when a run with the same calls, options and
+        max_model_len made them."""
         run, drafter = self.run, self.drafter
         prompts, outputs, lengths = run.runnable()
         cols, n = run.table.cols, len(run.states)
@@ -239,7 +261,7 @@ class SuffixDrafting(EngineDrafting):
                                       lengths)
         table, at = suffix_tables.cached_local_table(key, lambda: suffix_tables.build_local_table(
             drafter.depth, drafter.k, drafter.factor, drafter.min_prob, run.max_model_len, prompts, outputs))
-        return table, at[:n].copy()
+        return table, at[:n].copy(), key
 
     def run_state(self) -> SuffixSteps:
         """The forest's current arrays (a new tuple only when an array was replaced: the scheduler's FastCall
