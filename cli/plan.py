@@ -91,7 +91,8 @@ def plan(
     from agentspec_sim.sweep.plan import plan as make_plan
 
     _check_positive({"--slo-p99-latency": slo_p99_latency, "--slo-ttft": slo_ttft, "--slo-tpot": slo_tpot,
-                     "--min-goodput": min_goodput, "--target-rate": target_rate})
+                     "--min-goodput": min_goodput})
+    _check_positive({"--target-rate": target_rate}, " queries/s")
     slo = SLO(slo_p99_latency, slo_ttft, slo_tpot, min_goodput, allow_preemption)
     try:
         price_table = Prices.load(prices)  # a bad price file fails before any sweep runs
@@ -132,12 +133,11 @@ def plan(
         (_render_capacity if by_capacity else _render)(p)
 
 
-def _check_positive(values: dict[str, float | None]) -> None:
+def _check_positive(values: dict[str, float | None], unit: str = "") -> None:
     import math
 
     for name, value in values.items():
         if value is not None and not (math.isfinite(value) and value > 0):
-            unit = " queries/s" if name == "--target-rate" else ""
             raise UsageError(f"{name} must be > 0{unit} (a finite number), got {value}")
 
 

@@ -18,6 +18,7 @@ class's `budget_policy` attribute, else vLLM's rule (`batch-size-schedule` when
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -31,12 +32,14 @@ if TYPE_CHECKING:
     from agentspec_sim.engine.request import CallState
 
 
-class BudgetPolicy:
-    """What the engine asks a policy, once per step; the defaults are a policy that decides per call."""
+class BudgetPolicy(ABC):
+    """What the engine asks a policy, once per step: a policy subclasses this and defines `max_draft_lens`; the
+    other answers default to a policy that decides per call."""
 
     # The same k for every call at every step (vLLM's static `num_speculative_tokens`).
     fixed: bool = False
 
+    @abstractmethod
     def max_draft_lens(self, num_scheduled: int, rows: Sequence[CallState]) -> np.ndarray:
         """The most draft tokens each row may propose for the next step.
 
@@ -46,7 +49,6 @@ class BudgetPolicy:
         Post: an int64 array of `len(rows)` values ≥ 0 (0: the call does not draft). The engine
               further clips each by max_model_len − num_tokens, as vLLM's proposer does.
         """
-        raise NotImplementedError
 
     def k_of_batch(self, max_num_seqs: int) -> np.ndarray | None:
         """The draft length at 0…max_num_seqs scheduled calls when that alone decides it (the compiled loop
@@ -57,7 +59,7 @@ class BudgetPolicy:
         """The longest draft the policy lets a call propose (the event loop's horizon), None where unstated."""
         return None
 
-    def bind_cost_model(self, cost: StepCostModel) -> None:
+    def bind_cost_model(self, cost: StepCostModel) -> None:  # noqa: B027 (a hook: no-op unless a policy prices)
         """Before the run: the engine's cost model (policies that price their choice)."""
 
 
@@ -227,7 +229,7 @@ BUDGET_POLICIES: dict[str, Callable[[SpeculativeConfig], BudgetPolicy]] = {
 
 def register_budget_policy(name: str) -> Callable[[Callable[[SpeculativeConfig], BudgetPolicy]],
                                                   Callable[[SpeculativeConfig], BudgetPolicy]]:
-    """Decorator: register a policy factory (config → policy) under `name`."""
+    """Decorator: register a policy factory (config → a `BudgetPolicy` subclass's instance) under `name`."""
 
     def decorate(factory: Callable[[SpeculativeConfig], BudgetPolicy]) -> Callable[[SpeculativeConfig], BudgetPolicy]:
         BUDGET_POLICIES[name] = factory

@@ -292,7 +292,8 @@ class BaseDrafter:
         return None
 
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
-        raise NotImplementedError
+        """The drafter's rule (`Drafter.propose` has the contract): every drafter defines it."""
+        raise NotImplementedError(f"{type(self).__name__} defines no propose: a drafter's rule is its own")
 
     def observe(self, state: CallState, emitted: np.ndarray) -> None:
         return None

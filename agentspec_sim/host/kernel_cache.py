@@ -20,6 +20,7 @@ compiles them afresh.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -115,7 +116,7 @@ def _in_use(root: Path) -> Path:
     """This version's folder under `root`, marked used now; other versions' folders unused for STALE_DAYS go,
     the KEEP_SOURCES most recently used aside (once per process: the first compiled function asks)."""
     here = root / sources_hash()
-    try:
+    with contextlib.suppress(OSError):  # an unwritable folder: numba's locator finds that out and falls back
         here.mkdir(parents=True, exist_ok=True)
         os.utime(here)
         others = sorted((p for p in root.iterdir() if p.is_dir() and p != here), key=lambda p: p.stat().st_mtime,
@@ -124,8 +125,6 @@ def _in_use(root: Path) -> Path:
         for old in others[KEEP_SOURCES - 1:]:
             if old.stat().st_mtime < cutoff:
                 shutil.rmtree(old, ignore_errors=True)
-    except OSError:
-        pass  # an unwritable folder: numba's locator finds that out and falls back
     return here
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from agentspec_sim.cost import cost_model_for, roofline
 from agentspec_sim.cost.base import StepCostModel
 from agentspec_sim.drafters.registry import bind_engine_context as bind_drafter_context
-from agentspec_sim.drafters.registry import parse_drafter, unique_labels
+from agentspec_sim.drafters.registry import drafter_class, parse_drafter, unique_labels
 from agentspec_sim.engine import result, scheduler
 from agentspec_sim.engine.config import EngineConfig, resolve
 from agentspec_sim.engine.drafting import SpecConfigError, SpeculativeConfig
@@ -92,7 +92,7 @@ def check_draft_networks(specs: Sequence[SpeculativeConfig], config: EngineConfi
     layers): `SpecConfigError` naming the method before any run starts, not at its first run."""
     import numpy as np
 
-    needy = [s for s in specs if parse_drafter(s).drafter_class.uses_draft_network]
+    needy = [s for s in specs if drafter_class(s.method).uses_draft_network]
     if not needy:
         return
     cost_model = cost_model if cost_model is not None else cost_model_for(config)

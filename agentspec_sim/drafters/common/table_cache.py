@@ -102,9 +102,14 @@ def read_note(kind: str, key: str) -> Arrays | None:
 
 def write_note(kind: str, key: str, arrays: Arrays) -> None:
     """Keep `arrays` under (`kind`, `key`) for `read_note` (atomically; a cache that cannot be written is skipped)."""
+    _store(cache_root() / kind / f"{key}.npz", arrays)
+
+
+def _store(path: Path, arrays: Arrays) -> None:
+    """`arrays` as the .npz at `path`, atomically, then the kind's size limit kept (`_trim`); a cache that cannot
+    be written is skipped."""
     from agentspec_sim.io.atomic import write_bytes_atomic
 
-    path = cache_root() / kind / f"{key}.npz"
     with contextlib.suppress(OSError):
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
@@ -122,13 +127,7 @@ def _read_or_build(kind: str, key: str, build: Callable[[], Arrays], valid: Call
         if hit is not None:
             return hit
         arrays = build()
-        with contextlib.suppress(OSError):
-            from agentspec_sim.io.atomic import write_bytes_atomic
-
-            buffer = io.BytesIO()
-            np.savez(buffer, **arrays)
-            write_bytes_atomic(path, buffer.getvalue(), sync=False)
-            _trim(path.parent, keep=path)
+        _store(path, arrays)
         return arrays
 
 

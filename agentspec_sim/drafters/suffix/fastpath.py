@@ -225,6 +225,7 @@ class SuffixDrafting(EngineDrafting):
         self.drafter, self.run = drafter, run
         run.table.reserve_draft_width(max(drafter.k, 1))
         self._size_key: str | None = None
+        self._noted_nodes: int | None = None
         if run.use_tables:
             table, at, key = self._table()
             drafter.use_local_table(table, at, run.states, run.table.cols["target_len"][:len(run.states)])
@@ -233,7 +234,8 @@ class SuffixDrafting(EngineDrafting):
             self._size_key = key
             note = table_cache.read_note(FOREST_SIZES, key)
             if note is not None:  # a quarter more: the room each step reserves ahead, and runs' differences
-                drafter.forest.make_room(int(note["nodes"][0]) * 5 // 4)
+                self._noted_nodes = int(note["nodes"][0])
+                drafter.forest.make_room(self._noted_nodes * 5 // 4)
         self.ds = DraftSlots.model_free(run)
         self.state: SuffixSteps | None = None
         self._step = FastCall(draft_now, containers=(0, 1, 2, 3))
@@ -244,8 +246,7 @@ class SuffixDrafting(EngineDrafting):
         if self._size_key is None:
             return
         nodes = int(self.drafter.forest.meta[M_NHWM])
-        note = table_cache.read_note(FOREST_SIZES, self._size_key)
-        if note is None or abs(int(note["nodes"][0]) - nodes) > nodes // 10:
+        if self._noted_nodes is None or abs(self._noted_nodes - nodes) > nodes // 10:
             table_cache.write_note(FOREST_SIZES, self._size_key, {"nodes": np.array([nodes], dtype=np.int64)})
 
     def _table(self) -> tuple[LocalTable, np.ndarray, str]:
