@@ -48,7 +48,7 @@ from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.drafting import BaseDrafter, SpeculativeConfig
 from agentspec_sim.engine.kv import BLOCK, ENTRY, NODE, cdiv
 from agentspec_sim.engine.request import CALL
-from agentspec_sim.engine.result import LOG_ROW, LOG_STEP
+from agentspec_sim.engine.result import LOG_ROW, STEP_LOG_BYTES
 from agentspec_sim.host.resources import require_memory
 from agentspec_sim.trace.schema import Workload
 
@@ -61,7 +61,7 @@ CALL_OBJECT_BYTES = 1330
 HASH_SLOT_BYTES = 16 + NODE.itemsize + 2 * ENTRY.itemsize
 # Per engine step: its log record, and its row of the engine-steps frame `summarize` reads (measured at
 # max_num_seqs 1, one call-step per step: 308 bytes per step beyond the call-step's row).
-STEP_BYTES = LOG_STEP.itemsize + 180
+STEP_BYTES = STEP_LOG_BYTES + 180
 # Per KV block: the block record, the pool's int64 scratch, and the Python list of block ids the free
 # queue is first built from (8-byte pointer + 28-byte int, transient).
 KV_BLOCK_BYTES = BLOCK.itemsize + 8 + 36

@@ -137,18 +137,18 @@ def check_run(log: StepLogBuilder, table: CallTable, states: Sequence[CallState]
     table and states, and each query's calls in order."""
     buf = log.buf
     n_steps, n_rows = log.num_steps, log.num_rows
-    steps = buf.steps[:n_steps]
-    start_s = np.ascontiguousarray(steps["time_s"])
-    duration_s = steps["forward_s"] + steps["draft_s"]
+    steps = buf.steps.head(n_steps)
+    start_s = steps.time_s
+    duration_s = steps.forward_s + steps.draft_s
     check_clock(start_s, duration_s)
-    check_work_conservation(start_s, duration_s, steps["waiting"])
+    check_work_conservation(start_s, duration_s, steps.waiting)
 
     n = table.rows
     col = table.cols
     ids = [s.call_id for s in states]
     status = col["status"][:n]
     rows = buf.rows[:n_rows]
-    row_steps = np.repeat(np.arange(n_steps), steps["batch_size"])
+    row_steps = np.repeat(np.arange(n_steps), steps.batch_size)
     scheduled_s = first_scheduled(np.ascontiguousarray(rows["call"]), row_steps, start_s, n)
     predecessor = np.full(n, -1, dtype=np.int64)
     for calls in queries:

@@ -34,32 +34,32 @@ class StepPricer:
         buf = log.buf
         r1 = log.num_rows
         if m == 1:
-            col = log.col
-            n = int(col["batch_size"][k0])
+            col = buf.steps
+            n = int(col.batch_size[k0])
             rows = buf.rows[r1 - n:r1]
             shape = BatchShape(rows["scheduled"].astype(np.int64), rows["context_len"].astype(np.int64),
                                rows["decode"] == 0)
             forward = float(self.cost.step_time(shape).total_s)
-            col["time_s"][k0], col["forward_s"][k0], col["draft_s"][k0] = now, forward, first_draft_s
-            col["budget"][k0] = self._budget(n)
-            self._check(int(col["scheduled_tokens"][k0]))
+            col.time_s[k0], col.forward_s[k0], col.draft_s[k0] = now, forward, first_draft_s
+            col.budget[k0] = self._budget(n)
+            self._check(int(col.scheduled_tokens[k0]))
             return now + first_draft_s + forward
-        steps = buf.steps[k0:k1]
-        sizes = steps["batch_size"]
+        steps = buf.steps.window(k0, k1)
+        sizes = steps.batch_size
         rows = buf.rows[r1 - int(sizes.sum()):r1]
         offsets = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         forward = step_times(self.cost, rows["scheduled"], rows["context_len"], rows["decode"] == 0, offsets)
-        draft_s = steps["draft_s"].copy()
+        draft_s = steps.draft_s.copy()
         draft_s[0] = first_draft_s
         interleaved = np.empty(2 * m + 1)
         interleaved[0], interleaved[1::2], interleaved[2::2] = now, draft_s, forward
         ends = np.cumsum(interleaved)[2::2]
-        steps["time_s"][0] = now
-        steps["time_s"][1:] = ends[:-1]
-        steps["forward_s"], steps["draft_s"] = forward, draft_s
-        steps["budget"] = self._budgets(sizes)
-        self._check(int(steps["scheduled_tokens"].max()))
+        steps.time_s[0] = now
+        steps.time_s[1:] = ends[:-1]
+        steps.forward_s[:], steps.draft_s[:] = forward, draft_s
+        steps.budget[:] = self._budgets(sizes)
+        self._check(int(steps.scheduled_tokens.max()))
         return float(ends[-1])
 
     def price_references(self, log: StepLogBuilder) -> None:
@@ -67,11 +67,11 @@ class StepPricer:
         without its drafts. One batched `step_times` over the whole log (bit-identical to pricing each step
         alone) instead of a second cost-model call per step in the hot loop."""
         b = log.buf
-        steps = b.steps[:log.num_steps]
+        steps = b.steps.head(log.num_steps)
         rows = b.rows[:log.num_rows]
-        sizes, d = steps["batch_size"], steps["D"]
-        for name in ("t_A", "t_V", "t_D"):
-            steps[name] = np.nan
+        sizes, d = steps.batch_size, steps.D
+        for column in (steps.t_A, steps.t_V, steps.t_D):
+            column[:] = np.nan
         drafting = d.nonzero()[0]
         if drafting.shape[0] == 0:
             return
@@ -81,9 +81,9 @@ class StepPricer:
         base = step_times(self.cost, rows["scheduled"][picked] - rows["drafted"][picked], rows["context_len"][picked],
                           rows["decode"][picked] == 0, sub)
         n, dk = sizes[drafting], d[drafting]
-        steps["t_A"][drafting] = base / n
-        steps["t_V"][drafting] = (steps["forward_s"][drafting] - base) / dk
-        steps["t_D"][drafting] = steps["draft_s"][drafting] / dk
+        steps.t_A[drafting] = base / n
+        steps.t_V[drafting] = (steps.forward_s[drafting] - base) / dk
+        steps.t_D[drafting] = steps.draft_s[drafting] / dk
 
     def _check(self, scheduled_tokens: int) -> None:
         if self.check_budget and scheduled_tokens > self.max_num_batched_tokens:

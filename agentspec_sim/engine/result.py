@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import polars as pl
-from numba import njit
 
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.counters import LG_DRAFT_TOKENS, LG_ROWS, LG_STEPS
@@ -74,22 +73,58 @@ class RunResult:
 # The step log's records (numba reads field f of record array a as `a.f[i]`).
 LOG_ROW = np.dtype([(name, np.int32) for name in (  # one per call-step
     "call", "decode", "position", "context_len", "scheduled", "drafted", "accepted", "emitted")], align=True)
-LOG_STEP = np.dtype([(name, np.int64) for name in (  # one per engine step
-    "batch_size", "scheduled_tokens", "decode_calls", "running", "waiting", "free_blocks", "bound", "D", "acc",
-    "budget")] + [(name, np.float64) for name in ("time_s", "forward_s", "draft_s", "t_A", "t_V", "t_D")], align=True)
 LOG_EVENT = np.dtype([("kind", np.int64), ("call", np.int64), ("step", np.int64)], align=True)
-assert LOG_STEP.itemsize == 8 * len(LOG_STEP.names)  # `engine_frame` reads the records as rows of 8-byte words
+_FLOAT_STEP_FIELDS = frozenset(("time_s", "forward_s", "draft_s", "t_A", "t_V", "t_D"))
 
 
-@njit(cache=True, nogil=True)
-def _transposed(words):
-    """words [n, f] → [f, n], reading the records once, in order."""
-    n, f = words.shape
-    out = np.empty((f, n), dtype=words.dtype)
-    for i in range(n):
-        for j in range(f):
-            out[j, i] = words[i, j]
-    return out
+class StepColumns(NamedTuple):
+    """The engine-step log, one array per field (numba writes field f of step i as `steps.f[i]`, as it would
+    a record array's): the engine-steps frame takes the columns as they are, where a record per step would
+    need a transposing copy of the whole log (2.3M steps at max_num_seqs 1 on the default trace)."""
+
+    batch_size: np.ndarray  # int64, as every field up to `time_s`
+    scheduled_tokens: np.ndarray
+    decode_calls: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    free_blocks: np.ndarray
+    bound: np.ndarray
+    D: np.ndarray
+    acc: np.ndarray
+    budget: np.ndarray
+    time_s: np.ndarray  # float64, as every field from here
+    forward_s: np.ndarray
+    draft_s: np.ndarray
+    t_A: np.ndarray
+    t_V: np.ndarray
+    t_D: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> StepColumns:
+        return cls(*(np.empty(n, dtype=np.float64 if name in _FLOAT_STEP_FIELDS else np.int64)
+                     for name in cls._fields))
+
+    @property
+    def capacity(self) -> int:
+        return self.batch_size.shape[0]
+
+    def head(self, n: int) -> StepColumns:
+        """The first n steps (views)."""
+        return self.window(0, n)
+
+    def window(self, k0: int, k1: int) -> StepColumns:
+        """Steps k0 … k1 − 1 (views)."""
+        return StepColumns(*(a[k0:k1] for a in self))
+
+    def grown(self, n: int, used: int) -> StepColumns:
+        """A copy with room for n steps, holding the first `used`."""
+        out = StepColumns.empty(n)
+        for old, new in zip(self, out, strict=True):
+            new[:used] = old[:used]
+        return out
+
+
+STEP_LOG_BYTES = 8 * len(StepColumns._fields)  # one engine step's log entry, every field
 
 
 class LogBuf(NamedTuple):
@@ -101,7 +136,7 @@ class LogBuf(NamedTuple):
     """
 
     rows: np.ndarray  # LOG_ROW
-    steps: np.ndarray  # LOG_STEP
+    steps: StepColumns
     events: np.ndarray  # LOG_EVENT
     draft_tokens: np.ndarray  # int32
     ctr: np.ndarray  # int64: [call-steps, steps, events, draft tokens]
@@ -116,14 +151,9 @@ class StepLogBuilder:
 
     def __init__(self, rows: int = 1 << 15, steps: int = 1 << 11, events: int = 1 << 11, drafts: int = 1 << 12) -> None:
         # Written before read, so no need to zero them (see `request.zeros`).
-        self.buf = LogBuf(np.empty(rows, dtype=LOG_ROW), np.empty(steps, dtype=LOG_STEP),
+        self.buf = LogBuf(np.empty(rows, dtype=LOG_ROW), StepColumns.empty(steps),
                           np.empty(events, dtype=LOG_EVENT), np.empty(drafts, dtype=np.int32),
                           zeros(4, dtype=np.int64))
-        self._views()
-
-    def _views(self) -> None:
-        # `col[name]`: a view of one field of the step records (rebuilt when the buffers grow).
-        self.col = {name: self.buf.steps[name] for name in LOG_STEP.names}
 
     @property
     def num_rows(self) -> int:
@@ -136,40 +166,36 @@ class StepLogBuilder:
     def reserve(self, rows: int, steps: int, events: int, drafts: int) -> None:
         """Room for `rows` more call-steps, `steps` steps, `events` events and `drafts` draft tokens."""
         b = self.buf
-        changes = {}
+        changes: dict[str, Any] = {}
         for i, (name, more) in enumerate((("rows", rows), ("steps", steps), ("events", events),
                                           ("draft_tokens", drafts))):
             have, used = getattr(b, name), int(b.ctr[i])
-            if used + more > have.shape[0]:
+            if name == "steps":
+                if used + more > have.capacity:
+                    changes[name] = have.grown(max(2 * have.capacity, used + more), used)
+            elif used + more > have.shape[0]:
                 grown = np.empty(max(2 * have.shape[0], used + more), dtype=have.dtype)
                 grown[:used] = have[:used]
                 changes[name] = grown
         if changes:
             self.buf = b._replace(**changes)
-            self._views()
 
     def engine_frame(self) -> pl.DataFrame:
         """One row per engine step (see the module docstring)."""
-        b = self.buf
-        st = b.steps[:int(b.ctr[LG_STEPS])]
-        ns = st.shape[0]
-        # Every field is 8 bytes, laid out in order: one transposing copy gives all the columns (a copy
-        # per field would read the whole log once per field).
-        fields = _transposed(st.view(np.int64).reshape(ns, len(LOG_STEP.names)))
-        col = {name: fields[i] if LOG_STEP[name] == np.int64 else fields[i].view(np.float64)
-               for i, name in enumerate(LOG_STEP.names)}
+        col = self.buf.steps.head(self.num_steps)
+        ns = col.batch_size.shape[0]
         with np.errstate(invalid="ignore", divide="ignore"):
-            d = col["D"].astype(np.float64)
-            rho = np.where(d > 0, (d - col["acc"]) / d, np.nan)
+            d = col.D.astype(np.float64)
+            rho = np.where(d > 0, (d - col.acc) / d, np.nan)
         return pl.DataFrame({
-            "step": np.arange(ns, dtype=np.int64), "time_s": col["time_s"], "batch_size": col["batch_size"],
-            "decode_calls": col["decode_calls"], "scheduled_tokens": col["scheduled_tokens"],
-            "D": col["D"], "accepted": col["acc"],
-            "step_time_s": col["forward_s"] + col["draft_s"], "forward_s": col["forward_s"],
-            "draft_s": col["draft_s"], "rho": rho, "t_A": col["t_A"], "t_V": col["t_V"], "t_D": col["t_D"],
-            "running": col["running"], "waiting": col["waiting"], "free_blocks": col["free_blocks"],
-            "budget": col["budget"],
-            "bound": pl.Series(_BOUND_NAMES, dtype=pl.Utf8).gather(col["bound"]),
+            "step": np.arange(ns, dtype=np.int64), "time_s": col.time_s, "batch_size": col.batch_size,
+            "decode_calls": col.decode_calls, "scheduled_tokens": col.scheduled_tokens,
+            "D": col.D, "accepted": col.acc,
+            "step_time_s": col.forward_s + col.draft_s, "forward_s": col.forward_s,
+            "draft_s": col.draft_s, "rho": rho, "t_A": col.t_A, "t_V": col.t_V, "t_D": col.t_D,
+            "running": col.running, "waiting": col.waiting, "free_blocks": col.free_blocks,
+            "budget": col.budget,
+            "bound": pl.Series(_BOUND_NAMES, dtype=pl.Utf8).gather(col.bound),
         }).with_columns(pl.col("rho", "t_A", "t_V", "t_D").fill_nan(None))
 
     def steps_frame(self, engine: pl.DataFrame, drafter: str, call_ids: list[str]) -> pl.DataFrame:

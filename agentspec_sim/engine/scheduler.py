@@ -460,7 +460,7 @@ def log_step(lg, c, sb, running, waiting, free_blocks):
 
 @internal_kernel
 def _log_full(lg, c, max_num_seqs):
-    return (lg.rows.shape[0] - lg.ctr[LG_ROWS] < max_num_seqs or lg.steps.shape[0] == lg.ctr[LG_STEPS]
+    return (lg.rows.shape[0] - lg.ctr[LG_ROWS] < max_num_seqs or lg.steps.batch_size.shape[0] == lg.ctr[LG_STEPS]
             or lg.events.shape[0] - lg.ctr[LG_EVENTS] < 4 * max_num_seqs
             or lg.draft_tokens.shape[0] - lg.ctr[LG_DRAFT_TOKENS] < max_num_seqs * c.slot_drafts.shape[1])
 

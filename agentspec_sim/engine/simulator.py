@@ -443,7 +443,7 @@ class Simulator:
         arrived at once), then the last step's drafter hooks, finishes and the next drafts."""
         k0, k1 = payload
         b = self.log.buf
-        ends = [*b.steps["time_s"][k0 + 1:k1].tolist(), self.now] if k1 - k0 > 1 else [self.now]
+        ends = [*b.steps.time_s[k0 + 1:k1].tolist(), self.now] if k1 - k0 > 1 else [self.now]
         n_ev = int(b.ctr[LG_EVENTS])
         if n_ev:
             events = b.events[:n_ev]

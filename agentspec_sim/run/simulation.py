@@ -9,7 +9,7 @@ from agentspec_sim.cost import cost_model_for, roofline
 from agentspec_sim.cost.base import StepCostModel
 from agentspec_sim.drafters.registry import bind_engine_context as bind_drafter_context
 from agentspec_sim.drafters.registry import drafter_class, parse_drafter, unique_labels
-from agentspec_sim.engine import result, scheduler
+from agentspec_sim.engine import scheduler
 from agentspec_sim.engine.config import EngineConfig, resolve
 from agentspec_sim.engine.drafting import SpecConfigError, SpeculativeConfig
 from agentspec_sim.engine.footprint import check_run_memory
@@ -112,4 +112,4 @@ def kernels_compiled() -> bool:
     starts, since that first compile takes minutes on a small machine and shows no progress.
     True when the cache is current, or when it cannot be told."""
     return all(is_compiled(kernel) is not False
-               for kernel in (scheduler.run_steps, roofline._step_parts, result._transposed))
+               for kernel in (scheduler.run_steps, roofline._step_parts))
