@@ -220,45 +220,59 @@ def _render_cost(fit, output: Path) -> None:
 
 @calibrate_app.command("aic")
 def aic(
-    hardware: str | None = typer.Option(None, "--hardware", help="Hardware profile id (a100-80g, h100-80g, h200)."),
+    hardware: str | None = typer.Option(None, "--hardware", help="Hardware profile id (any AIConfigurator system: "
+                                        "a100-80g, h100-80g, h200, b200, b300, gb200, gb300, l40s, rtx-pro-6000)."),
     model: str | None = typer.Option(None, "--model", help="Model profile id."),
-    all_pairs: bool = typer.Option(False, "--all", help="Every pair AIConfigurator covers (what is bundled)."),
-    out_dir: Path = typer.Option(..., "--out-dir", help="Folder for the calibration files (<hardware>--<model>.json; "
-                                 "the bundled ones: agentspec_sim/cost/profiles/calibrations).", show_default=False),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica."),
+    expert_parallel: bool = typer.Option(False, "--enable-expert-parallel", help="vLLM's expert parallelism "
+                                         "(a MoE model's experts placed whole over the tensor-parallel GPUs)."),
+    all_pairs: bool = typer.Option(False, "--all", help="Every bundled fit (`aic.bundled_fits`: what ships)."),
+    out_dir: Path = typer.Option(..., "--out-dir", help="Folder for the calibration files (<hardware>--<model>.json, "
+                                 "<hardware>--<model>--tp8-ep.json for a parallel layout; the bundled ones: "
+                                 "agentspec_sim/cost/profiles/calibrations).", show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print each fit's error report as JSON."),
 ) -> None:
     """Fit the cost model to NVIDIA AIConfigurator's measured vLLM kernel tables (extra `aic`): price a grid of
     decode, verify, prefill and mixed steps, fit part by part, report the held-out error."""
-    from agentspec_sim.cost.aic import AIC_PACKAGE, AIC_VERSION, AicUnavailable, aic_installed, covered_pairs
+    from agentspec_sim.cost.aic import AIC_PACKAGE, AIC_VERSION, AicUnavailable, Layout, aic_installed, bundled_fits
     from agentspec_sim.cost.aic_calibration import bundled_path, fit_to_aic, write_fit
     from agentspec_sim.cost.profiles import ProfileError, load_hardware, load_model
 
     if all_pairs == (hardware is not None or model is not None):
         raise UsageError("give either --all or --hardware and --model")
+    if tensor_parallel_size < 1:
+        raise UsageError(f"--tensor-parallel-size: must be ≥ 1, got {tensor_parallel_size}")
     try:
-        pairs = covered_pairs() if all_pairs else [(load_hardware(hardware or "").id, load_model(model or "").id)]
+        if all_pairs:
+            pairs = bundled_fits()
+        else:
+            m = load_model(model or "")
+            layout = Layout(tensor_parallel_size, expert_parallel and m.is_moe)
+            pairs = [(load_hardware(hardware or "").id, m.id, layout)]
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
     if not aic_installed():
         raise UsageError(f"calibrate aic needs AIConfigurator: pip install '{AIC_PACKAGE}=={AIC_VERSION}' (or the "
                          "extra: pip install -e '.[aic]')")
-    check_outputs(Output("--out-dir", out_dir, folder=True, names=tuple(bundled_path(h, m, Path()).name
-                                                                        for h, m in pairs)))
+    check_outputs(Output("--out-dir", out_dir, folder=True, names=tuple(bundled_path(h, m, Path(), layout).name
+                                                                        for h, m, layout in pairs)))
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console()
     table = Table(title="calibrate aic: held-out |step time / AIConfigurator − 1|")
-    for col in ("hardware", "model", "shapes", "before median", "before max", "after median", "after max"):
-        table.add_column(col, justify="left" if col in ("hardware", "model") else "right")
+    for col in ("hardware", "model", "layout", "shapes", "before median", "before max", "after median", "after max"):
+        table.add_column(col, justify="left" if col in ("hardware", "model", "layout") else "right")
     reports = []
-    for h, m in pairs:
+    for h, m, layout in pairs:
         try:
-            fit = fit_to_aic(h, m)
-        except AicUnavailable as exc:
-            raise UsageError(str(exc)) from None
+            fit = fit_to_aic(h, m, layout)
+        except (AicUnavailable, ValueError) as exc:  # ValueError: heads that do not split over the layout
+            raise UsageError(f"{h} / {m} / {layout.flags() or 'one GPU'}: {exc}") from None
         path = write_fit(fit, out_dir)
-        reports.append({"output": str(path), "hardware": h, "model": m, **fit.record()["fit"]})
-        table.add_row(h, m, str(len(fit.held_idx)), f"{fit.before.median:.1%}", f"{fit.before.max:.1%}",
-                      f"{fit.after.median:.1%}", f"{fit.after.max:.1%}")
+        reports.append({"output": str(path), "hardware": h, "model": m,
+                        "tensor_parallel_size": layout.tensor_parallel_size,
+                        "expert_parallel": layout.expert_parallel, **fit.record()["fit"]})
+        table.add_row(h, m, layout.tag or "tp1", str(len(fit.held_idx)), f"{fit.before.median:.1%}",
+                      f"{fit.before.max:.1%}", f"{fit.after.median:.1%}", f"{fit.after.max:.1%}")
     if as_json:
         typer.echo(json.dumps({"fits": reports}, indent=2))
         return

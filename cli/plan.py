@@ -74,6 +74,7 @@ def plan(
     max_model_len: int | None = sweep_cli.max_model_len_option(),
     num_kv_blocks: int | None = sweep_cli.num_kv_blocks_option(),
     tensor_parallel_size: int = sweep_cli.tensor_parallel_size_option(),
+    expert_parallel: bool = sweep_cli.expert_parallel_option(),
     calibration: Path | None = sweep_cli.calibration_option(),
     rate: float | None = sweep_cli.rate_option(),
     replicate: int = sweep_cli.replicate_option(),
@@ -99,7 +100,7 @@ def plan(
     except SweepError as exc:
         raise UsageError(str(exc)) from None
     engine_options = (max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
-                      tensor_parallel_size, calibration, replicate, think_time, no_prefix_caching)
+                      tensor_parallel_size, expert_parallel, calibration, replicate, think_time, no_prefix_caching)
     if results is not None:
         frame = _results_frame(ctx, results, trace)
     else:

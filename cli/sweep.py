@@ -40,6 +40,7 @@ def sweep(
     max_model_len: int | None = shared.max_model_len_option(),
     num_kv_blocks: int | None = shared.num_kv_blocks_option(),
     tensor_parallel_size: int = shared.tensor_parallel_size_option(),
+    expert_parallel: bool = shared.expert_parallel_option(),
     calibration: Path | None = shared.calibration_option(),
     rate: float | None = shared.rate_option(),
     request_rate: float | None = shared.request_rate_option(),
@@ -65,7 +66,8 @@ def sweep(
     results parquet cell by cell (resumable with --resume)."""
     load = shared.load_settings(rate, request_rate, burstiness, max_concurrency, copies)
     engine = shared.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
-                                  tensor_parallel_size, calibration, replicate, think_time, no_prefix_caching,
+                                  tensor_parallel_size, expert_parallel, calibration, replicate, think_time,
+                                  no_prefix_caching,
                                   load)
     slo = shared.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
     search = (shared.capacity_search(slo, slo_attainment, capacity_tolerance, burstiness, engine) if capacity

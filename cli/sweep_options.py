@@ -90,6 +90,12 @@ def tensor_parallel_size_option():
     return typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica.")
 
 
+def expert_parallel_option():
+    return typer.Option(False, "--enable-expert-parallel", help="vLLM's expert parallelism: a MoE model's experts "
+                        "placed whole over the tensor-parallel GPUs (that layout's bundled calibration where there "
+                        "is one).")
+
+
 def calibration_option():
     return typer.Option(None, "--calibration", help="Fitted cost-profile file (`calibrate cost`); refused when it "
                         "was fitted on other hardware or another model.")
@@ -224,8 +230,8 @@ def skip_bad_lines_option():
 
 def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.92,
                   max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: int = 1,
-                  calibration: Path | None = None, replicate: int = 1, think_time: float | None = None,
-                  no_prefix_caching: bool = False, load: dict | None = None):
+                  expert_parallel: bool = False, calibration: Path | None = None, replicate: int = 1,
+                  think_time: float | None = None, no_prefix_caching: bool = False, load: dict | None = None):
     """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell); `load`: the
     load protocol's settings (`load_settings`; None: the trace's own arrivals)."""
     import math
@@ -240,6 +246,7 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
         return EngineConfig(max_num_batched_tokens=max_num_batched_tokens,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                             num_kv_blocks=num_kv_blocks, tensor_parallel_size=tensor_parallel_size,
+                            enable_expert_parallel=expert_parallel,
                             calibration=str(calibration) if calibration else None, replicate=replicate,
                             think_time=think_time, enable_prefix_caching=not no_prefix_caching, **load)
     except EngineConfigError as exc:

@@ -30,28 +30,48 @@ import logging
 from dataclasses import dataclass
 from functools import cache
 
-from agentspec_sim.cost.profiles import ModelProfile, load_hardware, load_model
+from agentspec_sim.cost.profiles import ModelProfile, kv_capacity_tokens, load_hardware, load_model
 from agentspec_sim.cost.shapes import StepShape
 
 AIC_PACKAGE = "aiconfigurator-core"
 AIC_VERSION = "0.12.0"
 BACKEND = "vllm"
 
-# Our hardware profiles → AIC's systems (SXM boards: the profiles' bandwidths and peaks are the SXM ones).
-SYSTEMS = {"a100-80g": "a100_sxm", "h100-80g": "h100_sxm", "h200": "h200_sxm"}
-# Our model profiles → the AIC model configs that price them. DeepSeek-R1-Distill-Llama-8B is Llama-3.1-8B's
-# architecture to the last dimension (checked against the profile when the pricer is built).
+# Our hardware profiles → AIC's systems with vLLM tables (SXM boards: the profiles' bandwidths and peaks are
+# the SXM ones; GB200/GB300 one GPU of an NVL72 rack).
+SYSTEMS = {"a100-80g": "a100_sxm", "h100-80g": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
+           "b300": "b300_sxm", "gb200": "gb200", "gb300": "gb300", "l40s": "l40s",
+           "rtx-pro-6000": "rtx_pro_6000_server"}
+# Our bundled model profiles → the AIC model configs that price them. DeepSeek-R1-Distill-Llama-8B is
+# Llama-3.1-8B's architecture to the last dimension (checked against the profile when the pricer is built).
 MODELS = {
     "qwen3-8b": "Qwen/Qwen3-8B",
     "llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
     "deepseek-r1-distill-llama-8b": "meta-llama/Meta-Llama-3.1-8B",
     "mimo-7b": "XiaomiMiMo/MiMo-7B-Base",
     "gpt-oss-20b": "openai/gpt-oss-20b",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "llama-3.1-70b": "meta-llama/Meta-Llama-3.1-70B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "qwen3-coder-480b-a35b": "Qwen/Qwen3-Coder-480B-A35B-Instruct",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "deepseek-r1": "deepseek-ai/DeepSeek-R1",
 }
-# Pairs AIC's support matrix marks as failing, and why.
+# Pairs AIC's support matrix (systems/support_matrix/<system>.csv) marks as failing, and why.
+_NO_MLA = "AIC's {} vLLM tables hold no MLA kernels for DeepSeek-V3's attention (its support matrix: FAIL)"
 UNSUPPORTED = {
     ("a100-80g", "gpt-oss-20b"): "AIC's A100 vLLM tables (0.14.0) hold no MXFP4 MoE kernels (bfloat16 MoE only) "
                                  "and no sliding-window attention",
+    ("a100-80g", "gpt-oss-120b"): "AIC's A100 vLLM tables (0.14.0) hold no MXFP4 MoE kernels (bfloat16 MoE only) "
+                                  "and no sliding-window attention",
+    ("a100-80g", "deepseek-v3"): "AIC marks DeepSeek-V3 on A100 hardware-incompatible (FP8 weights, no MLA tables)",
+    ("a100-80g", "deepseek-r1"): "AIC marks DeepSeek-R1 on A100 hardware-incompatible (FP8 weights, no MLA tables)",
+    ("l40s", "deepseek-v3"): _NO_MLA.format("L40S"),
+    ("l40s", "deepseek-r1"): _NO_MLA.format("L40S"),
+    ("rtx-pro-6000", "deepseek-v3"): _NO_MLA.format("RTX PRO 6000"),
+    ("rtx-pro-6000", "deepseek-r1"): _NO_MLA.format("RTX PRO 6000"),
+    ("l40s", "qwen3-coder-480b-a35b"): "AIC's support matrix marks Qwen3-Coder-480B on L40S as failing",
 }
 PARTS = ("weights", "attention", "moe", "other", "communication")
 
@@ -64,9 +84,61 @@ def aic_installed() -> bool:
     return importlib.util.find_spec("aiconfigurator_core") is not None
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How vLLM spreads one model replica over GPUs: `--tensor-parallel-size` and `--enable-expert-parallel`
+    (routed experts split whole over the same GPUs instead of each expert's matrices sliced; vLLM's
+    expert-parallel size is then the tensor-parallel size, with data parallelism 1)."""
+
+    tensor_parallel_size: int = 1
+    expert_parallel: bool = False
+
+    @property
+    def tag(self) -> str:
+        """'' for one GPU, else e.g. 'tp8' or 'tp8-ep' (bundled calibration file names)."""
+        if self.tensor_parallel_size == 1 and not self.expert_parallel:
+            return ""
+        return f"tp{self.tensor_parallel_size}" + ("-ep" if self.expert_parallel else "")
+
+    def flags(self) -> str:
+        """The layout as `vllm serve` flags ('' for one GPU)."""
+        parts = [f"--tensor-parallel-size {self.tensor_parallel_size}"] if self.tensor_parallel_size > 1 else []
+        return " ".join(parts + (["--enable-expert-parallel"] if self.expert_parallel else []))
+
+
+SINGLE_GPU = Layout()
+# The layouts bundled beside TP 1 (the issue's acceptance pairs): the large models as they are served.
+BUNDLED_LAYOUTS = {
+    "llama-3.1-70b": Layout(4),
+    "qwen3-235b-a22b": Layout(8, True),
+    "deepseek-v3": Layout(8, True),
+}
+
+
 def covered_pairs() -> list[tuple[str, str]]:
     """Every (hardware, model) pair of our profiles that AIC's vLLM tables price."""
     return [(hw, m) for hw in SYSTEMS for m in MODELS if (hw, m) not in UNSUPPORTED]
+
+
+def bundled_fits() -> list[tuple[str, str, Layout]]:
+    """The (hardware, model, layout) fits bundled with the package (`calibrate aic --all`): the 8B-class models
+    on the GPUs they were first calibrated on, and the larger models on H100, H200 and B200 at the layout they
+    are served with (a model that does not fit one GPU at TP 1 is fitted at its serving layout only)."""
+    small = ("qwen3-8b", "llama-3.1-8b", "deepseek-r1-distill-llama-8b", "mimo-7b", "gpt-oss-20b")
+    fits = [(hw, m, SINGLE_GPU) for hw in ("a100-80g", "h100-80g", "h200") for m in small
+            if (hw, m) not in UNSUPPORTED]
+    fits.append(("l40s", "qwen3-8b", SINGLE_GPU))
+    for hw in ("h100-80g", "h200", "b200"):
+        for m in ("qwen3-32b", "gpt-oss-120b", "llama-3.1-70b", "qwen3-235b-a22b", "deepseek-v3"):
+            layout = BUNDLED_LAYOUTS.get(m, SINGLE_GPU)
+            if _fits(hw, m, layout):  # DeepSeek-V3's 671 GB do not fit 8× H100-80G: vLLM serves it on 2 nodes
+                fits.append((hw, m, layout))
+    return fits
+
+
+def _fits(hardware: str, model: str, layout: Layout) -> bool:
+    """Whether the model's weights leave KV cache on the layout's GPUs (vLLM's sizing at the defaults)."""
+    return kv_capacity_tokens(load_hardware(hardware), load_model(model), tp=layout.tensor_parallel_size) > 0
 
 
 def coverage(hardware: str, model: str) -> str | None:
@@ -80,14 +152,14 @@ def coverage(hardware: str, model: str) -> str | None:
 
 def _part(op_name: str) -> str:
     name = op_name.split("_", 1)[1] if "_" in op_name else op_name  # drop "context_" / "generation_"
-    if "attention" in name:
-        return "attention"
+    if "dispatch" in name or name.endswith("_ar") or name.startswith("ar_") or name == "p2p" or "allreduce" in name:
+        return "communication"  # MoE dispatch on vLLM is the tensor-parallel all-reduce (AIC's MoEDispatch)
+    if "attention" in name or name.startswith("mla"):
+        return "attention"  # DeepSeek's MLA block: AIC measures the whole block, projections included
     if name.startswith("moe"):
-        return "moe"
+        return "moe"  # routed experts (DeepSeek's moe_overlap: with the shared expert run beside them)
     if name.endswith("_gemm"):
         return "weights"
-    if name.endswith("_ar") or name.startswith("ar_") or name == "p2p" or "allreduce" in name:
-        return "communication"
     return "other"
 
 
@@ -112,9 +184,10 @@ class AicPrice:
 
 
 class AicPricer:
-    """Prices `StepShape`s for one (hardware, model) pair from AIC's vLLM kernel tables (TP 1)."""
+    """Prices `StepShape`s for one (hardware, model) pair at one parallel layout from AIC's vLLM kernel tables:
+    the time of one GPU of the replica (every GPU runs the same step)."""
 
-    def __init__(self, hardware: str, model: str) -> None:
+    def __init__(self, hardware: str, model: str, layout: Layout = SINGLE_GPU) -> None:
         if not aic_installed():
             raise AicUnavailable(f"AIConfigurator is not installed (pip install '{AIC_PACKAGE}=={AIC_VERSION}', "
                                  "or the extra: pip install -e '.[aic]')")
@@ -123,7 +196,8 @@ class AicPricer:
             raise AicUnavailable(why)
         self.hardware, self.model = load_hardware(hardware).id, load_model(model).id
         self.system, self.aic_model = SYSTEMS[self.hardware], MODELS[self.model]
-        self._db, self._aic, self.backend_version = _load(self.system, self.aic_model)
+        self.layout = layout
+        self._db, self._aic, self.backend_version = _load(self.system, self.aic_model, layout)
         _check_same_architecture(self._aic, load_model(self.model))
         from aiconfigurator_core.sdk import rust_engine_step
 
@@ -136,7 +210,9 @@ class AicPricer:
         import importlib.metadata
 
         return {"aiconfigurator_core": importlib.metadata.version(AIC_PACKAGE), "system": self.system,
-                "backend": BACKEND, "backend_version": self.backend_version, "aic_model": self.aic_model}
+                "backend": BACKEND, "backend_version": self.backend_version, "aic_model": self.aic_model,
+                "tensor_parallel_size": self.layout.tensor_parallel_size,
+                "expert_parallel": self.layout.expert_parallel}
 
     def price(self, shape: StepShape) -> AicPrice:
         parts = dict.fromkeys(PARTS, 0.0)
@@ -173,8 +249,10 @@ class AicPricer:
 
 
 @cache
-def _load(system: str, aic_model: str):
-    """AIC's database view and model for one pair (cached: loading the tables takes ~1 s)."""
+def _load(system: str, aic_model: str, layout: Layout):
+    """AIC's database view and model for one pair and layout (cached: loading the tables takes ~1 s).
+    vLLM's layouts in AIC's terms: attention over `tp` GPUs; the MoE's experts sliced over them (moe_tp = tp)
+    or, with expert parallelism, placed whole (moe_ep = tp)."""
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)  # its fallback-table notices are not ours
     from aiconfigurator_core.sdk import perf_database
     from aiconfigurator_core.sdk.config_builders import build_model_config
@@ -184,7 +262,9 @@ def _load(system: str, aic_model: str):
     if version is None:
         raise AicUnavailable(f"AIConfigurator has no {BACKEND} tables for {system}")
     database = perf_database.get_database_view(system, BACKEND, version)
-    config = build_model_config(tp_size=1, pp_size=1, attention_dp_size=1, moe_tp_size=1, moe_ep_size=1)
+    tp, ep = layout.tensor_parallel_size, layout.expert_parallel
+    config = build_model_config(tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=1 if ep else tp,
+                                moe_ep_size=tp if ep else 1)
     return database, get_model(aic_model, config, BACKEND), str(version)
 
 

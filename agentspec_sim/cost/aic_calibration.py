@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim.cost.aic import AicPrice, AicPricer
+from agentspec_sim.cost.aic import SINGLE_GPU, AicPrice, AicPricer, AicUnavailable, Layout
 from agentspec_sim.cost.profiles import kv_capacity_tokens, load_hardware, load_model
 from agentspec_sim.cost.roofline import CALIBRATION_FORMAT, CALIBRATION_VERSION, Calibration, RooflineCostModel
 from agentspec_sim.cost.shapes import KINDS, StepShape
@@ -53,13 +53,19 @@ _GROUPS: dict[str, tuple[tuple[str, float, float], ...]] = {  # part → (factor
                   ("attention_layer_floor_s", 0.0, 2e-4), ("attention_call_layer_s", 0.0, 1e-6),
                   ("prefill_attention_layer_floor_s", 0.0, 2e-4), ("attention_query_layer_s", 0.0, 1e-6)),
     "other": (("layer_overhead_s", 0.0, 1e-3), ("layer_token_overhead_s", 0.0, 1e-6)),
+    "communication": (("interconnect_efficiency", 0.02, 1.2), ("allreduce_latency_s", 0.0, 2e-4)),
 }
-_PART_OF = {"weights": "linear_s", "moe": "moe_s", "attention": "attention_s", "other": "overhead_s"}
+_PART_OF = {"weights": "linear_s", "moe": "moe_s", "attention": "attention_s", "other": "overhead_s",
+            "communication": "communication_s"}
+# Parts whose kernels AIC cuts elsewhere than the cost model, fitted once more together against their sum:
+# DeepSeek's MLA block (AIC) holds the attention projections the cost model prices as linear layers, and its
+# decode MoE kernel runs the shared expert the cost model counts with the dense weights.
+_JOINT_MLA = ("weights", "attention", "moe")
 
 
-def step_grid(hardware: str, model: str) -> list[StepShape]:
-    """The shapes priced for one pair: every shape whose KV fits the GPU's cache (vLLM's sizing at the
-    defaults, `kv_capacity_tokens`) and whose tokens fit one step (`MAX_STEP_TOKENS`)."""
+def step_grid(hardware: str, model: str, layout: Layout = SINGLE_GPU) -> list[StepShape]:
+    """The shapes priced for one pair and layout: every shape whose KV fits the GPUs' cache (vLLM's sizing at
+    the defaults, `kv_capacity_tokens`) and whose tokens fit one step (`MAX_STEP_TOKENS`)."""
     shapes = [StepShape.decode(b, c) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
               for c in (128, 512, 1024, 2048, 4096, 8192, 16384, 32768)]
     shapes += [StepShape.verify(b, c, k) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -67,7 +73,8 @@ def step_grid(hardware: str, model: str) -> list[StepShape]:
     shapes += [StepShape.prefill(q, p) for q in (64, 256, 512, 1024, 2048, 4096, 8192) for p in (0, 2048, 8192, 32768)]
     shapes += [StepShape.mixed(b, c, q, p) for b in (1, 4, 16, 64, 128) for c in (1024, 8192)
                for q in (256, 1024, 2048) for p in (0, 4096)]
-    capacity = kv_capacity_tokens(load_hardware(hardware), load_model(model))
+    capacity = kv_capacity_tokens(load_hardware(hardware), load_model(model),
+                                  tp=layout.tensor_parallel_size)
     return [s for s in shapes if s.kv_tokens <= capacity and s.num_tokens <= MAX_STEP_TOKENS]
 
 
@@ -90,10 +97,10 @@ def gpu_only(calibration: Calibration) -> Calibration:
     return calibration.replace(step_overhead_s=0.0, per_call_overhead_s=0.0)
 
 
-def model_parts(hardware: str, model: str, calibration: Calibration,
-                shapes: list[StepShape]) -> dict[str, np.ndarray]:
+def model_parts(hardware: str, model: str, calibration: Calibration, shapes: list[StepShape],
+                layout: Layout = SINGLE_GPU) -> dict[str, np.ndarray]:
     """The cost model's GPU time per part (and total) for each shape."""
-    cost = RooflineCostModel(hardware, model, 1, gpu_only(calibration))
+    cost = RooflineCostModel(hardware, model, layout.tensor_parallel_size, gpu_only(calibration))
     rows = [cost.step_time(s.batch_shape()) for s in shapes]
     out = {part: np.array([getattr(r, field) for r in rows]) for part, field in _PART_OF.items()}
     out["total"] = np.array([r.total_s for r in rows])
@@ -139,6 +146,7 @@ def summarize(shapes: list[StepShape], predicted: np.ndarray, measured: np.ndarr
 class AicFit:
     hardware: str
     model: str
+    layout: Layout
     calibration: Calibration
     provenance: dict
     shapes: list[StepShape]
@@ -155,12 +163,13 @@ class AicFit:
         return {
             "format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, "source": self.calibration.source,
             "hardware": self.hardware, "model": self.model,
-            "provenance": {**self.provenance, "tensor_parallel_size": 1,
+            "provenance": {**self.provenance,
                            "grid": {"shapes": len(self.shapes), "by_kind": counts,
                                     "held_out": len(self.held_idx), "seed": SEED,
                                     "held_out_fraction": HOLDOUT_FRACTION,
                                     "max_step_tokens": MAX_STEP_TOKENS},
-                           "fitted_parts": {part: [f for f, _, _ in group] for part, group in _GROUPS.items()},
+                           "fitted_parts": {part: [f for f, _, _ in group] for part, group in _GROUPS.items()
+                                            if part != "communication" or self.layout.tensor_parallel_size > 1},
                            "host_terms": "step_overhead_s and per_call_overhead_s keep the documented defaults "
                                          "(AIC prices GPU kernels only)",
                            "ridge_tokens": "where the calibrated linear layers' FLOP time equals their "
@@ -171,13 +180,16 @@ class AicFit:
         }
 
 
-def fit_to_aic(hardware: str, model: str, pricer: AicPricer | None = None) -> AicFit:
+def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: AicPricer | None = None) -> AicFit:
     """Price the grid with AIC and fit the calibration part by part (module docstring)."""
     from scipy.optimize import least_squares
 
     hw, m = load_hardware(hardware).id, load_model(model).id
-    pricer = pricer or AicPricer(hw, m)
-    shapes = step_grid(hw, m)
+    pricer = pricer or AicPricer(hw, m, layout)
+    shapes = step_grid(hw, m, layout)
+    if not shapes:
+        raise AicUnavailable(f"{m}'s weights leave no KV cache on {layout.tensor_parallel_size}× {hw} "
+                             "(vLLM's sizing at the defaults): no step to price")
     prices = [pricer.price(s) for s in shapes]
     fitted_idx, held_idx = split_holdout(shapes)
     measured = aic_parts(prices)
@@ -185,15 +197,19 @@ def fit_to_aic(hardware: str, model: str, pricer: AicPricer | None = None) -> Ai
     # AIC prices a step of prefill chunks with its context-attention kernel alone: no decode kernel's floor
     # (left free, the fit puts prefill_only_attention_layer_floor_s at its bound 0 on every covered pair).
     start = Calibration(prefill_only_attention_layer_floor_s=0.0)
-    is_moe = load_model(m).is_moe
+    profile = load_model(m)
+    is_moe = profile.is_moe
     if is_moe:
         start = start.replace(moe_memory_efficiency=start.memory_efficiency,
                               moe_compute_efficiency=start.compute_efficiency, moe_combine_p=start.combine_p)
+    stages = [(part,) for part in _GROUPS if (part != "moe" or is_moe)
+              and (part != "communication" or layout.tensor_parallel_size > 1)]
+    if profile.is_mla:
+        stages.append(tuple(p for p in _JOINT_MLA if p != "moe" or is_moe))
     calibration = start
-    for part, group in _GROUPS.items():
-        if part == "moe" and not is_moe:
-            continue
-        target = measured[part][fitted_idx]
+    for parts in stages:
+        target = sum(measured[part][fitted_idx] for part in parts)
+        group = [factor for part in parts for factor in _GROUPS[part]]
         names = [f for f, _, _ in group]
         lo = np.array([low for _, low, _ in group])
         hi = np.array([high for _, _, high in group])
@@ -201,40 +217,45 @@ def fit_to_aic(hardware: str, model: str, pricer: AicPricer | None = None) -> Ai
         x0 = np.where(x0 == 0, hi * 0.01, x0)  # times start off zero so the trust region can scale them
         base = calibration
 
-        def residuals(x: np.ndarray, names=names, part=part, target=target, base=base) -> np.ndarray:
+        def residuals(x: np.ndarray, names=names, parts=parts, target=target, base=base) -> np.ndarray:
             cal = base.replace(**{n: float(v) for n, v in zip(names, x, strict=True)})
             # overhead_s holds only the small kernels here: model_parts leaves the host terms out.
-            return model_parts(hw, m, cal, train)[part] / target - 1.0
+            ours = model_parts(hw, m, cal, train, layout)
+            return sum(ours[part] for part in parts) / target - 1.0
 
         result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=np.maximum(hi * 0.1, 1e-9),
                                loss="soft_l1", f_scale=0.02, xtol=1e-10, ftol=1e-10, gtol=1e-10,
                                max_nfev=200 * len(names))
         calibration = calibration.replace(**{n: float(v) for n, v in zip(names, result.x, strict=True)})
 
-    probe = RooflineCostModel(hw, m, 1, calibration)
+    probe = RooflineCostModel(hw, m, layout.tensor_parallel_size, calibration)
     held = [shapes[i] for i in held_idx]
-    after_held = summarize(held, model_parts(hw, m, calibration, held)["total"], measured["total"][held_idx])
+    after_held = summarize(held, model_parts(hw, m, calibration, held, layout)["total"],
+                           measured["total"][held_idx])
     prov = pricer.provenance
+    where = f"{prov['system']}, {prov['aic_model']}" + (f", {layout.flags()}" if layout.tag else "")
     source = (f"AIConfigurator {prov['aiconfigurator_core']} measured {prov['backend']} {prov['backend_version']} "
-              f"kernels ({prov['system']}, {prov['aic_model']}); held-out |error| median "
+              f"kernels ({where}); held-out |error| median "
               f"{after_held.median:.1%}, max {after_held.max:.1%} over {after_held.count} shapes")
     calibration = calibration.replace(ridge_tokens=round(probe.effective_ridge_tokens, 1), source=source)
     return AicFit(
-        hardware=hw, model=m, calibration=calibration, provenance=prov, shapes=shapes, prices=prices,
-        fitted_idx=fitted_idx, held_idx=held_idx,
-        before=summarize(held, model_parts(hw, m, Calibration(), held)["total"], measured["total"][held_idx]),
+        hardware=hw, model=m, layout=layout, calibration=calibration, provenance=prov, shapes=shapes,
+        prices=prices, fitted_idx=fitted_idx, held_idx=held_idx,
+        before=summarize(held, model_parts(hw, m, Calibration(), held, layout)["total"],
+                         measured["total"][held_idx]),
         after=after_held,
-        after_fitted=summarize(train, model_parts(hw, m, calibration, train)["total"],
+        after_fitted=summarize(train, model_parts(hw, m, calibration, train, layout)["total"],
                                measured["total"][fitted_idx]),
     )
 
 
-def bundled_path(hardware: str, model: str, directory: Path = BUNDLED_DIR) -> Path:
-    return directory / f"{hardware}--{model}.json"
+def bundled_path(hardware: str, model: str, directory: Path = BUNDLED_DIR, layout: Layout = SINGLE_GPU) -> Path:
+    """<hardware>--<model>.json at one GPU, <hardware>--<model>--tp8-ep.json (etc.) for a parallel layout."""
+    return directory / (f"{hardware}--{model}" + (f"--{layout.tag}" if layout.tag else "") + ".json")
 
 
 def write_fit(fit: AicFit, directory: Path = BUNDLED_DIR) -> Path:
-    path = bundled_path(fit.hardware, fit.model, directory)
+    path = bundled_path(fit.hardware, fit.model, directory, fit.layout)
     with atomic_text(path) as out:
         out.write(json.dumps(fit.record(), indent=2, ensure_ascii=False) + "\n")
     return path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentspec_sim.cost.aic import coverage
+from agentspec_sim.cost.aic import SINGLE_GPU, Layout, coverage
 from agentspec_sim.cost.profiles import (
     HardwareProfile,
     ModelProfile,
@@ -21,8 +21,13 @@ CALIBRATIONS_DIR = Path(__file__).parent / "profiles" / "calibrations"
 DEFAULTS = "defaults"  # `calibration=` / `--calibration` value for the documented defaults, bundled file or not
 
 
-def bundled_calibration(hardware_id: str, model_id: str) -> Path | None:
-    """The bundled calibration file of a (hardware, model) profile pair, or None (`calibrate aic` writes them)."""
+def bundled_calibration(hardware_id: str, model_id: str, layout: Layout = SINGLE_GPU) -> Path | None:
+    """The bundled calibration file of a (hardware, model) profile pair at a parallel layout, or None (`calibrate
+    aic` writes them): the layout's own fit, else — for a layout nobody fitted — the pair's single-GPU fit,
+    whose kernel efficiencies still hold while the collectives keep their documented defaults."""
+    tagged = CALIBRATIONS_DIR / f"{hardware_id}--{model_id}--{layout.tag}.json" if layout.tag else None
+    if tagged is not None and tagged.is_file():
+        return tagged
     path = CALIBRATIONS_DIR / f"{hardware_id}--{model_id}.json"
     return path if path.is_file() else None
 
@@ -42,7 +47,8 @@ def calibration_note(cost_model) -> str:
 def cost_model_for(engine) -> RooflineCostModel:
     """`build_cost_model` for an engine configuration (an `EngineConfig`: anything with `hardware`, `model`,
     `tensor_parallel_size` and `calibration`): the one place a run's settings become its cost model."""
-    return build_cost_model(engine.hardware, engine.model, engine.tensor_parallel_size, engine.calibration)
+    return build_cost_model(engine.hardware, engine.model, engine.tensor_parallel_size, engine.calibration,
+                            expert_parallel=getattr(engine, "enable_expert_parallel", False))
 
 
 def build_cost_model(
@@ -52,6 +58,7 @@ def build_cost_model(
     calibration: str | Path | Calibration | None = None,
     *,
     draft: str | None = None,
+    expert_parallel: bool = False,
 ) -> RooflineCostModel:
     """The roofline step-cost model for `model` on `hardware` with `tensor_parallel_size` GPUs.
 
@@ -62,10 +69,12 @@ def build_cost_model(
                  "defaults" for the documented defaults always (docs/cost-model.md).
     draft:       which draft network `draft_model_time` prices by default: "eagle3", "mtp", or
                  None (the model's MTP layer when it has one, else EAGLE-3).
+    expert_parallel: vLLM's --enable-expert-parallel (a MoE model's experts placed whole over the
+                 tensor-parallel GPUs); picks that layout's bundled calibration.
     """
     hw, m = load_hardware(hardware), load_model(model)
     if calibration is None:
-        bundled = bundled_calibration(hw.id, m.id)
+        bundled = bundled_calibration(hw.id, m.id, Layout(int(tensor_parallel_size), expert_parallel and m.is_moe))
         cal = Calibration.from_file(bundled) if bundled else Calibration()
     elif isinstance(calibration, str) and calibration == DEFAULTS:
         cal = Calibration()
@@ -74,7 +83,7 @@ def build_cost_model(
     else:
         cal = Calibration.from_file(calibration)
         check_calibration(calibration, hw, m)
-    return RooflineCostModel(hw, m, tensor_parallel_size, cal, draft=draft)
+    return RooflineCostModel(hw, m, tensor_parallel_size, cal, draft=draft, expert_parallel=expert_parallel)
 
 
 def check_calibration(calibration: str | Path, hw: HardwareProfile, m: ModelProfile) -> None:

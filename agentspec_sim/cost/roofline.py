@@ -411,12 +411,13 @@ class RooflineCostModel:
         "_inv_moe_flops", "_linear_memo", "_moe_bytes", "_moe_fixed", "_moe_flops_token", "_moe_miss",
         "_moe_miss_spread", "_moe_p",
         "_overhead_fixed", "_p", "_per_call", "_q_mem_bound", "_token_overhead", "_window",
-        "calibration", "hardware", "kv_dtype_bytes", "model", "tensor_parallel_size",
+        "calibration", "expert_parallel", "hardware", "kv_dtype_bytes", "model", "tensor_parallel_size",
     )
 
     def __init__(self, hardware: HardwareProfile | str, model: ModelProfile | str,
                  tensor_parallel_size: int = 1, calibration: Calibration | None = None, *,
-                 draft: str | None = None, kv_dtype_bytes: int = 2, check_inputs: bool = False) -> None:
+                 draft: str | None = None, kv_dtype_bytes: int = 2, check_inputs: bool = False,
+                 expert_parallel: bool = False) -> None:
         hw, m = load_hardware(hardware), load_model(model)
         cal = calibration or Calibration()
         tp = int(tensor_parallel_size)
@@ -426,6 +427,10 @@ class RooflineCostModel:
             raise ValueError(f"{m.id}: {m.num_attention_heads} attention heads do not split over tp={tp}")
         self.hardware, self.model, self.calibration = hw, m, cal
         self.tensor_parallel_size, self.kv_dtype_bytes, self._check = tp, kv_dtype_bytes, check_inputs
+        # vLLM's --enable-expert-parallel places whole experts over the tp GPUs instead of slicing each one:
+        # the same bytes and FLOPs per GPU on average, so the formulas are the tensor-parallel ones; the
+        # layout's own kernels (and their imbalance) are in its calibration (`calibrate aic`).
+        self.expert_parallel = bool(expert_parallel) and m.is_moe
 
         # Linear layers, per GPU. The embedding is gathered (not streamed); the LM head is streamed
         # (the embedding matrix itself when tied) and multiplies only the rows whose logits are needed.
@@ -804,6 +809,7 @@ class RooflineCostModel:
             "hardware": hw.id,
             "model": m.id,
             "tensor_parallel_size": self.tensor_parallel_size,
+            "expert_parallel": self.expert_parallel,
             "streamed_weight_bytes_per_gpu": self._dense_bytes + self._moe_bytes,
             "flops_per_decode_token_per_gpu": self._flops_token + self._flops_logit,
             "kv_bytes_per_token_per_gpu": kv_bytes_per_token(m, self.kv_dtype_bytes,
@@ -816,4 +822,5 @@ class RooflineCostModel:
 
     def __repr__(self) -> str:
         return (f"RooflineCostModel(hardware={self.hardware.id!r}, model={self.model.id!r}, "
-                f"tp={self.tensor_parallel_size}, calibration={self.calibration.source!r})")
+                f"tp={self.tensor_parallel_size}{', ep' if self.expert_parallel else ''}, "
+                f"calibration={self.calibration.source!r})")

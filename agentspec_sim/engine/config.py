@@ -38,7 +38,8 @@ class EngineConfig:
     Batch and memory (vLLM names): max_num_seqs, max_num_batched_tokens (the per-step token budget),
     block_size, gpu_memory_utilization, enable_prefix_caching, max_model_len (None: the model's
     context), num_kv_blocks (vLLM's num_gpu_blocks_override, null block included).
-    Cost: hardware, model, tensor_parallel_size, calibration (a fitted cost-profile file).
+    Cost: hardware, model, tensor_parallel_size, enable_expert_parallel (vLLM's flag: a MoE model's experts
+    placed whole over the tensor-parallel GPUs), calibration (a fitted cost-profile file).
     Workload: arrival ("recorded": the trace's arrival_s, else 0; "zero": every query at t=0;
     "poisson": queries arrive at `rate` per second, the first at 0 — the simulator's older rule;
     "request-rate": `vllm bench serve --request-rate rate --burstiness burstiness`, engine/load.py),
@@ -62,6 +63,7 @@ class EngineConfig:
     hardware: str = "a100-80g"
     model: str = "qwen3-8b"
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     calibration: str | None = None
     seed: int = 0
     think_time: float | None = None

@@ -210,6 +210,8 @@ def vllm_engine_args(engine: dict[str, Any]) -> list[str]:
         args += ["--gpu-memory-utilization", f"{utilisation:g}"]
     if engine.get("tensor_parallel_size", 1) != 1:
         args += ["--tensor-parallel-size", str(engine["tensor_parallel_size"])]
+    if engine.get("enable_expert_parallel"):
+        args.append("--enable-expert-parallel")
     if engine.get("block_size", 16) != 16:  # vLLM's block size on CUDA
         args += ["--block-size", str(engine["block_size"])]
     if engine.get("enable_prefix_caching") is False:  # on by default in vLLM 0.33 as here

@@ -1,0 +1,119 @@
+"""The GPUs and models agents are served on: every AIConfigurator system with vLLM tables as a hardware profile,
+the large models by short id, parallel layouts (tensor and expert parallelism) and their bundled calibrations."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agentspec_sim.cost import build_cost_model
+from agentspec_sim.cost.aic import SINGLE_GPU, SYSTEMS, Layout, _part, bundled_fits
+from agentspec_sim.cost.aic_calibration import bundled_path
+from agentspec_sim.cost.build import CALIBRATIONS_DIR, bundled_calibration
+from agentspec_sim.cost.profiles import hardware_ids, kv_capacity_tokens, load_hardware, load_model
+from agentspec_sim.sweep.plan import vllm_engine_args
+
+# (hardware, model, layout tag) whose held-out error meets the issue's target: median ≤ 5 %, max ≤ 15 %.
+MEETS_TARGET = {
+    ("l40s", "qwen3-8b", ""), ("h100-80g", "qwen3-32b", ""), ("h200", "qwen3-32b", ""),
+    ("h100-80g", "llama-3.1-70b", "tp4"), ("h200", "llama-3.1-70b", "tp4"), ("b200", "llama-3.1-70b", "tp4"),
+}
+
+
+def test_every_aic_system_with_vllm_tables_is_a_hardware_profile_with_sources():
+    assert set(SYSTEMS) <= set(hardware_ids())
+    for ident in ("b200", "b300", "gb200", "gb300", "l40s", "rtx-pro-6000", "a100-80g", "h100-80g", "h200"):
+        hw = load_hardware(ident)
+        assert hw.id == ident and hw.hbm_bytes > 40 * 2**30
+        assert all(hw.sources.get(f) for f in ("hbm_bytes", "hbm_bandwidth", "peak_flops_bf16",
+                                                "interconnect_bandwidth"))
+    assert load_hardware("b200").peak_flops_fp4 == pytest.approx(9e15)
+    assert load_hardware("l40s").peak_flops_fp4 is None  # Ada: no FP4 tensor cores
+    assert load_hardware("l40s").interconnect_bandwidth < load_hardware("h100-80g").interconnect_bandwidth  # PCIe
+
+
+@pytest.mark.parametrize(("model", "params_b"), [
+    ("deepseek-v3", 671), ("deepseek-r1", 671), ("qwen3-235b-a22b", 235), ("qwen3-coder-480b-a35b", 480),
+    ("gpt-oss-120b", 117), ("llama-3.1-70b", 70.6), ("qwen3-32b", 32.8)])
+def test_large_models_by_short_id_match_their_published_size(model, params_b):
+    m = load_model(model)
+    assert m.total_params() / 1e9 == pytest.approx(params_b, rel=0.02)
+    if model.startswith("deepseek"):
+        assert m.is_mla and m.is_moe and m.mtp is not None  # one MTP layer (num_nextn_predict_layers)
+        assert m.dense_bytes_per_param == 1.0  # FP8 block-quantized weights, as released
+    if model == "gpt-oss-120b":
+        assert m.expert_bytes_per_param < 0.6  # MXFP4 experts
+
+
+def test_kv_capacity_follows_the_layout():
+    v3 = load_model("deepseek-v3")
+    assert kv_capacity_tokens(load_hardware("h100-80g"), v3, tp=8) == 0  # 671 GB of FP8 do not fit 8× 80 GB
+    assert kv_capacity_tokens(load_hardware("h200"), v3, tp=8) > 100_000
+    llama = load_model("llama-3.1-70b")
+    one, four = (kv_capacity_tokens(load_hardware("h100-80g"), llama, tp=tp) for tp in (1, 4))
+    assert one == 0 and four > 500_000
+
+
+def test_layout_names_its_calibration_and_its_serve_flags():
+    assert SINGLE_GPU.tag == "" and SINGLE_GPU.flags() == ""
+    assert Layout(8, True).tag == "tp8-ep" and Layout(4).tag == "tp4"
+    assert Layout(8, True).flags() == "--tensor-parallel-size 8 --enable-expert-parallel"
+    assert bundled_path("b200", "deepseek-v3", CALIBRATIONS_DIR, Layout(8, True)).name == "b200--deepseek-v3--tp8-ep.json"
+    assert vllm_engine_args({"tensor_parallel_size": 8, "enable_expert_parallel": True}) == [
+        "--tensor-parallel-size", "8", "--enable-expert-parallel"]
+
+
+def test_a_layout_picks_its_own_calibration_else_the_single_gpu_one():
+    ep = build_cost_model("h200", "qwen3-235b-a22b", 8, expert_parallel=True)
+    assert ep.expert_parallel and "--enable-expert-parallel" in ep.calibration.source
+    assert bundled_calibration("h200", "qwen3-235b-a22b", Layout(8, True)).name.endswith("--tp8-ep.json")
+    # TP 2 of qwen3-8b was never fitted: the single-GPU fit's kernel factors, collectives at their defaults.
+    assert bundled_calibration("h200", "qwen3-8b", Layout(2)).name == "h200--qwen3-8b.json"
+    # A dense model ignores expert parallelism (vLLM has no experts to place).
+    assert not build_cost_model("h200", "llama-3.1-70b", 4, expert_parallel=True).expert_parallel
+
+
+@pytest.mark.parametrize(("op", "part"), [
+    ("generation_mla_block", "attention"), ("context_moe_pre_dispatch", "communication"),
+    ("generation_moe_overlap", "moe"), ("context_tp_allreduce", "communication"), ("context_moe", "moe"),
+    ("context_shared_gate_up_gemm", "weights"), ("generation_qkv_gemm", "weights"),
+    ("generation_attention", "attention"), ("context_ar_1", "communication"), ("generation_add_norm_1", "other")])
+def test_aic_ops_are_sorted_into_the_cost_models_parts(op, part):
+    assert _part(op) == part
+
+
+@pytest.mark.parametrize(("hw", "model", "layout"), [f for f in bundled_fits() if f[1] not in (
+    "qwen3-8b", "llama-3.1-8b", "deepseek-r1-distill-llama-8b", "mimo-7b", "gpt-oss-20b") or f[0] == "l40s"])
+def test_large_model_fits_are_bundled_with_their_held_out_error(hw, model, layout):
+    record = json.loads(bundled_path(hw, model, CALIBRATIONS_DIR, layout).read_text(encoding="utf-8"))
+    prov = record["provenance"]
+    assert (record["hardware"], record["model"]) == (hw, model)
+    assert (prov["tensor_parallel_size"], prov["expert_parallel"]) == (layout.tensor_parallel_size,
+                                                                        layout.expert_parallel)
+    held = record["fit"]["held_out_after"]
+    assert held["count"] >= 50 and held["median_abs_error"] < record["fit"]["held_out_before"]["median_abs_error"]
+    if (hw, model, layout.tag) in MEETS_TARGET:
+        assert held["median_abs_error"] <= 0.05 and held["max_abs_error"] <= 0.15
+    else:  # docs/cost-model.md's coverage table: what is left and why (MoE kernels' token curve, MLA)
+        assert held["median_abs_error"] <= 0.10 and held["max_abs_error"] <= 0.32
+    cost = build_cost_model(hw, model, layout.tensor_parallel_size, expert_parallel=layout.expert_parallel)
+    assert cost.calibration.source == record["source"]
+
+
+def test_cost_command_prices_deepseek_v3_on_b200_at_tp8_with_expert_parallelism(tmp_path):
+    shapes = tmp_path / "shapes.jsonl"
+    shapes.write_text("\n".join(json.dumps(s) for s in (
+        {"kind": "decode", "batch": 64, "context": 4096}, {"kind": "prefill", "query_tokens": 2048})) + "\n")
+    run = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", "cost", "--hardware", "b200", "--model",
+                          "deepseek-v3", "--tensor-parallel-size", "8", "--enable-expert-parallel", "--shapes",
+                          str(shapes), "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["tensor_parallel_size"] == 8 and out["expert_parallel"] is True
+    assert "b200_sxm" in out["calibration"] and "--enable-expert-parallel" in out["calibration"]
+    decode, prefill = out["steps"]
+    assert 0.01 < decode["seconds"] < 0.1 and decode["communication_s"] > 0 and decode["moe_s"] > 0
+    assert prefill["seconds"] > decode["seconds"]
