@@ -3,6 +3,7 @@ the large models by short id, parallel layouts (tensor and expert parallelism) a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from agentspec_sim.cost.build import CALIBRATIONS_DIR, bundled_calibration
 from agentspec_sim.cost.profiles import hardware_ids, kv_capacity_tokens, load_hardware, load_model
 from agentspec_sim.sweep.plan import vllm_engine_args
 
+HAS_AIC = importlib.util.find_spec("aiconfigurator_core") is not None
 # (hardware, model, layout tag) whose held-out error meets the target: median ≤ 5 %, max ≤ 15 %.
 MEETS_TARGET = {
     ("l40s", "qwen3-8b", ""), ("h100-80g", "qwen3-32b", ""), ("h200", "qwen3-32b", ""),
@@ -61,7 +63,8 @@ def test_layout_names_its_calibration_and_its_serve_flags():
     assert SINGLE_GPU.tag == "" and SINGLE_GPU.flags() == ""
     assert Layout(8, True).tag == "tp8-ep" and Layout(4).tag == "tp4"
     assert Layout(8, True).flags() == "--tensor-parallel-size 8 --enable-expert-parallel"
-    assert bundled_path("b200", "deepseek-v3", CALIBRATIONS_DIR, Layout(8, True)).name == "b200--deepseek-v3--tp8-ep.json"
+    path = bundled_path("b200", "deepseek-v3", CALIBRATIONS_DIR, Layout(8, True))
+    assert path.name == "b200--deepseek-v3--tp8-ep.json"
     assert vllm_engine_args({"tensor_parallel_size": 8, "enable_expert_parallel": True}) == [
         "--tensor-parallel-size", "8", "--enable-expert-parallel"]
 
@@ -117,3 +120,37 @@ def test_cost_command_prices_deepseek_v3_on_b200_at_tp8_with_expert_parallelism(
     decode, prefill = out["steps"]
     assert 0.01 < decode["seconds"] < 0.1 and decode["communication_s"] > 0 and decode["moe_s"] > 0
     assert prefill["seconds"] > decode["seconds"]
+
+
+def test_a_run_on_an_uncalibrated_layout_or_pair_says_so():
+    from agentspec_sim.cost.build import calibration_note
+
+    tp2 = calibration_note(build_cost_model("h200", "qwen3-8b", 2))
+    assert "uncalibrated at this layout" in tp2 and "--tensor-parallel-size 2" in tp2
+    none = calibration_note(build_cost_model("h200", "qwen3-235b-a22b", 4, expert_parallel=True))
+    assert "uncalibrated" in none and "calibrate aic --hardware h200 --model qwen3-235b-a22b" in none
+    assert "uncalibrated" in calibration_note(build_cost_model("b300", "qwen3-8b"))
+    fitted = calibration_note(build_cost_model("h200", "qwen3-235b-a22b", 8, expert_parallel=True))
+    assert "uncalibrated" not in fitted and "AIConfigurator" in fitted
+
+
+@pytest.mark.extra("aic")
+@pytest.mark.skipif(not HAS_AIC, reason="needs AIConfigurator (pip install -e '.[aic]')")
+def test_every_aic_model_config_by_short_id_and_calibrated_on_demand(tmp_path):
+    from agentspec_sim.cost.profiles import aic_model_configs, served_model_name
+
+    configs = aic_model_configs()
+    assert len(configs) > 50 and "kimi-k2-instruct" in configs and "llama-3.1-405b" in configs
+    kimi = load_model("kimi-k2-instruct")
+    assert kimi.is_mla and kimi.total_params() / 1e12 == pytest.approx(1.03, rel=0.02)  # Kimi K2: 1T parameters
+    assert served_model_name("kimi-k2-instruct") == "moonshotai/Kimi-K2-Instruct"
+    run = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", "calibrate", "aic", "--hardware", "b200",
+                          "--model", "qwen3-30b-a3b", "--tensor-parallel-size", "2", "--enable-expert-parallel",
+                          "--out-dir", str(tmp_path), "--json"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)["fits"][0]
+    assert fit["output"].endswith("b200--qwen3-30b-a3b--tp2-ep.json") and fit["expert_parallel"] is True
+    assert fit["held_out_after"]["median_abs_error"] < fit["held_out_before"]["median_abs_error"]
+    cost = build_cost_model("b200", "qwen3-30b-a3b", 2, tmp_path / "b200--qwen3-30b-a3b--tp2-ep.json",
+                            expert_parallel=True)
+    assert "Qwen/Qwen3-30B-A3B" in cost.calibration.source

@@ -30,7 +30,14 @@ import logging
 from dataclasses import dataclass
 from functools import cache
 
-from agentspec_sim.cost.profiles import ModelProfile, kv_capacity_tokens, load_hardware, load_model
+from agentspec_sim.cost.profiles import (
+    ModelProfile,
+    aic_model_configs,
+    aic_repo,
+    kv_capacity_tokens,
+    load_hardware,
+    load_model,
+)
 from agentspec_sim.cost.shapes import StepShape
 
 AIC_PACKAGE = "aiconfigurator-core"
@@ -141,12 +148,22 @@ def _fits(hardware: str, model: str, layout: Layout) -> bool:
     return kv_capacity_tokens(load_hardware(hardware), load_model(model), tp=layout.tensor_parallel_size) > 0
 
 
+def aic_model_of(model: str) -> str | None:
+    """The AIC model config that prices one of our model ids: a bundled profile's (`MODELS`), or the AIC
+    config a short id names (`profiles.aic_model_configs`, with the extra installed); None otherwise."""
+    if model in MODELS:
+        return MODELS[model]
+    path = aic_model_configs().get(model)
+    return aic_repo(path) if path is not None else None
+
+
 def coverage(hardware: str, model: str) -> str | None:
     """None when AIC covers the pair, else why not (a sentence)."""
     if hardware not in SYSTEMS:
         return f"AIConfigurator has no system for hardware {hardware!r} (covered: {', '.join(SYSTEMS)})"
-    if model not in MODELS:
-        return f"AIConfigurator has no model config for {model!r} (covered: {', '.join(MODELS)})"
+    if aic_model_of(model) is None:
+        return (f"AIConfigurator has no model config for {model!r} (covered: {', '.join(MODELS)}, and with the "
+                "aic extra installed every config it ships, by short id)")
     return UNSUPPORTED.get((hardware, model))
 
 
@@ -195,7 +212,7 @@ class AicPricer:
         if why:
             raise AicUnavailable(why)
         self.hardware, self.model = load_hardware(hardware).id, load_model(model).id
-        self.system, self.aic_model = SYSTEMS[self.hardware], MODELS[self.model]
+        self.system, self.aic_model = SYSTEMS[self.hardware], aic_model_of(self.model)
         self.layout = layout
         self._db, self._aic, self.backend_version = _load(self.system, self.aic_model, layout)
         _check_same_architecture(self._aic, load_model(self.model))

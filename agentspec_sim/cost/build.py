@@ -36,11 +36,20 @@ def calibration_note(cost_model) -> str:
     """One line saying what the cost model's factors rest on, for run output."""
     source = cost_model.calibration.source
     pair = f"{cost_model.hardware.id} + {cost_model.model.id}"
+    layout = Layout(cost_model.tensor_parallel_size, cost_model.expert_parallel)
+    fit = (f"`calibrate aic --hardware {cost_model.hardware.id} --model {cost_model.model.id}"
+           + (f" {layout.flags()}" if layout.tag else "") + "` fits it")
     if source == "defaults":
         why = coverage(cost_model.hardware.id, cost_model.model.id)
-        if why is None:
-            return f"cost model: {pair}, documented defaults (asked for; a bundled AIConfigurator calibration exists)"
-        return f"cost model: {pair}, documented defaults (no measured-kernel calibration: {why})"
+        if why is not None:
+            return f"cost model: {pair}, documented defaults (no measured-kernel calibration: {why})"
+        if bundled_calibration(cost_model.hardware.id, cost_model.model.id, layout) is None:
+            return (f"cost model: {pair}" + (f" at {layout.flags()}" if layout.tag else "")
+                    + f", documented defaults (uncalibrated: no bundled fit of this pair; {fit})")
+        return f"cost model: {pair}, documented defaults (asked for; a bundled AIConfigurator calibration exists)"
+    if layout.tag and source.startswith("AIConfigurator") and layout.flags() not in source:
+        return (f"cost model: {pair} at {layout.flags()}, {source} — uncalibrated at this layout: the kernels of "
+                f"that fit, the collectives at their documented defaults ({fit})")
     return f"cost model: {pair}, {source}"
 
 

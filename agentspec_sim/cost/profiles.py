@@ -13,6 +13,8 @@ available KV memory = utilisation × HBM − weights − non-KV reserve.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import math
 import re
@@ -561,8 +563,44 @@ def model_from_hf_config(
     return replace(profile, eagle3=eagle3, mtp=mtp)
 
 
+@functools.cache
+def aic_model_configs() -> Mapping[str, Path]:
+    """Short id → `config.json` of every model config AIConfigurator ships (`model_configs/<org>--<name>_config.json`;
+    the `aic` extra), {} without it: `Qwen--Qwen3-Coder-480B-A35B-Instruct` is `qwen3-coder-480b-a35b-instruct`,
+    `meta-llama--Meta-Llama-3.1-405B` also `llama-3.1-405b`. Found without importing the package."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        return MappingProxyType({})
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model_configs"
+    out: dict[str, Path] = {}
+    for path in sorted(folder.glob("*--*_config.json")):
+        if path.name.endswith("_hf_quant_config.json"):
+            continue
+        short = path.name[:-len("_config.json")].partition("--")[2].lower()
+        out.setdefault(short, path)
+        if short.startswith("meta-llama-"):
+            out.setdefault(short[len("meta-"):], path)
+    return MappingProxyType(out)
+
+
+def aic_repo(path: Path) -> str:
+    """The Hugging Face repo an AIConfigurator model config file is named after (`org--name_config.json`)."""
+    org, _, name = path.name[:-len("_config.json")].partition("--")
+    return f"{org}/{name}"
+
+
+def _aic_config(ident: str | Path) -> Path | None:
+    text = str(ident)
+    if isinstance(ident, Path) or "/" in text or "\\" in text or text.endswith(".json") or Path(text).exists():
+        return None
+    if (MODEL_DIR / f"{text.lower()}.json").exists():
+        return None
+    return aic_model_configs().get(text.lower())
+
+
 def load_model(model: str | Path | ModelProfile) -> ModelProfile:
-    """A bundled model profile by id, a profile JSON, a Hugging Face config.json, or its folder.
+    """A bundled model profile by id, a profile JSON, a Hugging Face config.json, or its folder; with the `aic`
+    extra installed, also any model config AIConfigurator ships, by short id (`aic_model_configs`).
 
     A bundled profile is `{"id", "name", "hf_repo", "config_source", "config": {...HF fields...},
     "sources": {...}, "drafts": {...}}`; any other JSON object is read as a config.json and the
@@ -570,6 +608,11 @@ def load_model(model: str | Path | ModelProfile) -> ModelProfile:
     """
     if isinstance(model, ModelProfile):
         return model
+    aic = _aic_config(model)
+    if aic is not None:
+        return model_from_hf_config(_read_json(aic), id=str(model).lower(), name=aic_repo(aic),
+                                    sources={"config": f"AIConfigurator model_configs/{aic.name} (the model's "
+                                             "Hugging Face config.json)"}, where=str(aic))
     path = _resolve(MODEL_DIR, model, "model profile or config.json")
     data = _read_json(path)
     if isinstance(data.get("config"), Mapping):
@@ -587,6 +630,9 @@ def load_model(model: str | Path | ModelProfile) -> ModelProfile:
 def served_model_name(model: str | Path) -> str | None:
     """The model argument `vllm serve` takes for this profile: a bundled profile's `hf_repo`, a
     config.json's `_name_or_path`; None when the file names neither (or cannot be read)."""
+    aic = _aic_config(model)
+    if aic is not None:
+        return aic_repo(aic)
     try:
         data = _read_json(_resolve(MODEL_DIR, model, "model profile or config.json"))
     except (ProfileError, OSError):
