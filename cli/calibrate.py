@@ -234,8 +234,9 @@ def aic(
 ) -> None:
     """Fit the cost model to NVIDIA AIConfigurator's measured vLLM kernel tables (extra `aic`): price a grid of
     decode, verify, prefill and mixed steps, fit part by part, report the held-out error."""
-    from agentspec_sim.cost.aic import AIC_PACKAGE, AIC_VERSION, AicUnavailable, Layout, aic_installed, bundled_fits
+    from agentspec_sim.cost.aic import AIC_PACKAGE, AIC_VERSION, AicUnavailable, aic_installed, bundled_fits
     from agentspec_sim.cost.aic_calibration import bundled_path, fit_to_aic, write_fit
+    from agentspec_sim.cost.layout import Layout
     from agentspec_sim.cost.profiles import ProfileError, load_hardware, load_model
 
     if all_pairs == (hardware is not None or model is not None):

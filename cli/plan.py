@@ -73,7 +73,7 @@ def plan(
     gpu_memory_utilization: float = sweep_cli.gpu_memory_utilization_option(),
     max_model_len: int | None = sweep_cli.max_model_len_option(),
     num_kv_blocks: int | None = sweep_cli.num_kv_blocks_option(),
-    tensor_parallel_size: int = sweep_cli.tensor_parallel_size_option(),
+    tensor_parallel_size: str = sweep_cli.tensor_parallel_size_option(),
     expert_parallel: bool = sweep_cli.expert_parallel_option(),
     calibration: Path | None = sweep_cli.calibration_option(),
     rate: float | None = sweep_cli.rate_option(),
@@ -88,7 +88,7 @@ def plan(
     under p99 SLOs; print the vLLM flags that deploy it."""
     from agentspec_sim.sweep import SweepError
     from agentspec_sim.sweep.capacity_plan import Prices, is_capacity_results, plan_capacity
-    from agentspec_sim.sweep.plan import SLO
+    from agentspec_sim.sweep.plan import SLO, layout_summary
     from agentspec_sim.sweep.plan import plan as make_plan
 
     _check_positive({"--slo-p99-latency": slo_p99_latency, "--slo-ttft": slo_ttft, "--slo-tpot": slo_tpot,
@@ -114,7 +114,8 @@ def plan(
                                         engine=sweep_cli.engine_config(*engine_options, load), output=output,
                                         resume=resume, jobs=jobs, executor=executor, address=address,
                                         skip_bad_lines=skip_bad_lines, show_progress=not as_json,
-                                        max_cells=max_cells, band=not no_band, capacity=search)
+                                        max_cells=max_cells, band=not no_band, capacity=search,
+                                        layouts=sweep_cli.layout_choice(tensor_parallel_size, expert_parallel)[1])
     by_capacity = is_capacity_results(frame)
     if not by_capacity and (target_rate is not None or slo_query_latency is not None):
         raise UsageError("--target-rate, --slo-query-latency: these results hold no capacity search (sweep "
@@ -127,11 +128,15 @@ def plan(
         plans = plan_capacity(frame, target_rate, price_table) if by_capacity else make_plan(frame, slo)
     except SweepError as exc:
         raise UsageError(str(exc)) from None
+    summary = layout_summary(plans)
     if as_json:
-        typer.echo(json.dumps([p.to_dict() for p in plans], indent=2))
+        typer.echo(json.dumps({"plans": [p.to_dict() for p in plans], "layouts": summary}, indent=2)
+                   if summary else json.dumps([p.to_dict() for p in plans], indent=2))
         return
     for p in plans:
         (_render_capacity if by_capacity else _render)(p)
+    for pair in summary:
+        _render_layouts(pair)
 
 
 def _check_positive(values: dict[str, float | None], unit: str = "") -> None:
@@ -199,7 +204,8 @@ def _render(p) -> None:
     from agentspec_sim.run.band import format_interval
 
     console = Console()
-    table = Table(title=f"plan · {Path(p.trace).name} · {p.hardware} · {p.model}", box=box.SIMPLE_HEAD,
+    table = Table(title=f"plan · {Path(p.trace).name} · {p.hardware} · {p.model}{_layout_title(p)}",
+                  box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
                   caption="batch: the max_num_seqs of highest goodput meeting the objectives · goodput in tok/s · "
                           "p99 latencies in seconds, as the --slo-* options and --json take them"
@@ -242,6 +248,34 @@ def _rate(value: float | None) -> str:
     return "unbounded" if value is None else ("0" if value == 0 else f"{value:.3g}")
 
 
+def _layout_title(p) -> str:
+    from agentspec_sim.cost.layout import Layout
+
+    layout = Layout.of(p.engine)
+    return f" · {layout.label}" if layout.tag else ""
+
+
+def _render_layouts(pair: dict) -> None:
+    """The parallel layouts a plan searched for one (trace, hardware, model), best first (`layout_summary`)."""
+    console = Console()
+    rows = pair["layouts"]
+    table = Table(title=f"layouts · {Path(pair['trace']).name} · {pair['hardware']} · {pair['model']}",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  caption=f"each layout's best drafter and max_num_seqs · {rows[0]['unit']}")
+    for name in ("layout", "GPUs", "drafter", "batch", "per GPU"):
+        table.add_column(name, justify="left" if name in ("layout", "drafter") else "right", no_wrap=True)
+    for r in rows:
+        value = r["per_gpu"]
+        shown = "—" if value is None else ("unbounded" if value == float("inf") else f"{value:.4g}")
+        table.add_row(r["layout"], str(r["gpus"]), r["drafter"] or "none",
+                      "—" if r["max_num_seqs"] is None else str(r["max_num_seqs"]), shown)
+    console.print(table)
+    top = rows[0]
+    if top["per_gpu"] is not None:
+        console.print(f"[bold]best layout:[/] {top['layout']} ({top['flags'] or 'one GPU'}) with {top['drafter']} at "
+                      f"max_num_seqs {top['max_num_seqs']}: its plan's serve line above", highlight=False)
+
+
 def _render_capacity(p) -> None:
     """The capacity plan: each drafter's capacity at each max_num_seqs, its best, the pick and the serve line."""
     console = Console()
@@ -250,7 +284,8 @@ def _render_capacity(p) -> None:
     slo = search["slo"]
     slo_text = ", ".join(f"{name} ≤ {slo[key]:g} s" for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"),
                                                                       ("query", "query_latency_s")) if slo[key])
-    table = Table(title=f"capacity · {Path(p.trace).name} · {p.hardware} · {p.model}", box=box.SIMPLE_HEAD,
+    table = Table(title=f"capacity · {Path(p.trace).name} · {p.hardware} · {p.model}{_layout_title(p)}",
+                  box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
                   caption=f"queries/s at ≥ {search['target']:.0%} SLO attainment ({slo_text}) · load: {p.protocol} · "
                           f"by max_num_seqs; * each drafter's best per GPU")

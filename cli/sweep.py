@@ -39,7 +39,7 @@ def sweep(
     gpu_memory_utilization: float = shared.gpu_memory_utilization_option(),
     max_model_len: int | None = shared.max_model_len_option(),
     num_kv_blocks: int | None = shared.num_kv_blocks_option(),
-    tensor_parallel_size: int = shared.tensor_parallel_size_option(),
+    tensor_parallel_size: str = shared.tensor_parallel_size_option(),
     expert_parallel: bool = shared.expert_parallel_option(),
     calibration: Path | None = shared.calibration_option(),
     rate: float | None = shared.rate_option(),
@@ -78,7 +78,8 @@ def sweep(
                           max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds, engine=engine,
                           output=output, resume=resume, jobs=jobs, executor=executor, address=address,
                           skip_bad_lines=skip_bad_lines, show_progress=not quiet, max_cells=max_cells,
-                          band=not no_band, capacity=search)
+                          band=not no_band, capacity=search,
+                          layouts=shared.layout_choice(tensor_parallel_size, expert_parallel)[1])
     if not quiet:
         if search is not None:
             from agentspec_sim.cli.plan import render_capacity_grid

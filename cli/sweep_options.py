@@ -87,7 +87,25 @@ def num_kv_blocks_option():
 
 
 def tensor_parallel_size_option():
-    return typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica.")
+    return typer.Option("1", "--tensor-parallel-size", help="GPUs per model replica: a size, comma-separated sizes "
+                        "(each its own layout), or auto: every size of 1, 2, 4, 8 whose heads split evenly and whose "
+                        "KV cache holds one max_model_len sequence beside the weights, a MoE model at each size with "
+                        "and without expert parallelism unless --enable-expert-parallel is given.")
+
+
+def layout_choice(text: str, expert_parallel: bool):
+    """(the engine's tensor-parallel size, the `LayoutSearch` to cross the cells with or None) of
+    --tensor-parallel-size TEXT [--enable-expert-parallel]."""
+    from agentspec_sim.cost.layout import LayoutSearch, parse_sizes
+
+    try:
+        sizes = parse_sizes(str(text))
+    except ValueError as exc:
+        raise UsageError(f"--tensor-parallel-size: {exc}") from None
+    if sizes is not None and len(sizes) == 1:
+        return sizes[0], None
+    return (sizes[0] if sizes else 1), LayoutSearch(sizes, True if expert_parallel else (None if sizes is None
+                                                                                         else False))
 
 
 def expert_parallel_option():
@@ -229,7 +247,7 @@ def skip_bad_lines_option():
 
 
 def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.92,
-                  max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: int = 1,
+                  max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: str = "1",
                   expert_parallel: bool = False, calibration: Path | None = None, replicate: int = 1,
                   think_time: float | None = None, no_prefix_caching: bool = False, load: dict | None = None):
     """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell); `load`: the
@@ -239,14 +257,15 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
     from agentspec_sim.engine import EngineConfig, EngineConfigError
 
     load = load if load is not None else {}
+    tp, layouts = layout_choice(tensor_parallel_size, expert_parallel)
     # What EngineConfig lets through (NaN compares false with every bound) but no run can use.
     if think_time is not None and not (math.isfinite(think_time) and think_time >= 0):
         raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
     try:
         return EngineConfig(max_num_batched_tokens=max_num_batched_tokens,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            num_kv_blocks=num_kv_blocks, tensor_parallel_size=tensor_parallel_size,
-                            enable_expert_parallel=expert_parallel,
+                            num_kv_blocks=num_kv_blocks, tensor_parallel_size=tp,
+                            enable_expert_parallel=expert_parallel and layouts is None,
                             calibration=str(calibration) if calibration else None, replicate=replicate,
                             think_time=think_time, enable_prefix_caching=not no_prefix_caching, **load)
     except EngineConfigError as exc:
@@ -256,7 +275,8 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
 def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[str], grid: list[str],
                   max_num_seqs: str, hardware: str, model: str, seeds: int, engine, output: Path | None,
                   resume: bool, jobs: int | None, executor: str, address: str | None, skip_bad_lines: bool,
-                  show_progress: bool = True, max_cells: int = 10_000, band: bool = True, capacity=None):
+                  show_progress: bool = True, max_cells: int = 10_000, band: bool = True, capacity=None,
+                  layouts=None):
     """`run_sweep` with a progress bar; bad options → UsageError. On Ctrl-C or SIGTERM (`Interrupted`, see
     cli/errors.py) `run_sweep` writes the finished cells; the note says how many, and the exit code is
     130 or 143."""
@@ -301,7 +321,7 @@ def run_sweep_cli(trace: Path | None, *, drafter: str, speculative_config: list[
     try:
         return run_sweep(trace, engine=engine, output=output, resume=resume, jobs=jobs, executor=executor,
                          address=address, skip_bad_lines=skip_bad_lines, progress=progress, max_cells=max_cells,
-                         band=band, capacity=capacity, notify=lambda text: console.print(
+                         band=band, capacity=capacity, layouts=layouts, notify=lambda text: console.print(
                              f"note: {text}", highlight=False, markup=False), **options)
     except (SweepError, SpecConfigError, EngineConfigError, SimulationError) as exc:
         raise UsageError(str(exc)) from None

@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass
 from functools import cache
 
+from agentspec_sim.cost.layout import SINGLE_GPU, Layout
 from agentspec_sim.cost.profiles import (
     ModelProfile,
     aic_model_configs,
@@ -91,29 +92,6 @@ def aic_installed() -> bool:
     return importlib.util.find_spec("aiconfigurator_core") is not None
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """How vLLM spreads one model replica over GPUs: `--tensor-parallel-size` and `--enable-expert-parallel`
-    (routed experts split whole over the same GPUs instead of each expert's matrices sliced; vLLM's
-    expert-parallel size is then the tensor-parallel size, with data parallelism 1)."""
-
-    tensor_parallel_size: int = 1
-    expert_parallel: bool = False
-
-    @property
-    def tag(self) -> str:
-        """'' for one GPU, else e.g. 'tp8' or 'tp8-ep' (bundled calibration file names)."""
-        if self.tensor_parallel_size == 1 and not self.expert_parallel:
-            return ""
-        return f"tp{self.tensor_parallel_size}" + ("-ep" if self.expert_parallel else "")
-
-    def flags(self) -> str:
-        """The layout as `vllm serve` flags ('' for one GPU)."""
-        parts = [f"--tensor-parallel-size {self.tensor_parallel_size}"] if self.tensor_parallel_size > 1 else []
-        return " ".join(parts + (["--enable-expert-parallel"] if self.expert_parallel else []))
-
-
-SINGLE_GPU = Layout()
 # The layouts bundled beside TP 1 (the issue's acceptance pairs): the large models as they are served.
 BUNDLED_LAYOUTS = {
     "llama-3.1-70b": Layout(4),

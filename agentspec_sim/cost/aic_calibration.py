@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agentspec_sim.cost.aic import SINGLE_GPU, AicPrice, AicPricer, AicUnavailable, Layout
+from agentspec_sim.cost.aic import AicPrice, AicPricer, AicUnavailable
+from agentspec_sim.cost.layout import SINGLE_GPU, Layout
 from agentspec_sim.cost.profiles import kv_capacity_tokens, load_hardware, load_model
 from agentspec_sim.cost.roofline import CALIBRATION_FORMAT, CALIBRATION_VERSION, Calibration, RooflineCostModel
 from agentspec_sim.cost.shapes import KINDS, StepShape

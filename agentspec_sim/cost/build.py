@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentspec_sim.cost.aic import SINGLE_GPU, Layout, coverage
+from agentspec_sim.cost.aic import coverage
+from agentspec_sim.cost.layout import SINGLE_GPU, Layout
 from agentspec_sim.cost.profiles import (
     HardwareProfile,
     ModelProfile,

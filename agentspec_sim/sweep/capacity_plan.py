@@ -51,7 +51,7 @@ def cost_model_error(hardware: str, model: str) -> tuple[float, str]:
     return COST_MODEL_ERROR, "assumed: no bundled measured-kernel calibration for this pair"
 
 
-_GROUP = ("trace", "hardware", "model")
+_GROUP = ("trace", "hardware", "model", "tensor_parallel_size", "expert_parallel")  # a plan per layout (plan.py)
 CAPACITY_COLUMNS = ("drafter", "speculative_config", "max_num_seqs", "capacity_rate", "capacity_unbounded",
                     "capacity_output_tok_s", "capacity_stopped", "capacity_search", "engine_config")
 
@@ -171,14 +171,14 @@ def plan_capacity(results: pl.DataFrame, target_rate: float | None = None,
     if missing:
         raise SweepError(f"capacity results lack column(s) {', '.join(missing)} (written by sweep --capacity)")
     prices = prices or Prices.load()
-    from agentspec_sim.sweep.plan import _engine_settings
+    from agentspec_sim.sweep.plan import _engine_settings, with_layout
 
     engines = _engine_settings(results)
     plans = []
-    for (trace, hardware, model), group in results.group_by(list(_GROUP), maintain_order=True):
+    for key, group in with_layout(results).group_by(list(_GROUP), maintain_order=True):
+        trace, hardware, model = (str(v) for v in key[:3])
         try:
-            plans.append(_plan_group(str(trace), str(hardware), str(model), group, target_rate, prices,
-                                     engines.get((trace, hardware, model))))
+            plans.append(_plan_group(trace, hardware, model, group, target_rate, prices, engines.get(tuple(key))))
         except (KeyError, TypeError, ValueError) as exc:  # a file edited or written by something else
             if isinstance(exc, SweepError):
                 raise

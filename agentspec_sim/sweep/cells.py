@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from agentspec_sim.cost.layout import TP_SIZES, Layout, LayoutSearch
 from agentspec_sim.drafters.registry import drafter_class, parse_drafter, speculative_config
 from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.engine.drafting import COMMON_KEYS, SpecConfigError, SpeculativeConfig
@@ -233,18 +234,18 @@ def _count(values: Sequence[Any]) -> int:
 
 
 def check_sweep_size(configs: int, given: int, grid: bool, max_num_seqs: Sequence[int], hardware: Sequence[str],
-                     models: Sequence[str], seeds: Sequence[int], max_cells: int | None) -> int:
+                     models: Sequence[str], seeds: Sequence[int], max_cells: int | None, layouts: int = 1) -> int:
     """The number of cells (`configs` drafter configurations, of which `given` were listed and the rest come
-    from the `grid`, × max_num_seqs × hardware × models × seeds); `ResourceError` over `max_cells`, blaming the
-    largest factor (None: no limit)."""
+    from the `grid`, × max_num_seqs × hardware × models × seeds × at most `layouts` parallel layouts a pair);
+    `ResourceError` over `max_cells`, blaming the largest factor (None: no limit)."""
     from agentspec_sim.host.resources import require_count
 
     factors = {"grid" if grid and configs > given + 1 else "drafters": configs, "max_num_seqs": _count(max_num_seqs),
-               "hardware": _count(hardware), "models": _count(models), "seeds": _count(seeds)}
+               "hardware": _count(hardware), "models": _count(models), "seeds": _count(seeds), "layouts": layouts}
     cells = math.prod(factors.values())
     blamed = max(factors, key=lambda k: factors[k])
     counts = list(factors.values())
-    names = ("drafter configuration", "max_num_seqs value", "hardware profile", "model", "seed")
+    names = ("drafter configuration", "max_num_seqs value", "hardware profile", "model", "seed", "parallel layout")
     detail = " × ".join(f"{n:,} {name}{'' if n == 1 else 's'}" for n, name in zip(counts, names, strict=True))
     require_count(blamed, cells, "cells", "the sweep", max_cells, "max_cells", value=factors[blamed], detail=detail,
                   lower="use fewer {grid} values" if blamed == "grid" else None)
@@ -259,14 +260,28 @@ def _describe_json(spec: SpeculativeConfig) -> str:
 
 def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: Sequence[int],
                  hardware: Sequence[str], models: Sequence[str], seeds: Sequence[int],
-                 base: EngineConfig | None = None, search: str | None = None) -> list[Cell]:
-    """The cartesian product, in a fixed order (hardware, model, max_num_seqs, seed, drafter): the
-    order of the results file. `search`: each cell is a capacity search with these settings."""
+                 base: EngineConfig | None = None, search: str | None = None,
+                 layouts: LayoutSearch | None = None) -> list[Cell]:
+    """The cartesian product, in a fixed order (hardware, model, layout, max_num_seqs, seed, drafter): the
+    order of the results file. `search`: each cell is a capacity search with these settings. `layouts`: the
+    parallel layouts each (hardware, model) pair is run at (`LayoutSearch.layouts`; None: `base`'s own)."""
     base = base or EngineConfig()
     cells = []
-    for hw, model, b, seed in itertools.product(hardware, models, max_num_seqs, seeds):
-        config = replace(base, hardware=hw, model=model, max_num_seqs=b, seed=seed)
-        cells.extend(Cell(trace, spec, config, search) for spec in specs)
+    for hw, model in itertools.product(hardware, models):
+        if layouts is None:
+            pair_layouts = [Layout(base.tensor_parallel_size, base.enable_expert_parallel)]
+        else:
+            pair_layouts = layouts.layouts(hw, model, base.max_model_len, base.gpu_memory_utilization)
+            if not pair_layouts:
+                raise SweepError(f"no parallel layout of {model} fits {hw} (tensor-parallel sizes "
+                                 f"{', '.join(map(str, layouts.sizes or TP_SIZES))}: the heads must split evenly and "
+                                 "the KV cache beside the weights hold one max_model_len sequence; lower "
+                                 "--max-model-len or give larger sizes)")
+        for layout, b, seed in itertools.product(pair_layouts, max_num_seqs, seeds):
+            config = replace(base, hardware=hw, model=model, max_num_seqs=b, seed=seed,
+                             tensor_parallel_size=layout.tensor_parallel_size,
+                             enable_expert_parallel=layout.expert_parallel)
+            cells.extend(Cell(trace, spec, config, search) for spec in specs)
     return cells
 
 

@@ -26,6 +26,7 @@ Rules (docs/sweep-and-plan.md):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,7 +34,9 @@ import polars as pl
 
 from agentspec_sim.sweep.cells import SweepError
 
-_GROUP = ("trace", "hardware", "model")
+# A plan per (trace, hardware, model, parallel layout): a sweep that crossed layouts plans each on its own
+# (`with_layout` derives the layout columns from each row's engine settings), and `layout_summary` ranks them.
+_GROUP = ("trace", "hardware", "model", "tensor_parallel_size", "expert_parallel")
 # How the simulator's methods are deployed in vLLM 0.33 (docs/vllm-engine-facts.md): both n-gram rules
 # are `method: ngram`; the V1 rule needs the V1 model runner, V2 is the default. The AgentSpec family
 # and AgSpec are research drafters vLLM does not ship.
@@ -145,6 +148,7 @@ def aggregate(results: pl.DataFrame) -> pl.DataFrame:
     """One row per (trace, hardware, model, drafter, config, max_num_seqs), over seeds (rules above)."""
     needed = (*_CELL, "goodput_tok_s", "speedup", "query_latency_p99", "ttft_p99", "tpot_p99", "preemptions",
               "incomplete_queries", "limits_num_kv_blocks", "limits_block_size")
+    results = with_layout(results)
     missing = [c for c in needed if c not in results.columns]
     if missing:
         raise SweepError(f"results lack column(s) {', '.join(missing)}")
@@ -167,28 +171,81 @@ def plan(results: pl.DataFrame, slo: SLO | None = None) -> list[Plan]:
         raise SweepError("no sweep results to plan from")
     engines = _engine_settings(results)
     plans = []
-    for (trace, hardware, model), group in cells.group_by(list(_GROUP), maintain_order=True):
-        plans.append(_plan_group(str(trace), str(hardware), str(model), group, slo,
-                                 engines.get((trace, hardware, model))))
+    for key, group in cells.group_by(list(_GROUP), maintain_order=True):
+        trace, hardware, model = (str(v) for v in key[:3])
+        plans.append(_plan_group(trace, hardware, model, group, slo, engines.get(tuple(key))))
     return plans
 
 
-def _engine_settings(results: pl.DataFrame) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """(trace, hardware, model) → the engine settings its cells share (the `engine_config` column). Cells of
-    one group run with different settings would be averaged into one answer: refused."""
+def with_layout(results: pl.DataFrame) -> pl.DataFrame:
+    """The results with each row's parallel layout as columns `tensor_parallel_size` and `expert_parallel`
+    (from its engine settings; one GPU for files that predate them)."""
+    from agentspec_sim.cost.layout import Layout
+    from agentspec_sim.sweep.results import ENGINE_CONFIG
+
+    if "tensor_parallel_size" in results.columns and "expert_parallel" in results.columns:
+        return results
+    texts = results[ENGINE_CONFIG].to_list() if ENGINE_CONFIG in results.columns else [None] * results.height
+    layouts = [Layout.of(json.loads(text) if text else None) for text in texts]
+    return results.with_columns(
+        pl.Series("tensor_parallel_size", [x.tensor_parallel_size for x in layouts], dtype=pl.Int64),
+        pl.Series("expert_parallel", [x.expert_parallel for x in layouts], dtype=pl.Boolean))
+
+
+def _engine_settings(results: pl.DataFrame) -> dict[tuple, dict[str, Any]]:
+    """(trace, hardware, model, tensor_parallel_size, expert_parallel) → the engine settings its cells share (the
+    `engine_config` column). Cells of one group run with different settings would be averaged into one answer:
+    refused."""
     from agentspec_sim.sweep.results import ENGINE_CONFIG
 
     if ENGINE_CONFIG not in results.columns:
         return {}
     out = {}
-    for key, group in results.group_by(list(_GROUP), maintain_order=True):
+    for key, group in with_layout(results).group_by(list(_GROUP), maintain_order=True):
         texts = group[ENGINE_CONFIG].unique(maintain_order=True).to_list()
         if len(texts) > 1:
-            trace, hardware, model = key
+            trace, hardware, model = key[:3]
             raise SweepError(f"results for {trace} on {hardware} / {model} mix {len(texts)} engine configurations "
                              "(sweeps with different engine options): plan each sweep's results file on its own")
         if texts[0] is not None:
             out[tuple(key)] = json.loads(texts[0])
+    return out
+
+
+def layout_summary(plans: list) -> list[dict[str, Any]]:
+    """Per (trace, hardware, model) planned at more than one parallel layout: each layout's best choice, most load
+    (capacity plans) or goodput (batch plans) per GPU first — the layout `plan` recommends for that pair."""
+    from agentspec_sim.cost.layout import Layout
+
+    by_pair: dict[tuple[str, str, str], list] = {}
+    for p in plans:
+        by_pair.setdefault((p.trace, p.hardware, p.model), []).append(p)
+    out = []
+    for (trace, hardware, model), group in by_pair.items():
+        if len(group) < 2:
+            continue
+        rows = []
+        for p in group:
+            layout = Layout.of(p.engine)
+            best = p.best
+            gpus = layout.tensor_parallel_size
+            tokens = None
+            if best is None:
+                per_gpu = None
+            elif hasattr(best, "capacity_per_gpu"):
+                per_gpu = math.inf if best.capacity_rate is None else best.capacity_per_gpu
+                tokens = best.output_tok_s / gpus
+            else:
+                per_gpu = tokens = best.goodput_tok_s / gpus
+            rows.append({"layout": layout.label, "flags": layout.flags(), "gpus": gpus,
+                         "drafter": None if best is None else best.drafter,
+                         "max_num_seqs": None if best is None else best.max_num_seqs, "per_gpu": per_gpu,
+                         "output_tok_s_per_gpu": tokens,
+                         "unit": "queries/s per GPU" if hasattr(p, "search") else "output tok/s per GPU"})
+        # Most load per GPU; between layouts that both meet the SLO at any load, more tokens per GPU; then fewer GPUs.
+        rows.sort(key=lambda r: (r["per_gpu"] is None, -(r["per_gpu"] or 0.0), -(r["output_tok_s_per_gpu"] or 0.0),
+                                 r["gpus"]))
+        out.append({"trace": trace, "hardware": hardware, "model": model, "layouts": rows})
     return out
 
 

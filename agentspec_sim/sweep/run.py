@@ -19,6 +19,7 @@ from typing import Any
 import polars as pl
 
 from agentspec_sim.capacity import CapacitySearch
+from agentspec_sim.cost.layout import LayoutSearch
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.sweep.cells import (
     FIGURE1_DRAFTERS,
@@ -127,16 +128,17 @@ def sweep_cells(trace: str, drafters: Sequence[str] = FIGURE1_DRAFTERS, speculat
                 max_num_seqs: Sequence[int] = FIGURE1_MAX_NUM_SEQS, hardware: Sequence[str] = ("a100-80g",),
                 models: Sequence[str] = ("qwen3-8b",), seeds: Sequence[int] = (0,),
                 engine: EngineConfig | None = None, max_cells: int | None = MAX_CELLS,
-                search: CapacitySearch | None = None) -> list[Cell]:
+                search: CapacitySearch | None = None, layouts: LayoutSearch | None = None) -> list[Cell]:
     """The cells of a sweep in results order (see `drafter_configs` and `expand_cells`); a sweep of more
     than `max_cells` cells (None: no limit) is refused (`ResourceError`) before any is made. `search`: each
-    cell is a capacity search."""
+    cell is a capacity search. `layouts`: the parallel layouts crossed with the cells (None: the engine's)."""
     grid_items = list((grid or {}).items())
     configs, given = count_configs(drafters, speculative_configs, grid_items)
-    check_sweep_size(configs, given, bool(grid_items), max_num_seqs, hardware, models, seeds, max_cells)
+    check_sweep_size(configs, given, bool(grid_items), max_num_seqs, hardware, models, seeds, max_cells,
+                     1 if layouts is None else layouts.most)
     specs = drafter_configs(drafters, speculative_configs, grid_items)
     text = None if search is None else json.dumps(search.to_dict(), sort_keys=True)
-    return expand_cells(trace, specs, max_num_seqs, hardware, models, seeds, engine, text)
+    return expand_cells(trace, specs, max_num_seqs, hardware, models, seeds, engine, text, layouts)
 
 
 def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1_DRAFTERS, *,
@@ -147,7 +149,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
               executor: str = "process", address: str | None = None, workload: Workload | None = None,
               skip_bad_lines: bool = False, progress: Progress | None = None,
               max_cells: int | None = MAX_CELLS, band: bool = True,
-              capacity: CapacitySearch | None = None, notify: Callable[[str], None] | None = None) -> pl.DataFrame:
+              capacity: CapacitySearch | None = None, notify: Callable[[str], None] | None = None,
+              layouts: LayoutSearch | None = None) -> pl.DataFrame:
     """Run every cell of the sweep and return the results (schema: agentspec_sim.sweep.results).
 
     `trace`: a trace path (`-`: standard input; default: the bundled coding-agent trace); `workload`: the
@@ -173,6 +176,8 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     drops finished cells no longer in the grid).
     `capacity`: each cell is a capacity search under that SLO (`run_capacity_cell`: its probes run one after
     another in the cell's worker; no band runs) instead of one run.
+    `layouts`: every (hardware, model) pair also at these parallel layouts (`cost.layout.LayoutSearch`: tensor-
+    parallel sizes, expert parallelism, or every layout that fits); None: the engine's own.
     """
     from agentspec_sim.trace.bundled import default_trace_path
     from agentspec_sim.trace.io import STDIN_NAME, is_stdin
@@ -188,7 +193,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
     stdin = workload is None and is_stdin(trace)
     trace_text = STDIN_NAME if stdin else str(trace) if trace is not None else str(default_trace_path())
     cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine,
-                        max_cells, capacity)
+                        max_cells, capacity, layouts)
     limits = _check_configs(cells)
     source = (WorkloadSource.from_stdin(skip_bad_lines) if stdin else
               WorkloadSource(trace_text, skip_bad_lines, workload, given=workload is not None))

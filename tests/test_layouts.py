@@ -1,0 +1,102 @@
+"""Parallel layouts as a sweep and plan axis: which layouts fit a model on a GPU (vLLM's rules), cells at each,
+one plan per layout and a ranking of the layouts by load per GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from agentspec_sim.cost.layout import TP_SIZES, Layout, LayoutSearch, parse_sizes
+from agentspec_sim.drafters.registry import parse_drafter
+from agentspec_sim.engine.config import EngineConfig
+from agentspec_sim.sweep import SweepError
+from agentspec_sim.sweep.cells import expand_cells
+from agentspec_sim.sweep.plan import layout_summary, plan, with_layout
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+
+def test_sizes_parse_and_refuse_what_is_not_a_gpu_count():
+    assert parse_sizes("8") == (8,) and parse_sizes("1, 2,4,2") == (1, 2, 4) and parse_sizes("AUTO") is None
+    for bad in ("0", "x", ",", "-2"):
+        with pytest.raises(ValueError):
+            parse_sizes(bad)
+
+
+def test_a_layout_search_keeps_what_vllm_would_start():
+    auto = LayoutSearch()
+    assert auto.most == 2 * len(TP_SIZES)
+    # Qwen3-8B fits one H100 at its 40,960-token context: every size; a dense model has no expert parallelism.
+    assert auto.layouts("h100-80g", "qwen3-8b") == [Layout(1), Layout(2), Layout(4), Layout(8)]
+    # DeepSeek-V3 (671 GB of FP8) leaves a 163,840-token sequence's KV only at tp 8 on B200; both MoE layouts.
+    assert auto.layouts("b200", "deepseek-v3") == [Layout(8), Layout(8, True)]
+    assert auto.layouts("h100-80g", "deepseek-v3") == []  # two nodes' worth of weights
+    assert LayoutSearch(None, True).layouts("h200", "qwen3-235b-a22b") == [Layout(4, True), Layout(8, True)]
+    assert LayoutSearch(None, True).layouts("h100-80g", "qwen3-235b-a22b") == [Layout(8, True)]
+    # A shorter context needs less KV: tp 4 holds a 32k-token sequence beside DeepSeek-V3's weights on B200.
+    assert LayoutSearch(None, True).layouts("b200", "deepseek-v3", max_model_len=32768) == [Layout(4, True),
+                                                                                             Layout(8, True)]
+    # Explicit sizes are kept when the heads split (64 heads do not split over 3).
+    assert LayoutSearch((3, 4), False).layouts("h100-80g", "qwen3-32b") == [Layout(4)]
+
+
+def test_cells_are_crossed_with_each_pairs_layouts():
+    spec = parse_drafter("ngram")
+    cells = expand_cells("t.jsonl", [spec], [8], ["b200"], ["deepseek-v3", "qwen3-8b"], [0],
+                         EngineConfig(), None, LayoutSearch((4, 8), None))
+    got = [(c.config.model, c.config.tensor_parallel_size, c.config.enable_expert_parallel) for c in cells]
+    assert got == [("deepseek-v3", 4, False), ("deepseek-v3", 4, True), ("deepseek-v3", 8, False),
+                   ("deepseek-v3", 8, True), ("qwen3-8b", 4, False), ("qwen3-8b", 8, False)]
+    assert len({c.cell_id for c in cells}) == len(cells)
+    with pytest.raises(SweepError, match="no parallel layout of deepseek-v3 fits h100-80g"):
+        expand_cells("t.jsonl", [spec], [8], ["h100-80g"], ["deepseek-v3"], [0], EngineConfig(), None, LayoutSearch())
+
+
+ENGINE = {k: v for k, v in asdict(EngineConfig()).items()
+          if k not in ("max_num_seqs", "hardware", "model", "seed", "check_invariants")}
+
+
+def _rows(tp: int, goodput: float) -> list[dict]:
+    engine = json.dumps({**ENGINE, "tensor_parallel_size": tp}, sort_keys=True)
+    return [{"trace": "t.jsonl", "hardware": "h200", "model": "qwen3-32b", "seed": 0, "drafter": "normal",
+             "speculative_config": json.dumps({"method": "normal"}), "max_num_seqs": b, "goodput_tok_s": goodput * b,
+             "speedup": 1.0, "query_latency_p99": 1.0, "ttft_p99": 0.1, "tpot_p99": 0.01, "preemptions": 0,
+             "incomplete_queries": 0, "limits_num_kv_blocks": 1000, "limits_block_size": 16, "engine_config": engine}
+            for b in (1, 2)]
+
+
+def test_one_plan_per_layout_and_the_layouts_ranked_per_gpu():
+    results = pl.DataFrame(_rows(1, 100.0) + _rows(2, 150.0))
+    assert with_layout(results)["tensor_parallel_size"].to_list() == [1, 1, 2, 2]
+    plans = plan(results)
+    assert [p.engine["tensor_parallel_size"] for p in plans] == [1, 2]
+    assert "--tensor-parallel-size" in plans[1].vllm_args and "--tensor-parallel-size" not in plans[0].vllm_args
+    (pair,) = layout_summary(plans)
+    # tp 2 has 1.5× the goodput on 2× the GPUs: tp 1 serves more per GPU.
+    assert [r["layout"] for r in pair["layouts"]] == ["tp 1", "tp 2"]
+    assert [r["per_gpu"] for r in pair["layouts"]] == pytest.approx([200.0, 150.0])
+    assert layout_summary(plan(pl.DataFrame(_rows(1, 100.0)))) == []  # one layout: nothing to rank
+
+
+def test_plan_searches_the_layouts_that_fit_from_the_command_line(tmp_path):
+    trace = TRACES / "swe-agent.jsonl.zst"
+    run = subprocess.run([sys.executable, "-m", "agentspec_sim.cli", "plan", str(trace), "--drafter", "ngram",
+                          "--max-num-seqs", "8", "--hardware", "h200", "--model", "qwen3-235b-a22b",
+                          "--tensor-parallel-size", "auto", "--enable-expert-parallel", "--max-model-len", "32768",
+                          "--slo-ttft", "5", "--slo-tpot", "0.2", "--executor", "inline", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    layouts = {(p["engine"]["tensor_parallel_size"], p["engine"]["enable_expert_parallel"]) for p in doc["plans"]}
+    assert layouts == {(4, True), (8, True)}  # tp 1 and 2 leave no KV cache beside 470 GB of weights
+    (pair,) = doc["layouts"]
+    assert {r["flags"] for r in pair["layouts"]} == {"--tensor-parallel-size 4 --enable-expert-parallel",
+                                                     "--tensor-parallel-size 8 --enable-expert-parallel"}
+    for p in doc["plans"]:
+        assert "--enable-expert-parallel" in p["vllm_args"]
