@@ -57,7 +57,7 @@ def test_bundled_profiles_load_and_carry_sources():
     assert hardware_ids() == ["a100-80g", "b200", "b300", "gb200", "gb300", "h100-80g", "h200", "l40s", "rtx-pro-6000"]
     assert set(model_ids()) == {"qwen3-8b", "gpt-oss-20b", "deepseek-r1-distill-llama-8b", "mimo-7b", "llama-3.1-8b",
                                 "deepseek-v3", "deepseek-r1", "qwen3-235b-a22b", "qwen3-coder-480b-a35b",
-                                "gpt-oss-120b", "llama-3.1-70b", "qwen3-32b"}
+                                "gpt-oss-120b", "llama-3.1-70b", "qwen3-32b", "qwen3-0.6b", "qwen3-1.7b"}
     for hw_id in hardware_ids():
         hw = load_hardware(hw_id)
         for name in ("hbm_bytes", "hbm_bandwidth", "peak_flops_bf16", "interconnect_bandwidth"):

@@ -457,6 +457,54 @@ def draft_from_config(kind: str, cfg: Mapping[str, Any], target: ModelProfile | 
     raise ProfileError(f"{where}: unknown draft kind {kind!r} (eagle3 or mtp)")
 
 
+def draft_from_model(model: ModelProfile) -> DraftSpec:
+    """A whole small model as the draft network of vLLM's `draft_model` method: every layer, its full vocabulary
+    LM head, at its own weights' bytes. Dense models only (a MoE draft's touched experts are not priced here)."""
+    if model.is_moe:
+        raise ProfileError(f"{model.id}: a MoE model as a draft model is not priced (give a dense draft model)")
+    return DraftSpec(
+        kind="draft_model",
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.intermediate_size,
+        num_attention_heads=model.num_attention_heads,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        attention_input_size=model.hidden_size,
+        extra_params=0,
+        lm_head_rows=model.vocab_size,
+        bytes_per_param=model.dense_bytes_per_param,
+        source=f"the draft model {model.id}: its own forward pass per draft token ({model.sources.get('config', '')})",
+    )
+
+
+def model_by_repo(name: str) -> str | None:
+    """The bundled profile id a Hugging Face repo name (`Qwen/Qwen3-0.6B`) or an id names, else None."""
+    wanted = name.lower()
+    for ident in model_ids():
+        if ident == wanted:
+            return ident
+        data = _read_json(MODEL_DIR / f"{ident}.json")
+        if str(data.get("hf_repo", "")).lower() == wanted:
+            return ident
+    return None
+
+
+def default_draft_model(target: ModelProfile) -> str | None:
+    """The bundled model vLLM's `draft_model` method would most likely be given for `target`: the smallest dense
+    bundled model of its family (same id prefix) sharing its vocabulary (vLLM verifies the draft's tokens against
+    the target's), else None."""
+    family = target.id.split("-")[0]
+    fits = []
+    for ident in model_ids():
+        if ident == target.id or ident.split("-")[0] != family:
+            continue
+        m = load_model(ident)
+        if not m.is_moe and m.vocab_size == target.vocab_size and m.total_params() < target.total_params():
+            fits.append((m.total_params(), ident))
+    return min(fits)[1] if fits else None
+
+
 def default_eagle3(model: ModelProfile) -> DraftSpec:
     """An EAGLE-3 head at the target's dimensions when the profile names none (assumption, documented)."""
     return draft_from_config("eagle3", {

@@ -41,6 +41,7 @@ from agentspec_sim.cost.profiles import (
     ModelProfile,
     ProfileError,
     default_eagle3,
+    draft_from_model,
     kv_bytes_per_token,
     load_hardware,
     load_model,
@@ -49,6 +50,8 @@ from agentspec_sim.io import strict_json
 from agentspec_sim.io.atomic import atomic_text
 
 CALIBRATION_FORMAT = "agentspec-sim/cost-calibration"
+# `draft_model_time(kind=DRAFT_MODEL_KIND + model id)`: vLLM's draft_model method with that draft model.
+DRAFT_MODEL_KIND = "draft_model:"
 CALIBRATION_VERSION = 1
 
 
@@ -778,11 +781,30 @@ class RooflineCostModel:
 
     def _draft(self, kind: str | None) -> _DraftConsts:
         key = kind or self._default_draft
+        if key not in self._drafts and key.startswith(DRAFT_MODEL_KIND):
+            self._drafts[key] = self._draft_model_consts(key[len(DRAFT_MODEL_KIND):])
         try:
             return self._drafts[key]
         except KeyError:
             raise ValueError(f"{self.model.id}: no {key!r} draft network "
                              f"(available: {', '.join(sorted(self._drafts))})") from None
+
+    def _draft_model_consts(self, draft: str) -> _DraftConsts:
+        """vLLM's `draft_model` method: the draft model's own forward passes, at the target's tensor-parallel size
+        (vLLM's default draft_tensor_parallel_size), each pass priced like the target's (a p-norm of its weight
+        stream and FLOPs) and its KV read as a decode's."""
+        try:
+            spec = draft_from_model(load_model(draft))
+        except ProfileError as exc:
+            raise ValueError(str(exc)) from None
+        m = load_model(draft)
+        if m.vocab_size != self.model.vocab_size:
+            raise ValueError(f"draft model {m.id} has a vocabulary of {m.vocab_size:,} tokens, {self.model.id} "
+                             f"{self.model.vocab_size:,}: vLLM's draft_model method needs the target's tokenizer")
+        tp = self.tensor_parallel_size
+        return _DraftConsts(spec=spec, bytes=spec.streamed_params() * spec.bytes_per_param / tp,
+                            flops_row=2.0 * spec.streamed_params() / tp,
+                            kv_bytes=spec.kv_bytes_per_token(self.kv_dtype_bytes) / min(tp, max(1, spec.num_kv_heads)))
 
     def _crossover(self, bandwidth: float, flops_rate: float) -> float:
         """Tokens T at which decode FLOPs(T)/flops_rate = streamed bytes(T)/bandwidth (each token a logits row)."""

@@ -245,6 +245,12 @@ class BaseDrafter:
         self.spec = spec
 
     @classmethod
+    def draft_network(cls, spec: SpeculativeConfig, model: str | None = None) -> str:
+        """The cost model's draft network a drafter of `spec` runs for target `model` (`draft_model_time(kind=…)`):
+        its method's (eagle3, mtp); vLLM's draft_model method names its draft model."""
+        return cls.name
+
+    @classmethod
     def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
         return spec
 

@@ -98,8 +98,9 @@ def check_draft_networks(specs: Sequence[SpeculativeConfig], config: EngineConfi
     cost_model = cost_model if cost_model is not None else cost_model_for(config)
     for spec in needy:
         try:
+            kind = drafter_class(spec.method).draft_network(spec, config.model)
             cost_model.draft_model_time(1, max(1, spec.num_speculative_tokens), np.ones(1, dtype=np.int64),
-                                        kind=spec.method)
+                                        kind=kind)
         except TypeError:  # a cost model without draft kinds prices every method alike
             return
         except ValueError as exc:  # the target model has no such draft network

@@ -397,6 +397,12 @@ def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list
         if method == "suffix":
             notes.append("vLLM's suffix method needs ArcticInference installed beside it (pip install "
                          "arctic-inference)")
+        if method == "draft_model":  # vLLM loads the draft model by its Hugging Face repo
+            from agentspec_sim.cost.profiles import default_draft_model, load_model, model_by_repo
+
+            ident = model_by_repo(str(config["model"])) if config.get("model") else default_draft_model(
+                load_model(model))
+            config["model"] = (served_model_name(ident) or ident) if ident else REQUIRED_DRAFT_MODEL
         if method in _NEEDS_DRAFT_MODEL and not config.get("model"):
             config["model"] = _draft_model(config, model) or REQUIRED_DRAFT_MODEL
             if config["model"] == REQUIRED_DRAFT_MODEL:

@@ -57,6 +57,14 @@ def _mimo_targets() -> list[float]:
     return [0.90 * r**i for i in range(7)]
 
 
+# A small same-family draft model (vLLM's draft_model method): per-token acceptance ALPHA at every position.
+DRAFT_MODEL_ALPHA = 0.7
+
+
+def _draft_model_targets() -> list[float]:
+    return [DRAFT_MODEL_ALPHA ** (i + 1) for i in range(7)]
+
+
 PUBLIC_TARGETS: dict[tuple[str, str], dict[str, Any]] = {
     ("eagle3", "gpt-oss-20b"): {
         "targets": lambda: [0.622, 0.356, 0.203, 0.119, 0.060],
@@ -74,6 +82,17 @@ PUBLIC_TARGETS: dict[tuple[str, str], dict[str, Any]] = {
                   "recommended k=1); the first target is matched at k=1. Slots >= 1 reuse the single layer "
                   "autoregressively; their conditional acceptance is ASSUMED equal to DeepSeek-V3's (see "
                   "mtp.default.json): P(>= i+1) = 0.90 r^i, matched at k=7.",
+    },
+    ("draft_model", "default"): {
+        "targets": _draft_model_targets,
+        "aliases": [],
+        "source": "ASSUMPTION: no public per-position vLLM figures for a small same-family draft model (e.g. "
+                  "Qwen3-0.6B drafting Qwen3-32B) were found. Speculative decoding's own measurements put the "
+                  "per-token acceptance of a same-family draft 10-100x smaller at alpha 0.6-0.8 under greedy "
+                  "decoding (Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding, "
+                  "Table 3: T5-small/base/large drafting T5-XXL); alpha = 0.7 is used at every position, "
+                  "P(>= i+1) = 0.7^(i+1), k = 7 (mean acceptance length 2.14 at k = 7). Recalibrate with "
+                  "`agentspec-sim calibrate acceptance` from per-step data of the pair you deploy.",
     },
     ("mtp", "default"): {
         "targets": _deepseek_targets,
@@ -164,31 +183,37 @@ def regenerate_bundled(spec_bench_answers: str | Path, out_dir: str | Path = ACC
                    f"Vicuna-7B v1.3, EAGLE-1 tree depth 5, greedy; {coef_fit.num_steps} steps, all 13 categories, "
                    "each turn tied to its call of traces/spec-bench.jsonl.zst); only the feature coefficients are "
                    "kept (the intercepts of that fit describe EAGLE-1 tree drafting, not this drafter)")
+    return [write_public_target(method, model, coefficients, coef_source, out_dir) for method, model in PUBLIC_TARGETS]
+
+
+def write_public_target(method: str, model: str, coefficients: dict[str, float], coef_source: str,
+                        out_dir: str | Path = ACCEPTANCE_DIR) -> Path:
+    """Write one `PUBLIC_TARGETS` file (atomically): its intercepts solved for its targets on the MT-Bench reference
+    stream with these feature coefficients (`regenerate_bundled` fits them on Spec-Bench; a new entry can take the
+    bundled files' own)."""
     stream = reference_streams()
-    written = []
-    for (method, model), entry in PUBLIC_TARGETS.items():
-        targets = [round(float(x), 6) for x in entry["targets"]()]
-        ks = entry.get("ks") or [len(targets)] * len(targets)
-        params = fit_targets(stream, targets, coefficients, method=method, model=model, ks=ks)
-        rates = {k: model_rates(stream, params, k) for k in set(ks)}
-        achieved = [rates[k][i] for i, k in enumerate(ks)]
-        params = AcceptanceParams(
-            method, model, tuple(round(a, 6) for a in params.positions), coefficients, source=entry["source"],
-            sources={"positions": "solved (scipy least_squares) so that the model's cumulative per-position "
-                                  "acceptance on the reference stream equals the targets",
-                     "coefficients": coef_source, "targets": entry["source"]},
-            aliases=tuple(entry["aliases"]),
-            calibration={"k": ks[-1], **({"k_per_target": ks} if len(set(ks)) > 1 else {}),
-                         "targets_cumulative": targets,
-                         "model_cumulative": [round(float(x), 4) for x in achieved],
-                         "stream": REFERENCE_STREAM,
-                         "regenerate":
-                             "agentspec_sim.drafters.model.bundled.regenerate_bundled(<spec-bench answers>)"})
-        params = replace(params, band=borrowed_band(params, stream, ks[-1]))
-        path = Path(out_dir) / f"{method}.{model}.json"
-        write_json_atomic(path, params.to_json())
-        written.append(path)
-    return written
+    entry = PUBLIC_TARGETS[(method, model)]
+    targets = [round(float(x), 6) for x in entry["targets"]()]
+    ks = entry.get("ks") or [len(targets)] * len(targets)
+    params = fit_targets(stream, targets, coefficients, method=method, model=model, ks=ks)
+    rates = {k: model_rates(stream, params, k) for k in set(ks)}
+    achieved = [rates[k][i] for i, k in enumerate(ks)]
+    params = AcceptanceParams(
+        method, model, tuple(round(a, 6) for a in params.positions), coefficients, source=entry["source"],
+        sources={"positions": "solved (scipy least_squares) so that the model's cumulative per-position "
+                              "acceptance on the reference stream equals the targets",
+                 "coefficients": coef_source, "targets": entry["source"]},
+        aliases=tuple(entry["aliases"]),
+        calibration={"k": ks[-1], **({"k_per_target": ks} if len(set(ks)) > 1 else {}),
+                     "targets_cumulative": targets,
+                     "model_cumulative": [round(float(x), 4) for x in achieved],
+                     "stream": REFERENCE_STREAM,
+                     "regenerate":
+                         "agentspec_sim.drafters.model.bundled.regenerate_bundled(<spec-bench answers>)"})
+    params = replace(params, band=borrowed_band(params, stream, ks[-1]))
+    path = Path(out_dir) / f"{method}.{model}.json"
+    write_json_atomic(path, params.to_json())
+    return path
 
 
 def borrowed_band(params: AcceptanceParams, stream: Streams, k: int,

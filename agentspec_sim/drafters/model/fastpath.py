@@ -115,7 +115,7 @@ class ModelDrafting(EngineDrafting):
                                            cols["target_len"][:n], [s.call for s in run.states],
                                            [s.draw_id for s in run.states], tokens_digest=run.tokens_digest)
         try:
-            pass_s, terms = run.cost.draft_model_terms(seqs, kind=drafter.name)
+            pass_s, terms = run.cost.draft_model_terms(seqs, kind=drafter.network)
             self.priced = True
         except (AttributeError, TypeError, ValueError):  # not a roofline, or no such draft network: Python prices
             pass_s, terms, self.priced = np.zeros(seqs + 1), np.ones(4), False

@@ -63,6 +63,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numba import njit
 
+from agentspec_sim.cost.profiles import default_draft_model, load_model, model_by_repo, model_ids
+from agentspec_sim.cost.roofline import DRAFT_MODEL_KIND
 from agentspec_sim.drafters.common import structure, table_cache
 from agentspec_sim.drafters.common.structure import StructureAutomaton, segment_many, token_bytes_of
 from agentspec_sim.drafters.registry import drafter_class, register_drafter
@@ -555,6 +557,7 @@ class ModelBasedDrafter(BaseDrafter):
         except ValueError as exc:
             raise SpecConfigError(str(exc)) from None
         self.seed = int(spec.option("seed", 0))
+        self.network = type(self).draft_network(spec, spec.option("target_model"))  # the cost model's kind
         tokenizer = spec.option("tokenizer", "qwen3")
         self.tokenizer = str(tokenizer) if tokenizer else None
         self._a = self.params.a
@@ -627,7 +630,7 @@ class ModelBasedDrafter(BaseDrafter):
         k = int(np.max(max_lens))
         context = np.fromiter((r.num_tokens for r in rows), dtype=np.int64, count=len(rows))
         try:
-            return float(cost.draft_model_time(len(rows), k, context, kind=self.name))
+            return float(cost.draft_model_time(len(rows), k, context, kind=self.network))
         except TypeError:  # a cost model without draft kinds
             return float(cost.draft_model_time(len(rows), k, context))
         except ValueError as exc:  # the target model has no such draft network (e.g. mtp on Qwen3-8B)
@@ -639,7 +642,7 @@ class ModelBasedDrafter(BaseDrafter):
         if not num_calls:
             return 0.0
         try:
-            return float(cost.draft_model_time(num_calls, draft_len, context_lens, kind=self.name))
+            return float(cost.draft_model_time(num_calls, draft_len, context_lens, kind=self.network))
         except TypeError:
             return float(cost.draft_model_time(num_calls, draft_len, context_lens))
         except ValueError:
@@ -773,6 +776,49 @@ class MTPDrafter(ModelBasedDrafter):
     shorthand: ClassVar[dict] = {"method": "mtp", "num_speculative_tokens": 1}
 
 
+@register_drafter("draft_model")
+class DraftModelDrafter(ModelBasedDrafter):
+    """vLLM's `draft_model` method: a small model of the target's family (its tokenizer) drafts k tokens, one forward
+    pass of its own each (vllm/v1/spec_decode/draft_model.py), priced as that model's passes (cost model kind
+    `draft_model:<id>`). The `model` key names the draft (a bundled profile id or its Hugging Face repo); without
+    it, the smallest dense bundled model of the target's family with its vocabulary (`default_draft_model`).
+    Acceptance: the bundled `draft_model.*.json` (an assumption, stated in the file)."""
+
+    # `--drafter draft_model`: k=3 (vLLM has no default; a small draft model's passes cost more than a head's).
+    shorthand: ClassVar[dict] = {"method": "draft_model", "num_speculative_tokens": 3}
+
+    @classmethod
+    def draft_network(cls, spec: SpeculativeConfig, model: str | None = None) -> str:
+        return DRAFT_MODEL_KIND + draft_model_of(spec, model)
+
+    @classmethod
+    def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
+        given = spec.raw.get("model")
+        if given is not None and not isinstance(given, str):
+            raise SpecConfigError(f"draft_model: model must be a model id or Hugging Face repo, got {given!r}")
+        if given is not None and model_by_repo(given) is None:
+            raise SpecConfigError(f"draft_model: no model profile for {given!r} (bundled: {', '.join(model_ids())}; "
+                                  "the draft model must be a bundled profile, by id or Hugging Face repo)")
+        return super().configure(spec)
+
+
+def draft_model_of(spec: SpeculativeConfig, target: str | None) -> str:
+    """The profile id of the draft model a `draft_model` config runs for `target` (see `DraftModelDrafter`)."""
+    given = spec.raw.get("model")
+    if given:
+        ident = model_by_repo(str(given))
+        if ident is None:
+            raise SpecConfigError(f"draft_model: no model profile for {given!r}")
+        return ident
+    if target is None:
+        raise SpecConfigError('draft_model needs its draft model: "model" in the speculative config')
+    ident = default_draft_model(load_model(target))
+    if ident is None:
+        raise SpecConfigError(f"draft_model: no bundled model of {target}'s family shares its vocabulary; name the "
+                              'draft model ("model" in the speculative config)')
+    return ident
+
+
 def bind_engine_context(spec: SpeculativeConfig, *, model: str | None = None, seed: int | None = None,
                         tokenizer: str | None = _UNSET) -> SpeculativeConfig:
     """Fill the simulator keys an engine run knows into a model-based drafter's config, unless the
@@ -792,7 +838,8 @@ def bind_engine_context(spec: SpeculativeConfig, *, model: str | None = None, se
 
 
 __all__ = [
-    "ACCEPTANCE_DIR", "BOUNDS", "FEATURES", "AcceptanceParams", "AcceptanceTables", "CopyIndex", "Eagle3Drafter",
-    "MTPDrafter", "ModelBasedDrafter", "accepted_prefix", "available_params", "bind_engine_context", "call_key",
-    "copy_stream", "draft_from_tables", "load_params", "load_params_file", "resolve_params", "uniform_draw",
+    "ACCEPTANCE_DIR", "BOUNDS", "FEATURES", "AcceptanceParams", "AcceptanceTables", "CopyIndex", "DraftModelDrafter",
+    "Eagle3Drafter", "MTPDrafter", "ModelBasedDrafter", "accepted_prefix", "available_params", "bind_engine_context",
+    "call_key", "copy_stream", "draft_from_tables", "draft_model_of", "load_params", "load_params_file",
+    "resolve_params", "uniform_draw",
 ]
