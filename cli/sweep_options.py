@@ -96,12 +96,14 @@ def tensor_parallel_size_option():
 def layout_choice(text: str, expert_parallel: bool):
     """(the engine's tensor-parallel size, the `LayoutSearch` to cross the cells with or None) of
     --tensor-parallel-size TEXT [--enable-expert-parallel]."""
-    from agentspec_sim.cost.layout import LayoutSearch, parse_sizes
+    from agentspec_sim.cost.layout import LayoutSearch
+    from agentspec_sim.sweep.cells import SweepError, parse_int_list
 
     try:
-        sizes = parse_sizes(str(text))
-    except ValueError as exc:
-        raise UsageError(f"--tensor-parallel-size: {exc}") from None
+        sizes = None if str(text).strip().lower() == "auto" else tuple(parse_int_list(str(text),
+                                                                                     "--tensor-parallel-size"))
+    except SweepError as exc:
+        raise UsageError(f"{exc} (sizes like 1,2,4,8, or auto)") from None
     if sizes is not None and len(sizes) == 1:
         return sizes[0], None
     return (sizes[0] if sizes else 1), LayoutSearch(sizes, True if expert_parallel else (None if sizes is None

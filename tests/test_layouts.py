@@ -12,7 +12,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from agentspec_sim.cost.layout import TP_SIZES, Layout, LayoutSearch, parse_sizes
+from agentspec_sim.cli.errors import UsageError
+from agentspec_sim.cli.sweep_options import layout_choice
+from agentspec_sim.cost.layout import TP_SIZES, Layout, LayoutSearch
 from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.sweep import SweepError
@@ -23,10 +25,13 @@ TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
 def test_sizes_parse_and_refuse_what_is_not_a_gpu_count():
-    assert parse_sizes("8") == (8,) and parse_sizes("1, 2,4,2") == (1, 2, 4) and parse_sizes("AUTO") is None
-    for bad in ("0", "x", ",", "-2"):
-        with pytest.raises(ValueError):
-            parse_sizes(bad)
+    assert layout_choice("8", False) == (8, None)
+    assert layout_choice("1, 2,4", True) == (1, LayoutSearch((1, 2, 4), True))
+    assert layout_choice("AUTO", False) == (1, LayoutSearch(None, None))
+    assert layout_choice("auto", True) == (1, LayoutSearch(None, True))
+    for bad in ("0", "x", ",", "-2", "2,2"):
+        with pytest.raises(UsageError, match="--tensor-parallel-size"):
+            layout_choice(bad, False)
 
 
 def test_a_layout_search_keeps_what_vllm_would_start():

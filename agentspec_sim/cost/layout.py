@@ -86,25 +86,3 @@ class LayoutSearch:
                     out.append(layout)
         return out
 
-
-def parse_sizes(text: str) -> tuple[int, ...] | None:
-    """`--tensor-parallel-size` of a sweep or plan: '8' or '1,2,4,8' (sizes), 'auto' (None: every size that
-    fits). ValueError naming what is wrong."""
-    text = text.strip()
-    if text.lower() == "auto":
-        return None
-    sizes: list[int] = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        try:
-            value = int(item)
-        except ValueError:
-            raise ValueError(f"{item!r} is not a GPU count (give sizes like 1,2,4,8, or auto)") from None
-        if value < 1:
-            raise ValueError(f"{value}: a tensor-parallel size is ≥ 1")
-        if value not in sizes:
-            sizes.append(value)
-    if not sizes:
-        raise ValueError("no size given (give sizes like 1,2,4,8, or auto)")
-    return tuple(sizes)
