@@ -73,8 +73,9 @@ def test_a_layout_picks_its_own_calibration_else_the_single_gpu_one():
     ep = build_cost_model("h200", "qwen3-235b-a22b", 8, expert_parallel=True)
     assert ep.expert_parallel and "--enable-expert-parallel" in ep.calibration.source
     assert bundled_calibration("h200", "qwen3-235b-a22b", Layout(8, True)).name.endswith("--tp8-ep.json")
-    # TP 2 of qwen3-8b was never fitted: the single-GPU fit's kernel factors, collectives at their defaults.
-    assert bundled_calibration("h200", "qwen3-8b", Layout(2)).name == "h200--qwen3-8b.json"
+    # TP 4 of qwen3-8b was never fitted: the single-GPU fit's kernel factors, collectives at their defaults.
+    assert bundled_calibration("h200", "qwen3-8b", Layout(4)).name == "h200--qwen3-8b.json"
+    assert bundled_calibration("h200", "qwen3-8b", Layout(2)).name == "h200--qwen3-8b--tp2.json"
     # A dense model ignores expert parallelism (vLLM has no experts to place).
     assert not build_cost_model("h200", "llama-3.1-70b", 4, expert_parallel=True).expert_parallel
 
@@ -125,8 +126,8 @@ def test_cost_command_prices_deepseek_v3_on_b200_at_tp8_with_expert_parallelism(
 def test_a_run_on_an_uncalibrated_layout_or_pair_says_so():
     from agentspec_sim.cost.build import calibration_note
 
-    tp2 = calibration_note(build_cost_model("h200", "qwen3-8b", 2))
-    assert "uncalibrated at this layout" in tp2 and "--tensor-parallel-size 2" in tp2
+    tp4 = calibration_note(build_cost_model("h200", "qwen3-8b", 4))
+    assert "uncalibrated at this layout" in tp4 and "--tensor-parallel-size 4" in tp4
     none = calibration_note(build_cost_model("h200", "qwen3-235b-a22b", 4, expert_parallel=True))
     assert "uncalibrated" in none and "calibrate aic --hardware h200 --model qwen3-235b-a22b" in none
     assert "uncalibrated" in calibration_note(build_cost_model("b300", "qwen3-8b"))
@@ -154,3 +155,20 @@ def test_every_aic_model_config_by_short_id_and_calibrated_on_demand(tmp_path):
     cost = build_cost_model("b200", "qwen3-30b-a3b", 2, tmp_path / "b200--qwen3-30b-a3b--tp2-ep.json",
                             expert_parallel=True)
     assert "Qwen/Qwen3-30B-A3B" in cost.calibration.source
+
+
+@pytest.mark.parametrize(("hw", "model"), [("h100-80g", "qwen3-8b"), ("h100-80g", "llama-3.1-8b"), ("h200", "qwen3-8b"),
+                                           ("h200", "llama-3.1-8b")])
+def test_tensor_parallel_fits_of_the_8b_class_price_tp2_better_than_the_one_gpu_fit(hw, model):
+    record = json.loads(bundled_path(hw, model, CALIBRATIONS_DIR, Layout(2)).read_text(encoding="utf-8"))
+    held = record["fit"]["held_out_after"]
+    assert held["median_abs_error"] <= 0.03 and held["max_abs_error"] <= 0.10
+    assert record["provenance"]["tensor_parallel_size"] == 2
+    assert build_cost_model(hw, model, 2).calibration.source == record["source"]
+    # Fitted at tp 2: the collectives too (the one-GPU fit keeps their documented defaults).
+    from agentspec_sim.cost import Calibration
+
+    fitted, default = record["factors"], Calibration()
+    assert (fitted["interconnect_efficiency"], fitted["allreduce_latency_s"]) != (
+        default.interconnect_efficiency, default.allreduce_latency_s)
+    assert "communication" in record["provenance"]["fitted_parts"]

@@ -113,6 +113,8 @@ def bundled_fits() -> list[tuple[str, str, Layout]]:
     fits = [(hw, m, SINGLE_GPU) for hw in ("a100-80g", "h100-80g", "h200") for m in small
             if (hw, m) not in UNSUPPORTED]
     fits.append(("l40s", "qwen3-8b", SINGLE_GPU))
+    # Tensor parallelism of the 8B class, where the one-GPU fit's collectives at their defaults were weakest.
+    fits += [(hw, m, Layout(2)) for hw in ("h100-80g", "h200") for m in ("qwen3-8b", "llama-3.1-8b")]
     for hw in ("h100-80g", "h200", "b200"):
         for m in ("qwen3-32b", "gpt-oss-120b", "llama-3.1-70b", "qwen3-235b-a22b", "deepseek-v3"):
             layout = BUNDLED_LAYOUTS.get(m, SINGLE_GPU)
