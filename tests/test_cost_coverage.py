@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from agentspec_sim.cost import build_cost_model
@@ -22,6 +23,7 @@ HAS_AIC = importlib.util.find_spec("aiconfigurator_core") is not None
 MEETS_TARGET = {
     ("l40s", "qwen3-8b", ""), ("h100-80g", "qwen3-32b", ""), ("h200", "qwen3-32b", ""),
     ("h100-80g", "llama-3.1-70b", "tp4"), ("h200", "llama-3.1-70b", "tp4"), ("b200", "llama-3.1-70b", "tp4"),
+    ("h200", "qwen3-235b-a22b", "tp8-ep"), ("b200", "qwen3-235b-a22b", "tp8-ep"),
 }
 
 
@@ -165,10 +167,32 @@ def test_tensor_parallel_fits_of_the_8b_class_price_tp2_better_than_the_one_gpu_
     assert held["median_abs_error"] <= 0.03 and held["max_abs_error"] <= 0.10
     assert record["provenance"]["tensor_parallel_size"] == 2
     assert build_cost_model(hw, model, 2).calibration.source == record["source"]
-    # Fitted at tp 2: the collectives too (the one-GPU fit keeps their documented defaults).
-    from agentspec_sim.cost import Calibration
+    # Fitted at tp 2: the collectives too, one scale of the measured all-reduce curve (AIC prices the same kernel).
+    assert record["provenance"]["fitted_parts"]["communication"] == ["collective_scale"]
+    assert record["factors"]["collective_scale"] == pytest.approx(1.0, abs=0.05)
+    assert build_cost_model(hw, model, 2).measured_collectives
 
-    fitted, default = record["factors"], Calibration()
-    assert (fitted["interconnect_efficiency"], fitted["allreduce_latency_s"]) != (
-        default.interconnect_efficiency, default.allreduce_latency_s)
-    assert "communication" in record["provenance"]["fitted_parts"]
+
+def test_collectives_are_priced_from_the_measured_all_reduce_curves():
+    from agentspec_sim.cost.collectives import allreduce_curve, allreduce_seconds
+
+    for hw in SYSTEMS:
+        assert allreduce_curve(hw, 2) is not None and allreduce_curve(hw, 4) is not None
+    assert allreduce_curve("gb200", 8) is None  # measured at 2 and 4 GPUs only: the link formula there
+    curve = allreduce_curve("h200", 8)
+    sizes, seconds = curve
+    assert allreduce_seconds(curve, 1.0) == seconds[0]  # the latency floor
+    assert allreduce_seconds(curve, sizes[-1] * 2) == pytest.approx(2 * seconds[-1])  # bandwidth beyond
+    mid = (sizes[5] + sizes[6]) / 2
+    assert seconds[5] <= allreduce_seconds(curve, mid) <= seconds[6] or seconds[6] <= allreduce_seconds(curve, mid)
+    steps = np.array([1.0, 64.0, 4096.0, 1e9])
+    assert list(allreduce_seconds(curve, steps)) == [allreduce_seconds(curve, x) for x in steps]  # bit for bit
+    # An uncalibrated layout on a GPU with a curve: measured collectives, and the step prices them.
+    cost = build_cost_model("b300", "qwen3-8b", 4)
+    assert cost.measured_collectives and not build_cost_model("gb200", "qwen3-8b", 8).measured_collectives
+    from agentspec_sim.cost.base import BatchShape
+
+    step = cost.step_time(BatchShape.decode(32, 2048))
+    layers = load_model("qwen3-8b").num_layers
+    assert step.communication_s == pytest.approx(2 * layers * allreduce_seconds(allreduce_curve("b300", 4),
+                                                                              32 * 4096))

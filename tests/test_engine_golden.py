@@ -210,18 +210,18 @@ EXPECTED: dict[str, dict[str, str]] = {
         "summary": "c16e98df7502b5dc3a475ee8f14f1b1d"
     },
     "moe-tp2-normal": {
-        "steps": "ba7467dda1e6a754356d6445907da331",
-        "engine_steps": "b4ede6f8d0a4a67852d24080c37ff311",
-        "calls": "b0e57a95347c77d45de28ae21133c3c2",
-        "queries": "075612fccbf7c7bd8064ffbeeff443e0",
-        "summary": "ba55ce3c294d33bc2828674a9fe21f34"
+        "steps": "f32f3f75cfb70660e6cb404a58cee5c5",
+        "engine_steps": "90114c38ab5ff77f448991d5bf2d5c85",
+        "calls": "7ca26c6ca28d39173d778ebfb8ad03fa",
+        "queries": "370d0ad16fa7fa47a6d72f1ca34e3b35",
+        "summary": "0685f86ea8baee6004426ac305dc1ea6"
     },
     "moe-tp2-ngram": {
-        "steps": "a4b64fb0ff573bcffe5f4db8bd83d80f",
-        "engine_steps": "d5c3001e7a90e1492ffb3c779c5304e9",
-        "calls": "da461ce06e23d2c53ca1f01548b853ae",
-        "queries": "c31ec49cbe7894a5a4c36686f9145ddc",
-        "summary": "41fc836dd3470ed5e37321c5f6f5ebd2"
+        "steps": "c0ab0cc9ee87019526fd4190b5b0e3d9",
+        "engine_steps": "cd357bd8c117b27dfc41317daf8572b0",
+        "calls": "a237714510415f12425db99d03d50c47",
+        "queries": "2c02c605ffbc26fcd1fa480346ee3855",
+        "summary": "1d61a39bcca79f3c25eac324eb5b41d0"
     }
 }
 

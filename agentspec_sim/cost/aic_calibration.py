@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from agentspec_sim.cost.aic import AicPrice, AicPricer, AicUnavailable
+from agentspec_sim.cost.collectives import allreduce_curve
 from agentspec_sim.cost.layout import SINGLE_GPU, Layout
 from agentspec_sim.cost.profiles import kv_capacity_tokens, load_hardware, load_model
 from agentspec_sim.cost.roofline import CALIBRATION_FORMAT, CALIBRATION_VERSION, Calibration, RooflineCostModel
@@ -56,6 +57,7 @@ _GROUPS: dict[str, tuple[tuple[str, float, float], ...]] = {  # part → (factor
     "other": (("layer_overhead_s", 0.0, 1e-3), ("layer_token_overhead_s", 0.0, 1e-6)),
     "communication": (("interconnect_efficiency", 0.02, 1.2), ("allreduce_latency_s", 0.0, 2e-4)),
 }
+_MEASURED_COLLECTIVES = (("collective_scale", 0.05, 20.0),)
 _PART_OF = {"weights": "linear_s", "moe": "moe_s", "attention": "attention_s", "other": "overhead_s",
             "communication": "communication_s"}
 # Parts whose kernels AIC cuts elsewhere than the cost model, fitted once more together against their sum:
@@ -158,6 +160,13 @@ class AicFit:
     after: ErrorSummary       # held-out shapes, fitted
     after_fitted: ErrorSummary
 
+    def _factors(self, part: str, group: tuple) -> tuple:
+        """The factors fitted for a part: the collectives' one scale on a measured all-reduce curve."""
+        tp = self.layout.tensor_parallel_size
+        if part == "communication" and tp > 1 and allreduce_curve(self.hardware, tp) is not None:
+            return _MEASURED_COLLECTIVES
+        return group
+
     def record(self) -> dict:
         """The bundled calibration file: factors, provenance, grid and the fit's error."""
         counts = {kind: sum(s.kind == kind for s in self.shapes) for kind in KINDS}
@@ -169,7 +178,8 @@ class AicFit:
                                     "held_out": len(self.held_idx), "seed": SEED,
                                     "held_out_fraction": HOLDOUT_FRACTION,
                                     "max_step_tokens": MAX_STEP_TOKENS},
-                           "fitted_parts": {part: [f for f, _, _ in group] for part, group in _GROUPS.items()
+                           "fitted_parts": {part: [f for f, _, _ in self._factors(part, group)]
+                                            for part, group in _GROUPS.items()
                                             if part != "communication" or self.layout.tensor_parallel_size > 1},
                            "host_terms": "step_overhead_s and per_call_overhead_s keep the documented defaults "
                                          "(AIC prices GPU kernels only)",
@@ -200,6 +210,8 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
     start = Calibration(prefill_only_attention_layer_floor_s=0.0)
     profile = load_model(m)
     is_moe = profile.is_moe
+    # Collectives on a measured all-reduce curve (cost/collectives.py) fit one scale; else the link formula's two.
+    measured_curve = layout.tensor_parallel_size > 1 and allreduce_curve(hw, layout.tensor_parallel_size) is not None
     if is_moe:
         start = start.replace(moe_memory_efficiency=start.memory_efficiency,
                               moe_compute_efficiency=start.compute_efficiency, moe_combine_p=start.combine_p)
@@ -210,7 +222,8 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
     calibration = start
     for parts in stages:
         target = sum(measured[part][fitted_idx] for part in parts)
-        group = [factor for part in parts for factor in _GROUPS[part]]
+        group = [factor for part in parts for factor in (_MEASURED_COLLECTIVES if part == "communication" and
+                                                         measured_curve else _GROUPS[part])]
         names = [f for f, _, _ in group]
         lo = np.array([low for _, low, _ in group])
         hi = np.array([high for _, _, high in group])

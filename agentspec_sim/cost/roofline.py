@@ -35,6 +35,7 @@ import numpy as np
 from numba import njit
 
 from agentspec_sim.cost.base import BatchShape, StepCost
+from agentspec_sim.cost.collectives import allreduce_curve, allreduce_seconds
 from agentspec_sim.cost.profiles import (
     DraftSpec,
     HardwareProfile,
@@ -76,6 +77,7 @@ class Calibration:
     draft_pass_overhead_s: float = 150e-6
     interconnect_efficiency: float = 0.70
     allreduce_latency_s: float = 10e-6
+    collective_scale: float = 1.0
     attention_layer_floor_s: float = 0.0
     attention_call_layer_s: float = 0.0
     prefill_attention_layer_floor_s: float = 0.0
@@ -135,6 +137,11 @@ class Calibration:
         "allreduce_latency_s": (
             "latency of one small all-reduce on NVLink (vLLM custom all-reduce: a few µs; NCCL: "
             "10-20 µs); estimate"),
+        "collective_scale": (
+            "multiplies the measured all-reduce curve (cost/collectives.py: vLLM's custom all-reduce as "
+            "AIConfigurator measured it) where the hardware has one at the run's tensor-parallel size, in place "
+            "of the link formula above: 1 in the defaults (two all-reduces a layer, as measured), fitted at a "
+            "layout by `calibrate aic` (what AIC prices for the layer's collectives)"),
         "attention_layer_floor_s": (
             "attention kernel time per layer per step that does not shrink with the KV read (launch and "
             "split-KV reduction of the decode kernel; ~13 µs a layer at batch 1 in AIConfigurator's measured "
@@ -409,7 +416,8 @@ class RooflineCostModel:
     __slots__ = (
         "_attn_cmp_full", "_attn_cmp_slide", "_attn_fixed", "_attn_fixed_prefill_only", "_attn_mem_full",
         "_attn_mem_slide", "_attn_per_call", "_attn_prefill", "_attn_prefill_only", "_attn_query",
-        "_calc_ridge", "_check", "_comm_fixed", "_comm_token", "_decode_linear", "_default_draft", "_dense_bytes",
+        "_calc_ridge", "_check", "_comm_curve", "_comm_fixed", "_comm_layers", "_comm_token", "_decode_linear",
+        "_default_draft", "_dense_bytes",
         "_drafts", "_flops_logit", "_flops_token", "_inv_attn_bw", "_inv_bw", "_inv_flops", "_inv_moe_bw",
         "_inv_moe_flops", "_linear_memo", "_moe_bytes", "_moe_fixed", "_moe_flops_token", "_moe_miss",
         "_moe_miss_spread", "_moe_p",
@@ -481,8 +489,11 @@ class RooflineCostModel:
                   if cmp > 0]
         self._q_mem_bound = max(0, int(min(ratios))) if ratios else 0
 
-        # Tensor parallel: 2 all-reduces per layer (after attention and after the MLP).
-        if tp > 1:
+        # Tensor parallel: 2 all-reduces per layer (after attention and after the MLP) of T·hidden values, priced
+        # from the measured curve of this GPU at this size where there is one, else from the link.
+        self._comm_curve = allreduce_curve(hw.id, tp) if tp > 1 else None
+        self._comm_layers = 2 * m.num_layers * cal.collective_scale
+        if tp > 1 and self._comm_curve is None:
             link = hw.interconnect_bandwidth * cal.interconnect_efficiency
             self._comm_token = 2 * m.num_layers * (2.0 * (tp - 1) / tp) * m.hidden_size * 2 / link
             self._comm_fixed = 2 * m.num_layers * cal.allreduce_latency_s
@@ -553,7 +564,7 @@ class RooflineCostModel:
         if n_prefill and self._attn_prefill:
             attention += self._attn_prefill
 
-        communication = self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
+        communication = self._communication(tokens)
         overhead = self._overhead_fixed + self._per_call * n
         if self._token_overhead:
             overhead += self._token_overhead * tokens
@@ -619,11 +630,23 @@ class RooflineCostModel:
         if self._attn_prefill:
             attention += np.where(np.logical_or.reduceat(pf, offsets[:-1]), self._attn_prefill, 0.0)
         linear = self._linear_of(tokens, logit_rows)
-        communication = self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
+        communication = self._communication(tokens)
         overhead = self._overhead_fixed + self._per_call * n
         if self._token_overhead:
             overhead += self._token_overhead * tokens
         return linear + attention + overhead + communication
+
+    @property
+    def measured_collectives(self) -> bool:
+        """Whether the tensor-parallel collectives are priced from a measured all-reduce curve (cost/collectives.py)."""
+        return self._comm_curve is not None
+
+    def _communication(self, tokens):
+        """The step's tensor-parallel collectives for `tokens` tokens (an int, or an array of steps: the same
+        arithmetic elementwise)."""
+        if self._comm_curve is not None:
+            return self._comm_layers * allreduce_seconds(self._comm_curve, tokens * self.model.hidden_size)
+        return self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
 
     def _linear_of(self, tokens: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
         """`_linear_s` of each step: decode-only steps (logit rows = tokens) read a table by token count,
