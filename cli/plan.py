@@ -88,7 +88,7 @@ def plan(
     under p99 SLOs; print the vLLM flags that deploy it."""
     from agentspec_sim.sweep import SweepError
     from agentspec_sim.sweep.capacity_plan import Prices, is_capacity_results, plan_capacity
-    from agentspec_sim.sweep.plan import SLO, layout_summary
+    from agentspec_sim.sweep.plan import SLO, hardware_summary, layout_summary
     from agentspec_sim.sweep.plan import plan as make_plan
 
     _check_positive({"--slo-p99-latency": slo_p99_latency, "--slo-ttft": slo_ttft, "--slo-tpot": slo_tpot,
@@ -128,15 +128,17 @@ def plan(
         plans = plan_capacity(frame, target_rate, price_table) if by_capacity else make_plan(frame, slo)
     except SweepError as exc:
         raise UsageError(str(exc)) from None
-    summary = layout_summary(plans)
+    summary, gpus = layout_summary(plans), hardware_summary(plans)
     if as_json:
-        typer.echo(json.dumps({"plans": [p.to_dict() for p in plans], "layouts": summary}, indent=2)
-                   if summary else json.dumps([p.to_dict() for p in plans], indent=2))
+        typer.echo(json.dumps({"plans": [p.to_dict() for p in plans], "layouts": summary, "hardware": gpus}, indent=2)
+                   if summary or gpus else json.dumps([p.to_dict() for p in plans], indent=2))
         return
     for p in plans:
         (_render_capacity if by_capacity else _render)(p)
     for pair in summary:
         _render_layouts(pair)
+    for model in gpus:
+        _render_hardware(model)
 
 
 def _check_positive(values: dict[str, float | None], unit: str = "") -> None:
@@ -274,6 +276,29 @@ def _render_layouts(pair: dict) -> None:
     if top["per_gpu"] is not None:
         console.print(f"[bold]best layout:[/] {top['layout']} ({top['flags'] or 'one GPU'}) with {top['drafter']} at "
                       f"max_num_seqs {top['max_num_seqs']}: its plan's serve line above", highlight=False)
+
+
+def _render_hardware(model: dict) -> None:
+    """The GPUs a plan searched for one (trace, model), best first (`hardware_summary`)."""
+    console = Console()
+    rows = model["hardware"]
+    table = Table(title=f"GPUs · {Path(model['trace']).name} · {model['model']}", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  caption=f"each GPU's best layout, drafter and max_num_seqs · {rows[0]['unit']} · $/Mtok where the "
+                          "GPU has a price (--prices)")
+    for name in ("GPU", "layout", "drafter", "batch", "per GPU", "$/Mtok"):
+        table.add_column(name, justify="left" if name in ("GPU", "layout", "drafter") else "right", no_wrap=True)
+    for r in rows:
+        value, usd = r["per_gpu"], r["usd_per_million_tokens"]
+        shown = "—" if value is None else ("unbounded" if value == float("inf") else f"{value:.4g}")
+        table.add_row(r["hardware"], r["layout"], r["drafter"] or "none",
+                      "—" if r["max_num_seqs"] is None else str(r["max_num_seqs"]), shown,
+                      "—" if usd is None else f"{usd:.3f}")
+    console.print(table)
+    top = rows[0]
+    if top["per_gpu"] is not None:
+        console.print(f"[bold]best GPU:[/] {top['hardware']} at {top['layout']} with {top['drafter']} at max_num_seqs "
+                      f"{top['max_num_seqs']}: its plan's serve line above", highlight=False)
 
 
 def _render_capacity(p) -> None:

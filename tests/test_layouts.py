@@ -19,7 +19,7 @@ from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.sweep import SweepError
 from agentspec_sim.sweep.cells import expand_cells
-from agentspec_sim.sweep.plan import layout_summary, plan, with_layout
+from agentspec_sim.sweep.plan import hardware_summary, layout_summary, plan, with_layout
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
@@ -67,9 +67,9 @@ ENGINE = {k: v for k, v in asdict(EngineConfig()).items()
           if k not in ("max_num_seqs", "hardware", "model", "seed", "check_invariants")}
 
 
-def _rows(tp: int, goodput: float) -> list[dict]:
+def _rows(tp: int, goodput: float, hardware: str = "h200") -> list[dict]:
     engine = json.dumps({**ENGINE, "tensor_parallel_size": tp}, sort_keys=True)
-    return [{"trace": "t.jsonl", "hardware": "h200", "model": "qwen3-32b", "seed": 0, "drafter": "normal",
+    return [{"trace": "t.jsonl", "hardware": hardware, "model": "qwen3-32b", "seed": 0, "drafter": "normal",
              "speculative_config": json.dumps({"method": "normal"}), "max_num_seqs": b, "goodput_tok_s": goodput * b,
              "speedup": 1.0, "query_latency_p99": 1.0, "ttft_p99": 0.1, "tpot_p99": 0.01, "preemptions": 0,
              "incomplete_queries": 0, "limits_num_kv_blocks": 1000, "limits_block_size": 16, "engine_config": engine}
@@ -87,6 +87,16 @@ def test_one_plan_per_layout_and_the_layouts_ranked_per_gpu():
     assert [r["layout"] for r in pair["layouts"]] == ["tp 1", "tp 2"]
     assert [r["per_gpu"] for r in pair["layouts"]] == pytest.approx([200.0, 150.0])
     assert layout_summary(plan(pl.DataFrame(_rows(1, 100.0)))) == []  # one layout: nothing to rank
+
+
+def test_the_gpus_ranked_by_their_best_layout_per_gpu():
+    results = pl.DataFrame(_rows(1, 100.0) + _rows(2, 150.0) + _rows(2, 500.0, "b200") + _rows(1, 180.0, "b200"))
+    plans = plan(results)
+    (model,) = hardware_summary(plans)
+    # b200: tp 2 carries 500 tok/s per GPU at max_num_seqs 2 (its best layout); h200: tp 1, 200.
+    assert [(r["hardware"], r["layout"]) for r in model["hardware"]] == [("b200", "tp 2"), ("h200", "tp 1")]
+    assert [r["per_gpu"] for r in model["hardware"]] == pytest.approx([500.0, 200.0])
+    assert hardware_summary(plan(pl.DataFrame(_rows(1, 100.0) + _rows(2, 150.0)))) == []  # one GPU: nothing
 
 
 def test_plan_searches_the_layouts_that_fit_from_the_command_line(tmp_path):

@@ -212,41 +212,53 @@ def _engine_settings(results: pl.DataFrame) -> dict[tuple, dict[str, Any]]:
     return out
 
 
+def _per_gpu_row(p) -> dict[str, Any]:
+    """A plan's best choice per GPU of its layout: the load (capacity plans) or goodput (batch plans) one GPU
+    carries, its output tokens per GPU and, where priced, $ per million output tokens."""
+    from agentspec_sim.cost.layout import Layout
+
+    layout = Layout.of(p.engine)
+    best = p.best
+    gpus = layout.tensor_parallel_size
+    tokens = None
+    if best is None:
+        per_gpu = None
+    elif hasattr(best, "capacity_per_gpu"):
+        per_gpu = math.inf if best.capacity_rate is None else best.capacity_per_gpu
+        tokens = best.output_tok_s / gpus
+    else:
+        per_gpu = tokens = best.goodput_tok_s / gpus
+    return {"hardware": p.hardware, "layout": layout.label, "flags": layout.flags(), "gpus": gpus,
+            "drafter": None if best is None else best.drafter,
+            "max_num_seqs": None if best is None else best.max_num_seqs, "per_gpu": per_gpu,
+            "output_tok_s_per_gpu": tokens, "usd_per_million_tokens": getattr(best, "usd_per_million_tokens", None),
+            "unit": "queries/s per GPU" if hasattr(p, "search") else "output tok/s per GPU"}
+
+
+def _ranked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Most load per GPU; between rows that both meet the SLO at any load, more tokens per GPU; then fewer GPUs.
+    return sorted(rows, key=lambda r: (r["per_gpu"] is None, -(r["per_gpu"] or 0.0),
+                                       -(r["output_tok_s_per_gpu"] or 0.0), r["gpus"]))
+
+
 def layout_summary(plans: list) -> list[dict[str, Any]]:
     """Per (trace, hardware, model) planned at more than one parallel layout: each layout's best choice, most load
     (capacity plans) or goodput (batch plans) per GPU first — the layout `plan` recommends for that pair."""
-    from agentspec_sim.cost.layout import Layout
-
     by_pair: dict[tuple[str, str, str], list] = {}
     for p in plans:
         by_pair.setdefault((p.trace, p.hardware, p.model), []).append(p)
-    out = []
-    for (trace, hardware, model), group in by_pair.items():
-        if len(group) < 2:
-            continue
-        rows = []
-        for p in group:
-            layout = Layout.of(p.engine)
-            best = p.best
-            gpus = layout.tensor_parallel_size
-            tokens = None
-            if best is None:
-                per_gpu = None
-            elif hasattr(best, "capacity_per_gpu"):
-                per_gpu = math.inf if best.capacity_rate is None else best.capacity_per_gpu
-                tokens = best.output_tok_s / gpus
-            else:
-                per_gpu = tokens = best.goodput_tok_s / gpus
-            rows.append({"layout": layout.label, "flags": layout.flags(), "gpus": gpus,
-                         "drafter": None if best is None else best.drafter,
-                         "max_num_seqs": None if best is None else best.max_num_seqs, "per_gpu": per_gpu,
-                         "output_tok_s_per_gpu": tokens,
-                         "unit": "queries/s per GPU" if hasattr(p, "search") else "output tok/s per GPU"})
-        # Most load per GPU; between layouts that both meet the SLO at any load, more tokens per GPU; then fewer GPUs.
-        rows.sort(key=lambda r: (r["per_gpu"] is None, -(r["per_gpu"] or 0.0), -(r["output_tok_s_per_gpu"] or 0.0),
-                                 r["gpus"]))
-        out.append({"trace": trace, "hardware": hardware, "model": model, "layouts": rows})
-    return out
+    return [{"trace": trace, "hardware": hardware, "model": model, "layouts": _ranked([_per_gpu_row(p) for p in group])}
+            for (trace, hardware, model), group in by_pair.items() if len(group) >= 2]
+
+
+def hardware_summary(plans: list) -> list[dict[str, Any]]:
+    """Per (trace, model) planned on more than one GPU: each GPU's best layout and choice, most load per GPU first
+    (with $ per million output tokens where the GPU has a price) — which GPU `plan` recommends for that model."""
+    by_model: dict[tuple[str, str], dict[str, list]] = {}
+    for p in plans:
+        by_model.setdefault((p.trace, p.model), {}).setdefault(p.hardware, []).append(_per_gpu_row(p))
+    return [{"trace": trace, "model": model, "hardware": _ranked([_ranked(rows)[0] for rows in per_hw.values()])}
+            for (trace, model), per_hw in by_model.items() if len(per_hw) >= 2]
 
 
 def vllm_engine_args(engine: dict[str, Any]) -> list[str]:
