@@ -66,6 +66,15 @@ _PART_OF = {"weights": "linear_s", "moe": "moe_s", "attention": "attention_s", "
 _JOINT_MLA = ("weights", "attention", "moe")
 
 
+def part_factors(part: str, hardware: str, layout: Layout) -> tuple[tuple[str, float, float], ...]:
+    """The factors (name, low, high) fitted against a part's kernels: collectives on a measured all-reduce curve
+    (cost/collectives.py) fit its one scale, elsewhere the link formula's two."""
+    tp = layout.tensor_parallel_size
+    if part == "communication" and tp > 1 and allreduce_curve(hardware, tp) is not None:
+        return _MEASURED_COLLECTIVES
+    return _GROUPS[part]
+
+
 def step_grid(hardware: str, model: str, layout: Layout = SINGLE_GPU) -> list[StepShape]:
     """The shapes priced for one pair and layout: every shape whose KV fits the GPUs' cache (vLLM's sizing at
     the defaults, `kv_capacity_tokens`) and whose tokens fit one step (`MAX_STEP_TOKENS`)."""
@@ -160,13 +169,6 @@ class AicFit:
     after: ErrorSummary       # held-out shapes, fitted
     after_fitted: ErrorSummary
 
-    def _factors(self, part: str, group: tuple) -> tuple:
-        """The factors fitted for a part: the collectives' one scale on a measured all-reduce curve."""
-        tp = self.layout.tensor_parallel_size
-        if part == "communication" and tp > 1 and allreduce_curve(self.hardware, tp) is not None:
-            return _MEASURED_COLLECTIVES
-        return group
-
     def record(self) -> dict:
         """The bundled calibration file: factors, provenance, grid and the fit's error."""
         counts = {kind: sum(s.kind == kind for s in self.shapes) for kind in KINDS}
@@ -178,8 +180,8 @@ class AicFit:
                                     "held_out": len(self.held_idx), "seed": SEED,
                                     "held_out_fraction": HOLDOUT_FRACTION,
                                     "max_step_tokens": MAX_STEP_TOKENS},
-                           "fitted_parts": {part: [f for f, _, _ in self._factors(part, group)]
-                                            for part, group in _GROUPS.items()
+                           "fitted_parts": {part: [f for f, _, _ in part_factors(part, self.hardware, self.layout)]
+                                            for part in _GROUPS
                                             if part != "communication" or self.layout.tensor_parallel_size > 1},
                            "host_terms": "step_overhead_s and per_call_overhead_s keep the documented defaults "
                                          "(AIC prices GPU kernels only)",
@@ -210,8 +212,6 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
     start = Calibration(prefill_only_attention_layer_floor_s=0.0)
     profile = load_model(m)
     is_moe = profile.is_moe
-    # Collectives on a measured all-reduce curve (cost/collectives.py) fit one scale; else the link formula's two.
-    measured_curve = layout.tensor_parallel_size > 1 and allreduce_curve(hw, layout.tensor_parallel_size) is not None
     if is_moe:
         start = start.replace(moe_memory_efficiency=start.memory_efficiency,
                               moe_compute_efficiency=start.compute_efficiency, moe_combine_p=start.combine_p)
@@ -222,8 +222,7 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
     calibration = start
     for parts in stages:
         target = sum(measured[part][fitted_idx] for part in parts)
-        group = [factor for part in parts for factor in (_MEASURED_COLLECTIVES if part == "communication" and
-                                                         measured_curve else _GROUPS[part])]
+        group = [factor for part in parts for factor in part_factors(part, hw, layout)]
         names = [f for f, _, _ in group]
         lo = np.array([low for _, low, _ in group])
         hi = np.array([high for _, _, high in group])

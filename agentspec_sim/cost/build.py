@@ -49,8 +49,7 @@ def calibration_note(cost_model) -> str:
                     + f", documented defaults (uncalibrated: no bundled fit of this pair; {fit})")
         return f"cost model: {pair}, documented defaults (asked for; a bundled AIConfigurator calibration exists)"
     if layout.tag and source.startswith("AIConfigurator") and layout.flags() not in source:
-        collectives = ("on the measured all-reduce curve" if getattr(cost_model, "measured_collectives", False)
-                       else "from the link formula")
+        collectives = "on the measured all-reduce curve" if cost_model.measured_collectives else "from the link formula"
         return (f"cost model: {pair} at {layout.flags()}, {source} — uncalibrated at this layout: the kernels of "
                 f"that fit, the collectives {collectives} ({fit})")
     return f"cost model: {pair}, {source}"

@@ -817,10 +817,10 @@ class RooflineCostModel:
         (vLLM's default draft_tensor_parallel_size), each pass priced like the target's (a p-norm of its weight
         stream and FLOPs) and its KV read as a decode's."""
         try:
-            spec = draft_from_model(load_model(draft))
+            m = load_model(draft)
+            spec = draft_from_model(m)
         except ProfileError as exc:
             raise ValueError(str(exc)) from None
-        m = load_model(draft)
         if m.vocab_size != self.model.vocab_size:
             raise ValueError(f"draft model {m.id} has a vocabulary of {m.vocab_size:,} tokens, {self.model.id} "
                              f"{self.model.vocab_size:,}: vLLM's draft_model method needs the target's tokenizer")

@@ -50,6 +50,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,7 +216,7 @@ def new_drafter(spec: SpeculativeConfig) -> BaseDrafter:
     return spec.drafter_class(spec)
 
 
-class BaseDrafter:
+class BaseDrafter(ABC):
     """Default no-op hooks and model-free drafting cost; drafters subclass it and override `propose`.
 
     Class attributes a drafter sets: `name` (registry key, set by `register_drafter`), `config_keys` (its
@@ -277,17 +278,21 @@ class BaseDrafter:
     # -- run hooks: the engine calls each on every drafter; the defaults do nothing ------------------------
     def bind_workload(self, workload: Workload) -> None:
         """Before the run: the whole workload (drafters that index other queries, agspec)."""
+        return None  # optional hook: most drafters need nothing here
 
     def bind_cost_model(self, cost: StepCostModel) -> None:
         """Before the run: the engine's cost model (drafters that size drafts by M(b), agentspec)."""
+        return None  # optional hook: most drafters need nothing here
 
     def begin_step(self, num_drafting: int) -> None:
         """Before `propose` when copies of a workload share the batch (each its own drafter): how many calls
         draft in the step in all (drafters that size drafts by the batch, agentspec's B_t)."""
+        return None  # optional hook: most drafters need nothing here
 
     def skip_tokens(self, state: CallState, n: int) -> None:
         """A `driven_per_step` drafter only: `state`'s last `n` tokens were emitted in a step whose proposer
         vLLM skipped (a batch near max_model_len), so no `observe` sees them."""
+        return None  # optional hook: most drafters need nothing here
 
     def evictions(self) -> int:
         """Histories the drafter dropped over its memory bound before their query ended (the run reports
@@ -297,9 +302,10 @@ class BaseDrafter:
     def start_call(self, state: CallState) -> None:
         return None
 
+    @abstractmethod
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
-        """The drafter's rule (`Drafter.propose` has the contract): every drafter defines it."""
-        raise NotImplementedError(f"{type(self).__name__} defines no propose: a drafter's rule is its own")
+        """The drafter's rule (`Drafter.propose` has the contract): every drafter defines it (a class without one
+        cannot be instantiated)."""
 
     def observe(self, state: CallState, emitted: np.ndarray) -> None:
         return None

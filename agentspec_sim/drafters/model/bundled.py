@@ -183,15 +183,17 @@ def regenerate_bundled(spec_bench_answers: str | Path, out_dir: str | Path = ACC
                    f"Vicuna-7B v1.3, EAGLE-1 tree depth 5, greedy; {coef_fit.num_steps} steps, all 13 categories, "
                    "each turn tied to its call of traces/spec-bench.jsonl.zst); only the feature coefficients are "
                    "kept (the intercepts of that fit describe EAGLE-1 tree drafting, not this drafter)")
-    return [write_public_target(method, model, coefficients, coef_source, out_dir) for method, model in PUBLIC_TARGETS]
+    stream = reference_streams()
+    return [write_public_target(method, model, coefficients, coef_source, out_dir, stream)
+            for method, model in PUBLIC_TARGETS]
 
 
 def write_public_target(method: str, model: str, coefficients: dict[str, float], coef_source: str,
-                        out_dir: str | Path = ACCEPTANCE_DIR) -> Path:
+                        out_dir: str | Path = ACCEPTANCE_DIR, stream: Streams | None = None) -> Path:
     """Write one `PUBLIC_TARGETS` file (atomically): its intercepts solved for its targets on the MT-Bench reference
     stream with these feature coefficients (`regenerate_bundled` fits them on Spec-Bench; a new entry can take the
-    bundled files' own)."""
-    stream = reference_streams()
+    bundled files' own). `stream`: the reference stream, when the caller has it loaded."""
+    stream = stream if stream is not None else reference_streams()
     entry = PUBLIC_TARGETS[(method, model)]
     targets = [round(float(x), 6) for x in entry["targets"]()]
     ks = entry.get("ks") or [len(targets)] * len(targets)
