@@ -226,6 +226,8 @@ def aic(
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica."),
     expert_parallel: bool = typer.Option(False, "--enable-expert-parallel", help="vLLM's expert parallelism "
                                          "(a MoE model's experts placed whole over the tensor-parallel GPUs)."),
+    data_parallel_size: int = typer.Option(1, "--data-parallel-size", help="vLLM's data-parallel ranks (attention "
+                                           "data parallelism for a MoE model: its experts over all ranks' GPUs)."),
     all_pairs: bool = typer.Option(False, "--all", help="Every bundled fit (`aic.bundled_fits`: what ships)."),
     out_dir: Path = typer.Option(..., "--out-dir", help="Folder for the calibration files (<hardware>--<model>.json, "
                                  "<hardware>--<model>--tp8-ep.json for a parallel layout; the bundled ones: "
@@ -243,12 +245,17 @@ def aic(
         raise UsageError("give either --all or --hardware and --model")
     if tensor_parallel_size < 1:
         raise UsageError(f"--tensor-parallel-size: must be ≥ 1, got {tensor_parallel_size}")
+    if data_parallel_size < 1:
+        raise UsageError(f"--data-parallel-size: must be ≥ 1, got {data_parallel_size}")
     try:
         if all_pairs:
             pairs = bundled_fits()
         else:
             m = load_model(model or "")
-            layout = Layout(tensor_parallel_size, expert_parallel and m.is_moe)
+            if data_parallel_size > 1 and not m.is_moe:
+                raise UsageError(f"--data-parallel-size: {m.id} is dense; its data-parallel ranks are independent "
+                                 "replicas, each priced as the tensor-parallel layout alone")
+            layout = Layout(tensor_parallel_size, expert_parallel and m.is_moe, data_parallel_size)
             pairs = [(load_hardware(hardware or "").id, m.id, layout)]
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
@@ -271,7 +278,8 @@ def aic(
         path = write_fit(fit, out_dir)
         reports.append({"output": str(path), "hardware": h, "model": m,
                         "tensor_parallel_size": layout.tensor_parallel_size,
-                        "expert_parallel": layout.expert_parallel, **fit.record()["fit"]})
+                        "expert_parallel": layout.expert_parallel, "data_parallel_size": layout.data_parallel_size,
+                        **fit.record()["fit"]})
         table.add_row(h, m, layout.tag or "tp1", str(len(fit.held_idx)), f"{fit.before.median:.1%}",
                       f"{fit.before.max:.1%}", f"{fit.after.median:.1%}", f"{fit.after.max:.1%}")
     if as_json:

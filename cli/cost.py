@@ -9,7 +9,7 @@ import typer
 
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.root import app
-from agentspec_sim.cli.sweep_options import expert_parallel_option
+from agentspec_sim.cli.sweep_options import data_parallel_ranks_option, expert_parallel_option
 
 
 @app.command("cost")
@@ -21,6 +21,7 @@ def cost(
                                            "where there is one."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica."),
     expert_parallel: bool = expert_parallel_option(),
+    data_parallel_size: int = data_parallel_ranks_option(),
     shapes: Path | None = typer.Option(None, "--shapes", help="JSONL of step shapes, one per line: {\"kind\": "
                                        "decode|verify|prefill|mixed, \"batch\", \"context\", \"query_tokens\", "
                                        "\"prefix\"} (docs/cost-model.md, \"Pricing shapes\").", show_default=False),
@@ -53,7 +54,7 @@ def cost(
                 fields.pop("query_tokens")
             steps = [StepShape.from_dict({"kind": kind, **fields})]
         cost_model = build_cost_model(hardware, model, tensor_parallel_size, calibration,
-                                      expert_parallel=expert_parallel)
+                                      expert_parallel=expert_parallel, data_parallel_size=data_parallel_size)
     except (ShapeError, ProfileError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
@@ -69,6 +70,7 @@ def cost(
         typer.echo(json.dumps({"hardware": cost_model.hardware.id, "model": cost_model.model.id,
                                "tensor_parallel_size": tensor_parallel_size,
                                "expert_parallel": cost_model.expert_parallel,
+                               "data_parallel_size": cost_model.data_parallel_size,
                                "calibration": cost_model.calibration.source, "steps": rows}, indent=2))
         return
     from rich.console import Console

@@ -75,6 +75,7 @@ def plan(
     num_kv_blocks: int | None = sweep_cli.num_kv_blocks_option(),
     tensor_parallel_size: str = sweep_cli.tensor_parallel_size_option(),
     expert_parallel: bool = sweep_cli.expert_parallel_option(),
+    data_parallel_size: str = sweep_cli.data_parallel_size_option(),
     calibration: Path | None = sweep_cli.calibration_option(),
     rate: float | None = sweep_cli.rate_option(),
     replicate: int = sweep_cli.replicate_option(),
@@ -100,7 +101,8 @@ def plan(
     except SweepError as exc:
         raise UsageError(str(exc)) from None
     engine_options = (max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
-                      tensor_parallel_size, expert_parallel, calibration, replicate, think_time, no_prefix_caching)
+                      tensor_parallel_size, expert_parallel, calibration, replicate, think_time, no_prefix_caching,
+                      data_parallel_size)
     if results is not None:
         frame = _results_frame(ctx, results, trace)
     else:
@@ -111,11 +113,12 @@ def plan(
                                        max_concurrency, 1 if search else copies)
         frame = sweep_cli.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
-                                        engine=sweep_cli.engine_config(*engine_options, load), output=output,
+                                        engine=_engine_config(engine_options, load), output=output,
                                         resume=resume, jobs=jobs, executor=executor, address=address,
                                         skip_bad_lines=skip_bad_lines, show_progress=not as_json,
                                         max_cells=max_cells, band=not no_band, capacity=search,
-                                        layouts=sweep_cli.layout_choice(tensor_parallel_size, expert_parallel)[1])
+                                        layouts=sweep_cli.layout_choice(tensor_parallel_size, expert_parallel,
+                                                                        data_parallel_size)[2])
     by_capacity = is_capacity_results(frame)
     if not by_capacity and (target_rate is not None or slo_query_latency is not None):
         raise UsageError("--target-rate, --slo-query-latency: these results hold no capacity search (sweep "
@@ -165,12 +168,17 @@ def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_tt
         raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
                          "(not --slo-p99-latency or --min-goodput)")
     latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
-    engine = sweep_cli.engine_config(*engine_options, sweep_cli.load_settings(None, None, burstiness,
-                                                                              max_concurrency, 1))
+    engine = _engine_config(engine_options, sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1))
     search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine)
     if rate is not None or request_rate is not None or copies != 1:
         raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")
     return search
+
+
+def _engine_config(engine_options: tuple, load: dict):
+    """`engine_config` of the plan's engine options (the last one its --data-parallel-size) and load settings."""
+    *options, data_parallel_size = engine_options
+    return sweep_cli.engine_config(*options, load, data_parallel_size=data_parallel_size)
 
 
 def _results_frame(ctx: typer.Context, results: Path, trace: Path | None):

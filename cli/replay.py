@@ -43,6 +43,7 @@ def replay(
                                              "num_gpu_blocks_override); default: from GPU memory."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs per model replica."),
     expert_parallel: bool = sweep_options.expert_parallel_option(),
+    data_parallel_size: int = sweep_options.data_parallel_ranks_option(),
     hardware: str = typer.Option("a100-80g", "--hardware", help="Hardware profile."),
     model: str = typer.Option("qwen3-8b", "--model", help="Model profile (or a config.json path)."),
     calibration: Path | None = typer.Option(None, "--calibration", help="Fitted cost-profile file."),
@@ -84,7 +85,8 @@ def replay(
         config = EngineConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
-            tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=expert_parallel, hardware=hardware,
+            tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=expert_parallel,
+            data_parallel_size=data_parallel_size, hardware=hardware,
             model=model,
             calibration=str(calibration) if calibration else None, replicate=replicate, think_time=think_time,
             enable_prefix_caching=not no_prefix_caching, seed=seed, check_invariants=check, **load,

@@ -41,6 +41,7 @@ def sweep(
     num_kv_blocks: int | None = shared.num_kv_blocks_option(),
     tensor_parallel_size: str = shared.tensor_parallel_size_option(),
     expert_parallel: bool = shared.expert_parallel_option(),
+    data_parallel_size: str = shared.data_parallel_size_option(),
     calibration: Path | None = shared.calibration_option(),
     rate: float | None = shared.rate_option(),
     request_rate: float | None = shared.request_rate_option(),
@@ -68,7 +69,7 @@ def sweep(
     engine = shared.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
                                   tensor_parallel_size, expert_parallel, calibration, replicate, think_time,
                                   no_prefix_caching,
-                                  load)
+                                  load, data_parallel_size=data_parallel_size)
     slo = shared.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
     search = (shared.capacity_search(slo, slo_attainment, capacity_tolerance, burstiness, engine) if capacity
               else None)
@@ -79,7 +80,7 @@ def sweep(
                           output=output, resume=resume, jobs=jobs, executor=executor, address=address,
                           skip_bad_lines=skip_bad_lines, show_progress=not quiet, max_cells=max_cells,
                           band=not no_band, capacity=search,
-                          layouts=shared.layout_choice(tensor_parallel_size, expert_parallel)[1])
+                          layouts=shared.layout_choice(tensor_parallel_size, expert_parallel, data_parallel_size)[2])
     if not quiet:
         if search is not None:
             from agentspec_sim.cli.plan import render_capacity_grid

@@ -93,9 +93,9 @@ def tensor_parallel_size_option():
                         "and without expert parallelism unless --enable-expert-parallel is given.")
 
 
-def layout_choice(text: str, expert_parallel: bool):
-    """(the engine's tensor-parallel size, the `LayoutSearch` to cross the cells with or None) of
-    --tensor-parallel-size TEXT [--enable-expert-parallel]."""
+def layout_choice(text: str, expert_parallel: bool, data_parallel: str = "1"):
+    """(the engine's tensor-parallel size, its data-parallel size, the `LayoutSearch` to cross the cells with or
+    None) of --tensor-parallel-size TEXT [--enable-expert-parallel] [--data-parallel-size SIZES]."""
     from agentspec_sim.cost.layout import LayoutSearch
     from agentspec_sim.sweep.cells import SweepError, parse_int_list
 
@@ -104,10 +104,27 @@ def layout_choice(text: str, expert_parallel: bool):
                                                                                      "--tensor-parallel-size"))
     except SweepError as exc:
         raise UsageError(f"{exc} (sizes like 1,2,4,8, or auto)") from None
-    if sizes is not None and len(sizes) == 1:
-        return sizes[0], None
-    return (sizes[0] if sizes else 1), LayoutSearch(sizes, True if expert_parallel else (None if sizes is None
-                                                                                         else False))
+    try:
+        dp_sizes = tuple(parse_int_list(str(data_parallel), "--data-parallel-size"))
+    except SweepError as exc:
+        raise UsageError(f"{exc} (sizes like 1,2,8)") from None
+    if sizes is not None and len(sizes) == 1 and len(dp_sizes) == 1:
+        return sizes[0], dp_sizes[0], None
+    search = LayoutSearch(sizes, True if expert_parallel else (None if sizes is None else False), dp_sizes)
+    return (sizes[0] if sizes else 1), dp_sizes[0], search
+
+
+def data_parallel_size_option():
+    return typer.Option("1", "--data-parallel-size", help="Data-parallel ranks (vLLM's --data-parallel-size): that "
+                        "many engines of --tensor-parallel-size GPUs each behind vLLM's load balancer, a MoE model's "
+                        "experts sharded over all of them (attention data parallelism); comma-separated sizes are "
+                        "each their own layout.")
+
+
+def data_parallel_ranks_option():
+    return typer.Option(1, "--data-parallel-size", help="Data-parallel ranks (vLLM's --data-parallel-size): that many "
+                        "engines of --tensor-parallel-size GPUs each; a MoE model's experts sharded over all of them "
+                        "(attention data parallelism), priced per rank.")
 
 
 def expert_parallel_option():
@@ -251,7 +268,8 @@ def skip_bad_lines_option():
 def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.92,
                   max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: str = "1",
                   expert_parallel: bool = False, calibration: Path | None = None, replicate: int = 1,
-                  think_time: float | None = None, no_prefix_caching: bool = False, load: dict | None = None):
+                  think_time: float | None = None, no_prefix_caching: bool = False, load: dict | None = None,
+                  data_parallel_size: str = "1"):
     """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell); `load`: the
     load protocol's settings (`load_settings`; None: the trace's own arrivals)."""
     import math
@@ -259,14 +277,14 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
     from agentspec_sim.engine import EngineConfig, EngineConfigError
 
     load = load if load is not None else {}
-    tp, layouts = layout_choice(tensor_parallel_size, expert_parallel)
+    tp, dp, layouts = layout_choice(tensor_parallel_size, expert_parallel, data_parallel_size)
     # What EngineConfig lets through (NaN compares false with every bound) but no run can use.
     if think_time is not None and not (math.isfinite(think_time) and think_time >= 0):
         raise UsageError(f"--think-time: must be a finite number of seconds ≥ 0, got {think_time}")
     try:
         return EngineConfig(max_num_batched_tokens=max_num_batched_tokens,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            num_kv_blocks=num_kv_blocks, tensor_parallel_size=tp,
+                            num_kv_blocks=num_kv_blocks, tensor_parallel_size=tp, data_parallel_size=dp,
                             enable_expert_parallel=expert_parallel and layouts is None,
                             calibration=str(calibration) if calibration else None, replicate=replicate,
                             think_time=think_time, enable_prefix_caching=not no_prefix_caching, **load)

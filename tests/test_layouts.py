@@ -25,13 +25,17 @@ TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
 def test_sizes_parse_and_refuse_what_is_not_a_gpu_count():
-    assert layout_choice("8", False) == (8, None)
-    assert layout_choice("1, 2,4", True) == (1, LayoutSearch((1, 2, 4), True))
-    assert layout_choice("AUTO", False) == (1, LayoutSearch(None, None))
-    assert layout_choice("auto", True) == (1, LayoutSearch(None, True))
+    assert layout_choice("8", False) == (8, 1, None)
+    assert layout_choice("1, 2,4", True) == (1, 1, LayoutSearch((1, 2, 4), True))
+    assert layout_choice("AUTO", False) == (1, 1, LayoutSearch(None, None))
+    assert layout_choice("auto", True) == (1, 1, LayoutSearch(None, True))
+    assert layout_choice("1", True, "8") == (1, 8, None)
+    assert layout_choice("1,8", True, "1,8") == (1, 1, LayoutSearch((1, 8), True, (1, 8)))
     for bad in ("0", "x", ",", "-2", "2,2"):
         with pytest.raises(UsageError, match="--tensor-parallel-size"):
             layout_choice(bad, False)
+        with pytest.raises(UsageError, match="--data-parallel-size"):
+            layout_choice("1", False, bad)
 
 
 def test_a_layout_search_keeps_what_vllm_would_start():

@@ -125,7 +125,8 @@ def bundled_fits() -> list[tuple[str, str, Layout]]:
 
 def _fits(hardware: str, model: str, layout: Layout) -> bool:
     """Whether the model's weights leave KV cache on the layout's GPUs (vLLM's sizing at the defaults)."""
-    return kv_capacity_tokens(load_hardware(hardware), load_model(model), tp=layout.tensor_parallel_size) > 0
+    return kv_capacity_tokens(load_hardware(hardware), load_model(model), tp=layout.tensor_parallel_size,
+                              data_parallel_size=layout.data_parallel_size) > 0
 
 
 def aic_model_of(model: str) -> str | None:
@@ -209,7 +210,10 @@ class AicPricer:
         return {"aiconfigurator_core": importlib.metadata.version(AIC_PACKAGE), "system": self.system,
                 "backend": BACKEND, "backend_version": self.backend_version, "aic_model": self.aic_model,
                 "tensor_parallel_size": self.layout.tensor_parallel_size,
-                "expert_parallel": self.layout.expert_parallel}
+                "expert_parallel": self.layout.expert_parallel,
+                # Only where there are ranks: the files written before data parallelism stay as they are.
+                **({"data_parallel_size": self.layout.data_parallel_size} if self.layout.data_parallel_size > 1
+                   else {})}
 
     def price(self, shape: StepShape) -> AicPrice:
         parts = dict.fromkeys(PARTS, 0.0)
@@ -248,8 +252,8 @@ class AicPricer:
 @cache
 def _load(system: str, aic_model: str, layout: Layout):
     """AIC's database view and model for one pair and layout (cached: loading the tables takes ~1 s).
-    vLLM's layouts in AIC's terms: attention over `tp` GPUs; the MoE's experts sliced over them (moe_tp = tp)
-    or, with expert parallelism, placed whole (moe_ep = tp)."""
+    vLLM's layouts in AIC's terms: attention over `tp` GPUs, `dp` attention data-parallel ranks of them; the
+    MoE's experts sliced over all dp × tp GPUs (moe_tp) or, with expert parallelism, placed whole (moe_ep)."""
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)  # its fallback-table notices are not ours
     from aiconfigurator_core.sdk import perf_database
     from aiconfigurator_core.sdk.config_builders import build_model_config
@@ -259,9 +263,9 @@ def _load(system: str, aic_model: str, layout: Layout):
     if version is None:
         raise AicUnavailable(f"AIConfigurator has no {BACKEND} tables for {system}")
     database = perf_database.get_database_view(system, BACKEND, version)
-    tp, ep = layout.tensor_parallel_size, layout.expert_parallel
-    config = build_model_config(tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=1 if ep else tp,
-                                moe_ep_size=tp if ep else 1)
+    tp, ep, dp = layout.tensor_parallel_size, layout.expert_parallel, layout.data_parallel_size
+    config = build_model_config(tp_size=tp, pp_size=1, attention_dp_size=dp, moe_tp_size=1 if ep else tp * dp,
+                                moe_ep_size=tp * dp if ep else 1)
     return database, get_model(aic_model, config, BACKEND), str(version)
 
 

@@ -70,7 +70,9 @@ def part_factors(part: str, hardware: str, layout: Layout) -> tuple[tuple[str, f
     """The factors (name, low, high) fitted against a part's kernels: collectives on a measured all-reduce curve
     (cost/collectives.py) fit its one scale, elsewhere the link formula's two."""
     tp = layout.tensor_parallel_size
-    if part == "communication" and tp > 1 and allreduce_curve(hardware, tp) is not None:
+    measured = (tp > 1 and allreduce_curve(hardware, tp) is not None) or (
+        layout.data_parallel_size > 1 and allreduce_curve(hardware, layout.gpus) is not None)
+    if part == "communication" and measured:
         return _MEASURED_COLLECTIVES
     return _GROUPS[part]
 
@@ -86,7 +88,7 @@ def step_grid(hardware: str, model: str, layout: Layout = SINGLE_GPU) -> list[St
     shapes += [StepShape.mixed(b, c, q, p) for b in (1, 4, 16, 64, 128) for c in (1024, 8192)
                for q in (256, 1024, 2048) for p in (0, 4096)]
     capacity = kv_capacity_tokens(load_hardware(hardware), load_model(model),
-                                  tp=layout.tensor_parallel_size)
+                                  tp=layout.tensor_parallel_size, data_parallel_size=layout.data_parallel_size)
     return [s for s in shapes if s.kv_tokens <= capacity and s.num_tokens <= MAX_STEP_TOKENS]
 
 
@@ -112,7 +114,8 @@ def gpu_only(calibration: Calibration) -> Calibration:
 def model_parts(hardware: str, model: str, calibration: Calibration, shapes: list[StepShape],
                 layout: Layout = SINGLE_GPU) -> dict[str, np.ndarray]:
     """The cost model's GPU time per part (and total) for each shape."""
-    cost = RooflineCostModel(hardware, model, layout.tensor_parallel_size, gpu_only(calibration))
+    cost = RooflineCostModel(hardware, model, layout.tensor_parallel_size, gpu_only(calibration),
+                             expert_parallel=layout.expert_parallel, data_parallel_size=layout.data_parallel_size)
     rows = [cost.step_time(s.batch_shape()) for s in shapes]
     out = {part: np.array([getattr(r, field) for r in rows]) for part, field in _PART_OF.items()}
     out["total"] = np.array([r.total_s for r in rows])
@@ -182,7 +185,7 @@ class AicFit:
                                     "max_step_tokens": MAX_STEP_TOKENS},
                            "fitted_parts": {part: [f for f, _, _ in part_factors(part, self.hardware, self.layout)]
                                             for part in _GROUPS
-                                            if part != "communication" or self.layout.tensor_parallel_size > 1},
+                                            if part != "communication" or self.layout.gpus > 1},
                            "host_terms": "step_overhead_s and per_call_overhead_s keep the documented defaults "
                                          "(AIC prices GPU kernels only)",
                            "ridge_tokens": "where the calibrated linear layers' FLOP time equals their "
@@ -216,9 +219,15 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
         start = start.replace(moe_memory_efficiency=start.memory_efficiency,
                               moe_compute_efficiency=start.compute_efficiency, moe_combine_p=start.combine_p)
     stages = [(part,) for part in _GROUPS if (part != "moe" or is_moe)
-              and (part != "communication" or layout.tensor_parallel_size > 1)]
+              and (part != "communication" or layout.gpus > 1)]
+    if is_moe and layout.data_parallel_size > 1:
+        # With attention data parallelism AIC prices the tokens' gather to the experts inside its MoE op (its
+        # decode steps have no collective of their own): the experts and the collectives are fitted together.
+        stages = [s for s in stages if s != ("communication",)]
+        stages[stages.index(("moe",))] = ("moe", "communication")
     if profile.is_mla:
-        stages.append(tuple(p for p in _JOINT_MLA if p != "moe" or is_moe))
+        joint = tuple(p for p in _JOINT_MLA if p != "moe" or is_moe)
+        stages.append(joint + (("communication",) if is_moe and layout.data_parallel_size > 1 else ()))
     calibration = start
     for parts in stages:
         target = sum(measured[part][fitted_idx] for part in parts)
@@ -241,7 +250,8 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
                                max_nfev=200 * len(names))
         calibration = calibration.replace(**{n: float(v) for n, v in zip(names, result.x, strict=True)})
 
-    probe = RooflineCostModel(hw, m, layout.tensor_parallel_size, calibration)
+    probe = RooflineCostModel(hw, m, layout.tensor_parallel_size, calibration, expert_parallel=layout.expert_parallel,
+                              data_parallel_size=layout.data_parallel_size)
     held = [shapes[i] for i in held_idx]
     after_held = summarize(held, model_parts(hw, m, calibration, held, layout)["total"],
                            measured["total"][held_idx])

@@ -34,6 +34,9 @@ class BatchShape:
                   1 + the draft tokens scheduled for verification).
     context_lens: int64 [n], tokens already in that call's KV cache before this step.
     is_prefill:   bool [n], True for a prefill chunk (its logits are computed for one row only).
+    moe_tokens:   with data parallelism, the tokens a MoE model's routed experts see this step over all
+                  ranks (they step in lockstep, every expert GPU serving every rank); 0: this batch's
+                  tokens × the data-parallel size (ranks in balance, as AIConfigurator prices them).
 
     Construction does not copy or check (it runs once per simulated step); `validate()` checks.
     """
@@ -41,6 +44,7 @@ class BatchShape:
     query_lens: np.ndarray
     context_lens: np.ndarray
     is_prefill: np.ndarray
+    moe_tokens: int = 0
 
     @classmethod
     def decode(cls, batch_size: int, context_len: int, query_len: int = 1) -> BatchShape:

@@ -25,10 +25,20 @@ DEFAULTS = "defaults"  # `calibration=` / `--calibration` value for the document
 def bundled_calibration(hardware_id: str, model_id: str, layout: Layout = SINGLE_GPU) -> Path | None:
     """The bundled calibration file of a (hardware, model) profile pair at a parallel layout, or None (`calibrate
     aic` writes them): the layout's own fit, else — for a layout nobody fitted — the pair's single-GPU fit,
-    whose kernel efficiencies still hold while the collectives keep their documented defaults."""
-    tagged = CALIBRATIONS_DIR / f"{hardware_id}--{model_id}--{layout.tag}.json" if layout.tag else None
-    if tagged is not None and tagged.is_file():
-        return tagged
+    whose kernel efficiencies still hold while the collectives keep their documented defaults. A data-parallel
+    layout nobody fitted takes the fit of the expert-parallel layout on as many GPUs first (the same expert
+    kernels and collectives; attention on fewer heads per GPU)."""
+    tags = [layout.tag] if layout.tag else []
+    if layout.data_parallel_size > 1:
+        if layout.expert_parallel:
+            tags.append(Layout(layout.gpus, True).tag)
+        rank = Layout(layout.tensor_parallel_size, layout.expert_parallel)
+        if rank.tag:
+            tags.append(rank.tag)
+    for tag in tags:
+        tagged = CALIBRATIONS_DIR / f"{hardware_id}--{model_id}--{tag}.json"
+        if tagged.is_file():
+            return tagged
     path = CALIBRATIONS_DIR / f"{hardware_id}--{model_id}.json"
     return path if path.is_file() else None
 
@@ -37,7 +47,8 @@ def calibration_note(cost_model) -> str:
     """One line saying what the cost model's factors rest on, for run output."""
     source = cost_model.calibration.source
     pair = f"{cost_model.hardware.id} + {cost_model.model.id}"
-    layout = Layout(cost_model.tensor_parallel_size, cost_model.expert_parallel)
+    layout = Layout(cost_model.tensor_parallel_size, cost_model.expert_parallel,
+                    cost_model.data_parallel_size if cost_model.model.is_moe else 1)  # dense ranks: replicas
     fit = (f"`calibrate aic --hardware {cost_model.hardware.id} --model {cost_model.model.id}"
            + (f" {layout.flags()}" if layout.tag else "") + "` fits it")
     if source == "defaults":
@@ -59,7 +70,8 @@ def cost_model_for(engine) -> RooflineCostModel:
     """`build_cost_model` for an engine configuration (an `EngineConfig`: anything with `hardware`, `model`,
     `tensor_parallel_size` and `calibration`): the one place a run's settings become its cost model."""
     return build_cost_model(engine.hardware, engine.model, engine.tensor_parallel_size, engine.calibration,
-                            expert_parallel=getattr(engine, "enable_expert_parallel", False))
+                            expert_parallel=getattr(engine, "enable_expert_parallel", False),
+                            data_parallel_size=getattr(engine, "data_parallel_size", 1))
 
 
 def build_cost_model(
@@ -70,6 +82,7 @@ def build_cost_model(
     *,
     draft: str | None = None,
     expert_parallel: bool = False,
+    data_parallel_size: int = 1,
 ) -> RooflineCostModel:
     """The roofline step-cost model for `model` on `hardware` with `tensor_parallel_size` GPUs.
 
@@ -82,10 +95,15 @@ def build_cost_model(
                  None (the model's MTP layer when it has one, else EAGLE-3).
     expert_parallel: vLLM's --enable-expert-parallel (a MoE model's experts placed whole over the
                  tensor-parallel GPUs); picks that layout's bundled calibration.
+    data_parallel_size: vLLM's --data-parallel-size; the model prices one rank (a MoE model's experts
+                 sharded over all ranks' GPUs).
     """
     hw, m = load_hardware(hardware), load_model(model)
     if calibration is None:
-        bundled = bundled_calibration(hw.id, m.id, Layout(int(tensor_parallel_size), expert_parallel and m.is_moe))
+        # A dense model's data-parallel ranks are replicas: each is priced as its tensor-parallel layout.
+        layout = Layout(int(tensor_parallel_size), expert_parallel and m.is_moe,
+                        int(data_parallel_size) if m.is_moe else 1)
+        bundled = bundled_calibration(hw.id, m.id, layout)
         cal = Calibration.from_file(bundled) if bundled else Calibration()
     elif isinstance(calibration, str) and calibration == DEFAULTS:
         cal = Calibration()
@@ -94,7 +112,8 @@ def build_cost_model(
     else:
         cal = Calibration.from_file(calibration)
         check_calibration(calibration, hw, m)
-    return RooflineCostModel(hw, m, tensor_parallel_size, cal, draft=draft, expert_parallel=expert_parallel)
+    return RooflineCostModel(hw, m, tensor_parallel_size, cal, draft=draft, expert_parallel=expert_parallel,
+                             data_parallel_size=data_parallel_size)
 
 
 def check_calibration(calibration: str | Path, hw: HardwareProfile, m: ModelProfile) -> None:

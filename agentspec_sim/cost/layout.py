@@ -1,10 +1,14 @@
-"""How vLLM spreads one model replica over GPUs, and which layouts fit a model on a GPU.
+"""How vLLM spreads a model over GPUs, and which layouts fit a model on a GPU.
 
 `--tensor-parallel-size N` splits every layer's weights and attention heads over N GPUs (two all-reduces a
-layer); `--enable-expert-parallel` places a MoE model's routed experts whole over the same N GPUs instead of
-slicing each one (vLLM's expert-parallel size is then N, with data parallelism 1). A layout fits when vLLM
-would start it: the heads split evenly over the GPUs (vLLM refuses otherwise) and the KV cache left beside
-the weights holds one sequence of max_model_len tokens (vLLM's `check_enough_kv_cache_memory`)."""
+layer); `--enable-expert-parallel` places a MoE model's routed experts whole over the GPUs instead of
+slicing each one. `--data-parallel-size D` runs D engines ("ranks") of N GPUs each, every request routed to
+one of them: for a dense model they are independent replicas; for a MoE model their attention is data
+parallel (each rank its own requests and KV cache: the layout vLLM recommends for MLA models, whose latent KV
+is replicated, not split, by tensor parallelism) while the routed experts are sharded over all D × N GPUs
+and the ranks step in lockstep (engine/data_parallel.py). A layout fits when vLLM would start it: the heads
+split evenly over a rank's GPUs (vLLM refuses otherwise) and the KV cache left beside the weights holds one
+sequence of max_model_len tokens (vLLM's `check_enough_kv_cache_memory`)."""
 
 from __future__ import annotations
 
@@ -20,33 +24,46 @@ TP_SIZES = (1, 2, 4, 8)
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """A replica's parallel layout: `--tensor-parallel-size` and `--enable-expert-parallel`."""
+    """A deployment's parallel layout: `--tensor-parallel-size`, `--enable-expert-parallel` and
+    `--data-parallel-size`."""
 
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
+    data_parallel_size: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the deployment takes: data-parallel ranks × tensor-parallel GPUs each."""
+        return self.tensor_parallel_size * self.data_parallel_size
 
     @property
     def tag(self) -> str:
-        """'' for one GPU, else e.g. 'tp8' or 'tp8-ep' (bundled calibration file names)."""
-        if self.tensor_parallel_size == 1 and not self.expert_parallel:
-            return ""
-        return f"tp{self.tensor_parallel_size}" + ("-ep" if self.expert_parallel else "")
+        """'' for one GPU, else e.g. 'tp8', 'tp8-ep', 'dp8-ep' or 'tp2-dp4-ep' (bundled calibration file names)."""
+        parts = ([f"tp{self.tensor_parallel_size}"] if self.tensor_parallel_size > 1 else []) + (
+            [f"dp{self.data_parallel_size}"] if self.data_parallel_size > 1 else [])
+        if self.expert_parallel:
+            parts.append("ep")
+        return "-".join(parts) if parts else ""
 
     @property
     def label(self) -> str:
-        """For people: 'tp 1', 'tp 8 + EP'."""
-        return f"tp {self.tensor_parallel_size}" + (" + EP" if self.expert_parallel else "")
+        """For people: 'tp 1', 'tp 8 + EP', 'tp 1 × dp 8 + EP'."""
+        dp = f" × dp {self.data_parallel_size}" if self.data_parallel_size > 1 else ""
+        return f"tp {self.tensor_parallel_size}{dp}" + (" + EP" if self.expert_parallel else "")
 
     def flags(self) -> str:
         """The layout as `vllm serve` flags ('' for one GPU)."""
         parts = [f"--tensor-parallel-size {self.tensor_parallel_size}"] if self.tensor_parallel_size > 1 else []
+        if self.data_parallel_size > 1:
+            parts.append(f"--data-parallel-size {self.data_parallel_size}")
         return " ".join(parts + (["--enable-expert-parallel"] if self.expert_parallel else []))
 
     @classmethod
     def of(cls, engine: dict | None) -> Layout:
         """The layout an engine configuration's settings (`EngineConfig` fields, as a dict) name."""
         engine = engine or {}
-        return cls(int(engine.get("tensor_parallel_size") or 1), bool(engine.get("enable_expert_parallel")))
+        return cls(int(engine.get("tensor_parallel_size") or 1), bool(engine.get("enable_expert_parallel")),
+                   int(engine.get("data_parallel_size") or 1))
 
 
 SINGLE_GPU = Layout()
@@ -54,17 +71,19 @@ SINGLE_GPU = Layout()
 
 @dataclass(frozen=True)
 class LayoutSearch:
-    """The layouts a sweep or plan crosses with its cells: `sizes` (None: every size of `TP_SIZES` that fits),
-    `expert_parallel` (None: a MoE model at tp > 1 both with and without expert parallelism)."""
+    """The layouts a sweep or plan crosses with its cells: tensor-parallel `sizes` (None: every size of
+    `TP_SIZES` that fits), `expert_parallel` (None: a MoE model on several GPUs both with and without expert
+    parallelism), `data_parallel_sizes` (data-parallel ranks; each crossed with each tensor-parallel size)."""
 
     sizes: tuple[int, ...] | None = None
     expert_parallel: bool | None = None
+    data_parallel_sizes: tuple[int, ...] = (1,)
 
     @property
     def most(self) -> int:
         """The most layouts one (hardware, model) pair can get (for the sweep's size check)."""
         sizes = len(self.sizes) if self.sizes is not None else len(TP_SIZES)
-        return sizes * (2 if self.expert_parallel is None else 1)
+        return sizes * len(self.data_parallel_sizes) * (2 if self.expert_parallel is None else 1)
 
     def layouts(self, hardware: str, model: str, max_model_len: int | None = None,
                 gpu_memory_utilization: float | None = None) -> list[Layout]:
@@ -74,15 +93,16 @@ class LayoutSearch:
         context = max_model_len or m.default_max_model_len
         utilisation = gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
         out = []
-        for tp in self.sizes if self.sizes is not None else TP_SIZES:
-            if m.num_attention_heads % tp:
-                continue
-            if self.sizes is None and kv_capacity_tokens(hw, m, utilisation, tp) < context:
-                continue
-            ep_choices: Sequence[bool] = ((False, True) if self.expert_parallel is None else (self.expert_parallel,))
-            for ep in ep_choices:
-                layout = Layout(tp, ep and m.is_moe and tp > 1)
-                if layout not in out:
-                    out.append(layout)
+        for dp in self.data_parallel_sizes:
+            for tp in self.sizes if self.sizes is not None else TP_SIZES:
+                if m.num_attention_heads % tp:
+                    continue
+                if self.sizes is None and kv_capacity_tokens(hw, m, utilisation, tp, data_parallel_size=dp) < context:
+                    continue
+                ep_choices: Sequence[bool] = ((False, True) if self.expert_parallel is None
+                                              else (self.expert_parallel,))
+                for ep in ep_choices:
+                    layout = Layout(tp, ep and m.is_moe and tp * dp > 1, dp)
+                    if layout not in out:
+                        out.append(layout)
         return out
-

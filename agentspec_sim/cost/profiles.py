@@ -782,10 +782,15 @@ FIXED_RESERVE_SOURCE = (
 def kv_capacity_tokens(hw: HardwareProfile, model: ModelProfile,
                        gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
                        tp: int = 1, *, kv_dtype_bytes: int = 2, max_num_batched_tokens: int = 8192,
-                       max_num_seqs: int = 1024, reserve_bytes: int | None = None) -> int:
-    """Tokens of KV cache that fit, as vLLM sizes it (docs/ENGINE-FACTS.md §3):
+                       max_num_seqs: int = 1024, reserve_bytes: int | None = None,
+                       data_parallel_size: int = 1) -> int:
+    """Tokens of KV cache that fit on one GPU, as vLLM sizes it (docs/ENGINE-FACTS.md §3):
 
-        (gpu_memory_utilization × HBM − weights / tp − reserve) / KV bytes per token per GPU
+        (gpu_memory_utilization × HBM − weights per GPU − reserve) / KV bytes per token per GPU
+
+    weights per GPU = weights / tp, except that with data parallelism a MoE model's routed experts are
+    sharded over all dp × tp GPUs (vLLM's FusedMoE flattens tp across dp, sliced or, with expert
+    parallelism, whole experts) while every rank holds its own copy of the rest.
 
     reserve = FIXED_RESERVE_BYTES (CUDA graphs, NCCL/cuBLAS workspaces; 1 GiB) +
     `activation_reserve_bytes` (profile-run activation peak), unless `reserve_bytes` is given.
@@ -801,7 +806,13 @@ def kv_capacity_tokens(hw: HardwareProfile, model: ModelProfile,
     if reserve_bytes is None:
         reserve_bytes = FIXED_RESERVE_BYTES + activation_reserve_bytes(
             model, tp, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-    available = gpu_memory_utilization * hw.hbm_bytes - weight_bytes(model) / tp - reserve_bytes
+    if data_parallel_size < 1:
+        raise ValueError(f"data parallel size must be ≥ 1, got {data_parallel_size}")
+    weights = weight_bytes(model) / tp
+    if model.is_moe and data_parallel_size > 1:
+        experts = model.total_expert_params() * model.expert_bytes_per_param
+        weights -= experts / tp * (1.0 - 1.0 / data_parallel_size)
+    available = gpu_memory_utilization * hw.hbm_bytes - weights - reserve_bytes
     per_token = kv_bytes_per_token(model, kv_dtype_bytes, include_sliding=model.num_full_layers == 0,
                                    tensor_parallel_size=tp)
     return max(0, math.floor(available / per_token))

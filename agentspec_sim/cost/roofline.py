@@ -414,21 +414,63 @@ class RooflineCostModel:
     """
 
     __slots__ = (
-        "_attn_cmp_full", "_attn_cmp_slide", "_attn_fixed", "_attn_fixed_prefill_only", "_attn_mem_full",
-        "_attn_mem_slide", "_attn_per_call", "_attn_prefill", "_attn_prefill_only", "_attn_query",
-        "_calc_ridge", "_check", "_comm_curve", "_comm_fixed", "_comm_layers", "_comm_token", "_decode_linear",
-        "_default_draft", "_dense_bytes",
-        "_drafts", "_flops_logit", "_flops_token", "_inv_attn_bw", "_inv_bw", "_inv_flops", "_inv_moe_bw",
-        "_inv_moe_flops", "_linear_memo", "_moe_bytes", "_moe_fixed", "_moe_flops_token", "_moe_miss",
-        "_moe_miss_spread", "_moe_p",
-        "_overhead_fixed", "_p", "_per_call", "_q_mem_bound", "_token_overhead", "_window",
-        "calibration", "expert_parallel", "hardware", "kv_dtype_bytes", "model", "tensor_parallel_size",
+        "_attn_cmp_full",
+        "_attn_cmp_slide",
+        "_attn_fixed",
+        "_attn_fixed_prefill_only",
+        "_attn_mem_full",
+        "_attn_mem_slide",
+        "_attn_per_call",
+        "_attn_prefill",
+        "_attn_prefill_only",
+        "_attn_query",
+        "_calc_ridge",
+        "_check",
+        "_comm_curve",
+        "_comm_fixed",
+        "_comm_layers",
+        "_comm_moe_curve",
+        "_comm_moe_layers",
+        "_comm_moe_token",
+        "_comm_token",
+        "_decode_linear",
+        "_default_draft",
+        "_dense_bytes",
+        "_dp",
+        "_drafts",
+        "_flops_logit",
+        "_flops_token",
+        "_inv_attn_bw",
+        "_inv_bw",
+        "_inv_flops",
+        "_inv_moe_bw",
+        "_inv_moe_flops",
+        "_linear_memo",
+        "_moe_bytes",
+        "_moe_fixed",
+        "_moe_flops_token",
+        "_moe_miss",
+        "_moe_miss_spread",
+        "_moe_p",
+        "_overhead_fixed",
+        "_p",
+        "_per_call",
+        "_q_mem_bound",
+        "_token_overhead",
+        "_window",
+        "calibration",
+        "data_parallel_size",
+        "expert_parallel",
+        "hardware",
+        "kv_dtype_bytes",
+        "model",
+        "tensor_parallel_size",
     )
 
     def __init__(self, hardware: HardwareProfile | str, model: ModelProfile | str,
                  tensor_parallel_size: int = 1, calibration: Calibration | None = None, *,
                  draft: str | None = None, kv_dtype_bytes: int = 2, check_inputs: bool = False,
-                 expert_parallel: bool = False) -> None:
+                 expert_parallel: bool = False, data_parallel_size: int = 1) -> None:
         hw, m = load_hardware(hardware), load_model(model)
         cal = calibration or Calibration()
         tp = int(tensor_parallel_size)
@@ -442,14 +484,23 @@ class RooflineCostModel:
         # the same bytes and FLOPs per GPU on average, so the formulas are the tensor-parallel ones; the
         # layout's own kernels (and their imbalance) are in its calibration (`calibrate aic`).
         self.expert_parallel = bool(expert_parallel) and m.is_moe
+        # --data-parallel-size: this model prices one rank (tp GPUs, its own requests). A dense model's ranks
+        # are independent replicas; a MoE model's routed experts are sharded over all dp × tp GPUs, each
+        # serving the tokens of every rank (`BatchShape.moe_tokens`).
+        dp = int(data_parallel_size)
+        if dp < 1:
+            raise ValueError(f"data_parallel_size must be ≥ 1, got {data_parallel_size}")
+        self.data_parallel_size = dp
+        self._dp = dp if m.is_moe else 1
 
         # Linear layers, per GPU. The embedding is gathered (not streamed); the LM head is streamed
         # (the embedding matrix itself when tied) and multiplies only the rows whose logits are needed.
         head_bytes = m.lm_head_params() * m.embedding_bytes_per_param
         self._dense_bytes = (m.layer_dense_params() * m.dense_bytes_per_param + head_bytes) / tp
-        self._moe_bytes = m.num_moe_layers * m.num_experts * m.expert_params() * m.expert_bytes_per_param / tp
+        self._moe_bytes = (m.num_moe_layers * m.num_experts * m.expert_params() * m.expert_bytes_per_param
+                           / (tp * self._dp))
         self._moe_miss = 1.0 - m.experts_per_token / m.num_experts if m.is_moe else 1.0
-        self._flops_token = 2.0 * m.layer_active_params() / tp
+        self._flops_token = 2.0 * m.layer_active_params() / tp  # the experts' share: this rank's tokens
         self._flops_logit = 2.0 * m.lm_head_params() / tp
         self._inv_bw = 1.0 / (hw.hbm_bandwidth * cal.memory_efficiency)
         self._inv_flops = 1.0 / (hw.peak_flops_bf16 * cal.compute_efficiency)
@@ -459,7 +510,7 @@ class RooflineCostModel:
         separate_moe = m.is_moe and (cal.moe_memory_efficiency is not None or cal.moe_compute_efficiency
                                      is not None or cal.moe_layer_floor_s > 0)
         if separate_moe:
-            self._moe_flops_token = 2.0 * m.num_moe_layers * m.experts_per_token * m.expert_params() / tp
+            self._moe_flops_token = 2.0 * m.num_moe_layers * m.experts_per_token * m.expert_params() / (tp * self._dp)
             self._inv_moe_bw = 1.0 / (hw.hbm_bandwidth * (cal.moe_memory_efficiency or cal.memory_efficiency))
             self._inv_moe_flops = 1.0 / (hw.peak_flops_bf16 * (cal.moe_compute_efficiency or cal.compute_efficiency))
             self._moe_fixed = m.num_moe_layers * cal.moe_layer_floor_s
@@ -499,6 +550,22 @@ class RooflineCostModel:
             self._comm_fixed = 2 * m.num_layers * cal.allreduce_latency_s
         else:
             self._comm_token = self._comm_fixed = 0.0
+        # Data-parallel MoE: each MoE layer gathers every rank's tokens to the expert GPUs and scatters the
+        # sums back (vLLM's default all2all backend, allgather_reducescatter): the bytes of one all-reduce of
+        # the global tokens over dp × tp GPUs, priced on that size's measured all-reduce curve. The MoE layers'
+        # own tensor-parallel all-reduce is replaced by it.
+        # Where that size was not measured, the link formula (the ring's 2·(n − 1)/n of the bytes).
+        self._comm_moe_curve = allreduce_curve(hw.id, tp * self._dp) if self._dp > 1 else None
+        self._comm_moe_layers = m.num_moe_layers * cal.collective_scale if self._dp > 1 else 0.0
+        self._comm_moe_token = 0.0
+        if self._dp > 1 and self._comm_moe_curve is None:
+            n = tp * self._dp
+            self._comm_moe_token = (m.num_moe_layers * (2.0 * (n - 1) / n) * m.hidden_size * 2
+                                    / (hw.interconnect_bandwidth * cal.interconnect_efficiency))
+        if self._dp > 1 and tp > 1:
+            self._comm_layers = (2 * m.num_layers - m.num_moe_layers) * cal.collective_scale
+            self._comm_token *= (2 * m.num_layers - m.num_moe_layers) / (2 * m.num_layers)
+            self._comm_fixed *= (2 * m.num_layers - m.num_moe_layers) / (2 * m.num_layers)
 
         self._overhead_fixed = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s
         self._per_call = cal.per_call_overhead_s
@@ -546,10 +613,11 @@ class RooflineCostModel:
             q, c, pf, self._window, self._q_mem_bound, self._attn_mem_full, self._attn_cmp_full,
             self._attn_mem_slide, self._attn_cmp_slide, self._attn_query, terms)
         logit_rows = tokens - q_prefill + n_prefill if n_prefill else tokens
-        key = (tokens, logit_rows)
+        moe_tokens = batch.moe_tokens or tokens * self._dp
+        key = (tokens, logit_rows) if moe_tokens == tokens * self._dp else (tokens, logit_rows, moe_tokens)
         linear = self._linear_memo.get(key)
         if linear is None:
-            linear = self._linear_memo[key] = self._linear_s(tokens, logit_rows)
+            linear = self._linear_memo[key] = self._linear_s(tokens, logit_rows, moe_tokens)
 
         # Attention: every call reads its KV once per layer (memory time, summed in closed form);
         # calls with enough query tokens to be compute-bound add their compute excess.
@@ -564,26 +632,32 @@ class RooflineCostModel:
         if n_prefill and self._attn_prefill:
             attention += self._attn_prefill
 
-        communication = self._communication(tokens)
+        communication = self._communication(tokens, moe_tokens)
         overhead = self._overhead_fixed + self._per_call * n
         if self._token_overhead:
             overhead += self._token_overhead * tokens
         total = linear + attention + overhead + communication
         if self._moe_fixed or self._inv_moe_bw:
-            moe = self._moe_s(tokens)
+            moe = self._moe_s(moe_tokens)
             return StepCost(total, linear - moe, attention, overhead, communication, moe)
         return StepCost(total, linear, attention, overhead, communication)
 
-    def _linear_s(self, tokens: int, logit_rows: int) -> float:
+    def _linear_s(self, tokens: int, logit_rows: int, moe_tokens: int | None = None) -> float:
         """The linear layers' time for `tokens` tokens of which `logit_rows` need logits (Python ints), routed
-        experts included."""
+        experts included, which see `moe_tokens` (None: tokens × the data-parallel size, ranks in balance)."""
         weight_bytes = self._dense_bytes
         flops = self._flops_token * tokens + self._flops_logit * logit_rows
+        local = tokens * self._dp  # the experts' FLOPs in `flops`, in units of their per-GPU share
+        if moe_tokens is None:
+            moe_tokens = local
         if self._inv_moe_bw:  # experts on their own
-            flops -= self._moe_flops_token * tokens
-            return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p) + self._moe_s(tokens)
+            flops -= self._moe_flops_token * local
+            return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p) + self._moe_s(moe_tokens)
         if self._moe_bytes:
-            weight_bytes += self._moe_bytes * (1.0 - self._moe_miss**tokens)
+            weight_bytes += self._moe_bytes * (1.0 - self._moe_miss**moe_tokens)
+            if moe_tokens != local:
+                flops += 2.0 * self.model.num_moe_layers * self.model.experts_per_token * self.model.expert_params() \
+                    / (self.tensor_parallel_size * self._dp) * (moe_tokens - local)
         return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p)
 
     def _moe_s(self, tokens: int) -> float:
@@ -630,7 +704,7 @@ class RooflineCostModel:
         if self._attn_prefill:
             attention += np.where(np.logical_or.reduceat(pf, offsets[:-1]), self._attn_prefill, 0.0)
         linear = self._linear_of(tokens, logit_rows)
-        communication = self._communication(tokens)
+        communication = self._communication(tokens, tokens * self._dp)
         overhead = self._overhead_fixed + self._per_call * n
         if self._token_overhead:
             overhead += self._token_overhead * tokens
@@ -638,15 +712,27 @@ class RooflineCostModel:
 
     @property
     def measured_collectives(self) -> bool:
-        """Whether the tensor-parallel collectives are priced from a measured all-reduce curve (cost/collectives.py)."""
-        return self._comm_curve is not None
+        """Whether the collectives (tensor-parallel all-reduces; a data-parallel MoE model's gathers to its experts)
+        are priced from measured all-reduce curves (cost/collectives.py)."""
+        tp_measured = self.tensor_parallel_size == 1 or self._comm_curve is not None
+        dp_measured = self._dp == 1 or self._comm_moe_curve is not None
+        return tp_measured and dp_measured and (self.tensor_parallel_size > 1 or self._dp > 1)
 
-    def _communication(self, tokens):
-        """The step's tensor-parallel collectives for `tokens` tokens (an int, or an array of steps: the same
-        arithmetic elementwise)."""
+    def _communication(self, tokens, moe_tokens=None):
+        """The step's collectives for `tokens` tokens of this rank, `moe_tokens` at the experts (ints, or arrays
+        of steps: the same arithmetic elementwise)."""
         if self._comm_curve is not None:
-            return self._comm_layers * allreduce_seconds(self._comm_curve, tokens * self.model.hidden_size)
-        return self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
+            seconds = self._comm_layers * allreduce_seconds(self._comm_curve, tokens * self.model.hidden_size)
+        else:
+            seconds = self._comm_token * tokens + self._comm_fixed if self._comm_token else 0.0
+        if self._comm_moe_layers:
+            moe_tokens = tokens * self._dp if moe_tokens is None else moe_tokens
+            if self._comm_moe_curve is not None:
+                seconds = seconds + self._comm_moe_layers * allreduce_seconds(self._comm_moe_curve,
+                                                                              moe_tokens * self.model.hidden_size)
+            else:
+                seconds = seconds + self._comm_moe_token * moe_tokens
+        return seconds
 
     def _linear_of(self, tokens: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
         """`_linear_s` of each step: decode-only steps (logit rows = tokens) read a table by token count,
@@ -855,6 +941,7 @@ class RooflineCostModel:
             "model": m.id,
             "tensor_parallel_size": self.tensor_parallel_size,
             "expert_parallel": self.expert_parallel,
+            "data_parallel_size": self.data_parallel_size,
             "streamed_weight_bytes_per_gpu": self._dense_bytes + self._moe_bytes,
             "flops_per_decode_token_per_gpu": self._flops_token + self._flops_logit,
             "kv_bytes_per_token_per_gpu": kv_bytes_per_token(m, self.kv_dtype_bytes,
@@ -867,5 +954,6 @@ class RooflineCostModel:
 
     def __repr__(self) -> str:
         return (f"RooflineCostModel(hardware={self.hardware.id!r}, model={self.model.id!r}, "
-                f"tp={self.tensor_parallel_size}{', ep' if self.expert_parallel else ''}, "
+                f"tp={self.tensor_parallel_size}{', ep' if self.expert_parallel else ''}"
+                f"{f', dp={self.data_parallel_size}' if self.data_parallel_size > 1 else ''}, "
                 f"calibration={self.calibration.source!r})")

@@ -39,7 +39,10 @@ class EngineConfig:
     block_size, gpu_memory_utilization, enable_prefix_caching, max_model_len (None: the model's
     context), num_kv_blocks (vLLM's num_gpu_blocks_override, null block included).
     Cost: hardware, model, tensor_parallel_size, enable_expert_parallel (vLLM's flag: a MoE model's experts
-    placed whole over the tensor-parallel GPUs), calibration (a fitted cost-profile file).
+    placed whole over the tensor-parallel GPUs), data_parallel_size (vLLM's --data-parallel-size: that many
+    engines of tensor_parallel_size GPUs each, every call routed to one of them as vLLM's load balancer does;
+    engine/data_parallel.py), calibration (a fitted cost-profile file). max_num_seqs, max_num_batched_tokens
+    and the KV cache are each data-parallel rank's, as in vLLM.
     Workload: arrival ("recorded": the trace's arrival_s, else 0; "zero": every query at t=0;
     "poisson": queries arrive at `rate` per second, the first at 0 — the simulator's older rule;
     "request-rate": `vllm bench serve --request-rate rate --burstiness burstiness`, engine/load.py),
@@ -64,6 +67,7 @@ class EngineConfig:
     model: str = "qwen3-8b"
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    data_parallel_size: int = 1
     calibration: str | None = None
     seed: int = 0
     think_time: float | None = None
@@ -78,7 +82,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "block_size",
-                    "tensor_parallel_size", "replicate", "max_concurrency", "copies")
+                    "tensor_parallel_size", "data_parallel_size", "replicate", "max_concurrency", "copies")
         for name in positive:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -189,7 +193,8 @@ def resolve(config: EngineConfig) -> ResolvedLimits:
         from agentspec_sim.cost import kv_capacity_tokens
 
         capacity = int(kv_capacity_tokens(hw, model, config.gpu_memory_utilization, config.tensor_parallel_size,
-                                          max_num_batched_tokens=tokens, max_num_seqs=seqs))
+                                          max_num_batched_tokens=tokens, max_num_seqs=seqs,
+                                          data_parallel_size=config.data_parallel_size))
         blocks = capacity // config.block_size
         if blocks < 2:
             raise EngineConfigError(f"no KV cache memory left: {config.model} on {config.tensor_parallel_size}× "

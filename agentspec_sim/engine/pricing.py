@@ -20,7 +20,8 @@ class StepPricer:
         self.check_budget = check_budget  # BUDGET (engine/invariants.py), with the run's invariant checks
         self._budget_memo: dict[int, int] = {}
 
-    def price(self, log: StepLogBuilder, k0: int, k1: int, now: float, first_draft_s: float) -> float:
+    def price(self, log: StepLogBuilder, k0: int, k1: int, now: float, first_draft_s: float, *,
+              moe_tokens: int = 0) -> float:
         """Times of steps k0 … k1 − 1, the last logged and not yet priced, the first starting at `now`; returns
         the end of the last one.
 
@@ -29,6 +30,8 @@ class StepPricer:
         starts when step j − 1 ends and takes its drafting then its forward time, accumulated in that order as
         one step per event would: end_j = (end_{j−1} + draft_j) + forward_j. A run of one step (every step of a
         drafter the event loop drives) is priced with Python scalars: the same sums, without the arrays.
+        `moe_tokens` (one step only): the tokens a data-parallel MoE model's experts see over all ranks
+        (`BatchShape.moe_tokens`; 0: this rank's × the data-parallel size).
         """
         m = k1 - k0
         buf = log.buf
@@ -38,7 +41,7 @@ class StepPricer:
             n = int(col.batch_size[k0])
             rows = buf.rows[r1 - n:r1]
             shape = BatchShape(rows["scheduled"].astype(np.int64), rows["context_len"].astype(np.int64),
-                               rows["decode"] == 0)
+                               rows["decode"] == 0, moe_tokens)
             forward = float(self.cost.step_time(shape).total_s)
             col.time_s[k0], col.forward_s[k0], col.draft_s[k0] = now, forward, first_draft_s
             col.budget[k0] = self._budget(n)

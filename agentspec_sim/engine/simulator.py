@@ -44,10 +44,12 @@ priced without its drafts) times nothing and is priced for the whole log when th
 from __future__ import annotations
 
 import heapq
+import itertools
 import time as wallclock
 import weakref
 from collections.abc import Callable
 from functools import partial
+from typing import Protocol
 
 import numpy as np
 import polars as pl
@@ -92,6 +94,21 @@ _UNKNOWN = object()
 __all__ = ["SimulationError", "Simulator"]
 
 
+class Front(Protocol):
+    """What a data-parallel rank sees of the deployment it is part of (engine/data_parallel.py)."""
+
+    heap: list[tuple[float, int, int, object]]  # the one event heap of all ranks
+    seq: itertools.count  # event order among equal times, over all ranks
+    ranks: list[Simulator]
+    lockstep: bool  # the ranks step together (a MoE model)
+
+    def wake(self, t: float) -> None: ...  # a rank has work: a lockstep step at t
+
+    def call_finished(self, rank: int) -> None: ...
+
+    def count_done(self, n: int) -> None: ...
+
+
 class Simulator:
     # AgentSpec's lookups and suffix decoding's prompt-tree drafts come from tables made once per workload
     # where that is exact (drafters/agentspec/tables.py, suffix_tables.py); tests turn it off to compare.
@@ -99,8 +116,15 @@ class Simulator:
 
     def __init__(self, workload: Workload, spec: SpeculativeConfig, config: EngineConfig, limits: ResolvedLimits,
                  cost: StepCostModel, progress: Callable[[int, int], None] | None = None, *,
-                 fast_path: bool = True) -> None:
+                 fast_path: bool = True, front: Front | None = None, rank: int = 0) -> None:
         self.spec, self.config, self.limits, self.cost = spec, config, limits, cost
+        # With data parallelism this is one rank of `front` (engine/data_parallel.py), which routes the calls,
+        # holds the shared event heap and, for a MoE model, steps the ranks in lockstep.
+        self.front, self.rank = front, rank
+        if front is not None:
+            # Tables that replay a drafter's cross-call state over the whole workload assume one engine sees every
+            # call; a rank sees only those routed to it.
+            self.draft_tables = False
         self.progress = progress
         seeds = np.random.SeedSequence(config.seed).spawn(2)
         self.rng_arrivals = np.random.default_rng(seeds[0])
@@ -125,10 +149,12 @@ class Simulator:
         self.states: list[CallState] = []
         self.queries: list[QueryRun] = []
         self.position_in_query: list[int] = []  # call index → its position in its query
-        self.heap: list[tuple[float, int, int, object]] = []
+        self.heap: list[tuple[float, int, int, object]] = front.heap if front is not None else []
         self.gate_groups: list[list[QueryRun]] | None = None  # gated protocols (engine/load.py)
         self._k_bound: int | object | None = _UNKNOWN  # the policy's longest draft (`_draft_len_bound`), once
-        self.seq = 0
+        self.seq = front.seq if front is not None else itertools.count()  # event order among equal times
+        # This engine's event kinds: a rank's own STEP / DONE (ARRIVE goes to whoever routes the calls).
+        self.kinds = (ARRIVE, STEP + 2 * rank, DONE + 2 * rank)
         self.now = 0.0
         self.step_pending = False
         self.pending_draft_s = 0.0
@@ -192,7 +218,11 @@ class Simulator:
         cfg, max_len, bs = self.config, self.limits.max_model_len, self.config.block_size
         layout = call_layout(workload, cfg.tenants, max_len, bs, cfg.think_time)
         cols = layout.columns
-        if is_gated(cfg):
+        if self.front is not None:
+            # With data parallelism each call is routed when it arrives and each finish moves the router's
+            # counts: every call's end stops a run of steps, and its successor arrives through the event loop.
+            cols = {**cols, "chain_next": np.full_like(cols["chain_next"], NOT_CHAINED)}
+        elif is_gated(cfg):
             # A query's end frees its slot (engine/load.py) at that instant: its last call stops a run of steps.
             cols = {**cols, "chain_next": np.where(cols["chain_next"] == NO_NEXT, NOT_CHAINED, cols["chain_next"])}
         # The first call no run can replay: an empty output, or more KV blocks than the cache holds.
@@ -231,7 +261,8 @@ class Simulator:
         if self.per_step:
             # The suffix proposer walks vLLM's persistent batch row by row (`_per_step_drafts`).
             self.scheduler.track_batch_rows()
-        self._place_arrivals()
+        if self.rank == 0:  # with data parallelism rank 0 places the queries for all (they are routed at arrival)
+            self._place_arrivals()
 
     def _place_arrivals(self) -> None:
         cfg = self.config
@@ -264,6 +295,10 @@ class Simulator:
         """Query `query`'s first call reaches the server at `at` (its later calls follow it)."""
         query.offset_s = at - (query.calls[0].call.arrival_s or 0.0)
         query.arrival_s = at
+        if self.front is not None:  # every rank's copy of the query: its later calls may run anywhere
+            for other in self.front.ranks[1:]:
+                copy = other.queries[query.index]
+                copy.offset_s, copy.arrival_s = query.offset_s, at
         self._push(at, ARRIVE, (query, 0))
 
     def _gate_queries(self, starts: np.ndarray) -> None:
@@ -300,6 +335,10 @@ class Simulator:
     def _query_ended(self, query: QueryRun, now: float) -> None:
         """A query's last call finished (or one of its calls was refused): under a gated protocol its slot
         passes on at this instant."""
+        if self.rank:  # rank 0 holds the gate
+            ranks = self.front.ranks
+            ranks[0]._query_ended(ranks[0].queries[query.index], now)
+            return
         if self.gate_groups is None:
             return
         g = self.gate_of[query.index]
@@ -309,8 +348,10 @@ class Simulator:
             self._open_gate(now)
 
     def _push(self, t: float, kind: int, payload: object) -> None:
-        heapq.heappush(self.heap, (t, self.seq, kind, payload))
-        self.seq += 1
+        if kind == STEP and self.front is not None and self.front.lockstep:
+            self.front.wake(t)  # the ranks step together
+            return
+        heapq.heappush(self.heap, (t, next(self.seq), self.kinds[kind], payload))
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -355,10 +396,20 @@ class Simulator:
     def _on_step(self, _: object) -> None:
         """Run the scheduler (`Scheduler.run`) for as many steps as nothing outside it can change
         (one when other events are pending), price them, and push DONE at the end of the last."""
-        sched, log = self.scheduler, self.log
         chain = not self.heap
         room = self.max_run_steps if chain or self.max_run_steps == 1 else min(self.max_run_steps,
                                                                                self._steps_before(self.heap[0][0]))
+        steps = self._schedule_run(room, chain)
+        if steps == 0:
+            return
+        end = self.pricer.price(self.log, self.step_count, self.step_count + steps, self.now, self.pending_draft_s)
+        self.pending_draft_s = 0.0
+        self._push(end, DONE, (self.step_count, self.step_count + steps))
+
+    def _schedule_run(self, room: int, chain: bool) -> int:
+        """Schedule and run up to `room` steps (logged, not yet priced); 0 when there was nothing to run (the
+        engine then idles until the next arrival)."""
+        sched, log = self.scheduler, self.log
         seqs = self.limits.max_num_seqs
         steps = 0
         drafting = self.fast.run_state() if self.fast is not None else None  # also for one step: same containers
@@ -375,10 +426,7 @@ class Simulator:
                 raise SimulationError("an engine step scheduled nothing while calls wait (invariant CLOCK)")
             self.step_pending = False
             self.pending_draft_s = 0.0
-            return
-        end = self.pricer.price(self.log, self.step_count, self.step_count + steps, self.now, self.pending_draft_s)
-        self.pending_draft_s = 0.0
-        self._push(end, DONE, (self.step_count, self.step_count + steps))
+        return steps
 
     def _steps_before(self, t_next: float) -> int:
         """How many steps a run may take with an event pending at `t_next` (an arrival): as many as surely all
@@ -513,6 +561,8 @@ class Simulator:
         if state.num_emitted != state.target_len:
             raise SimulationError(f"lossless check failed: call {state.call_id!r} emitted tokens that differ from "
                                   "its recording")
+        if self.front is not None:
+            self.front.call_finished(self.rank)
         self._count_done(1)
         query = self.queries[state.query_index]
         position = self.position_in_query[state.index]
@@ -634,7 +684,9 @@ class Simulator:
 
     def _count_done(self, n: int) -> None:
         self.done_calls += n
-        if self.progress is not None:
+        if self.front is not None:
+            self.front.count_done(n)
+        elif self.progress is not None:
             self.progress(self.done_calls, len(self.states))
 
     # -- result ------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from agentspec_sim.drafters.registry import bind_engine_context as bind_drafter_
 from agentspec_sim.drafters.registry import drafter_class, parse_drafter, unique_labels
 from agentspec_sim.engine import scheduler
 from agentspec_sim.engine.config import EngineConfig, resolve
+from agentspec_sim.engine.data_parallel import DataParallelSimulator
 from agentspec_sim.engine.drafting import SpecConfigError, SpeculativeConfig
 from agentspec_sim.engine.footprint import check_run_memory
 from agentspec_sim.engine.result import RunResult
@@ -41,6 +42,11 @@ def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str,
     limits = resolve(config)
     check_run_memory(workload, spec, config, limits)  # before anything of the run is allocated
     cost_model = cost_model if cost_model is not None else cost_model_for(config)
+    if config.data_parallel_size > 1:
+        from agentspec_sim.cost import load_model
+
+        return DataParallelSimulator(workload, spec, config, limits, cost_model, progress,
+                                     moe=load_model(config.model).is_moe).run()
     return Simulator(workload, spec, config, limits, cost_model, progress).run()
 
 

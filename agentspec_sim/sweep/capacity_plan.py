@@ -4,7 +4,7 @@ a target rate needs and what a million output tokens cost there.
 
 Rules (docs/sweep-and-plan.md, "Capacity"):
 - Seeds: a configuration's capacity is its least over seeds (the SLO must hold for every seed).
-- Per drafter configuration: the max_num_seqs of highest capacity per GPU (capacity ÷ tensor_parallel_size),
+- Per drafter configuration: the max_num_seqs of highest capacity per GPU (capacity ÷ the layout's GPUs),
   or the smallest one within the search's tolerance of it (a larger batch buys nothing the search can tell
   apart, and costs KV memory and latency). Unbounded (meets the SLO with every query at once) ranks above
   any finite rate, then by output tok/s.
@@ -12,7 +12,7 @@ Rules (docs/sweep-and-plan.md, "Capacity"):
   runner-up and the margin, and says when the margin is within the simulator's stated error: the step-cost
   model's held-out error against measured kernels for the pair (`cost_model_error`: its bundled calibration's
   median, else 5 %) or the search's own tolerance, whichever is larger.
-- Replicas for `target_rate`: ⌈target ÷ capacity⌉ model replicas of tensor_parallel_size GPUs each.
+- Replicas for `target_rate`: ⌈target ÷ capacity⌉ deployments of the layout's GPUs each.
 - Cost per million output tokens at capacity: GPUs × $/GPU-hour ÷ (output tok/s × 3600) × 10⁶, prices from
   the bundled table (its source in the file) or a file of the same shape.
 """
@@ -51,7 +51,8 @@ def cost_model_error(hardware: str, model: str) -> tuple[float, str]:
     return COST_MODEL_ERROR, "assumed: no bundled measured-kernel calibration for this pair"
 
 
-_GROUP = ("trace", "hardware", "model", "tensor_parallel_size", "expert_parallel")  # a plan per layout (plan.py)
+# A plan per layout (plan.py).
+_GROUP = ("trace", "hardware", "model", "tensor_parallel_size", "expert_parallel", "data_parallel_size")
 CAPACITY_COLUMNS = ("drafter", "speculative_config", "max_num_seqs", "capacity_rate", "capacity_unbounded",
                     "capacity_output_tok_s", "capacity_stopped", "capacity_search", "engine_config")
 
@@ -196,7 +197,7 @@ def _choices(group: pl.DataFrame) -> list[CapacityChoice]:
         worst = min(rows, key=lambda r: (math.inf if r["capacity_unbounded"] else (r["capacity_rate"] or 0.0),
                                          r["capacity_output_tok_s"] or 0.0))
         engine = json.loads(worst["engine_config"]) if worst.get("engine_config") else {}
-        gpus = int(engine.get("tensor_parallel_size", 1))
+        gpus = int(engine.get("tensor_parallel_size") or 1) * int(engine.get("data_parallel_size") or 1)
         rate = None if worst["capacity_unbounded"] else float(worst["capacity_rate"] or 0.0)
         out.append(CapacityChoice(
             drafter=worst["drafter"], speculative_config=json.loads(worst["speculative_config"]),

@@ -269,7 +269,7 @@ def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: S
     cells = []
     for hw, model in itertools.product(hardware, models):
         if layouts is None:
-            pair_layouts = [Layout(base.tensor_parallel_size, base.enable_expert_parallel)]
+            pair_layouts = [Layout(base.tensor_parallel_size, base.enable_expert_parallel, base.data_parallel_size)]
         else:
             pair_layouts = layouts.layouts(hw, model, base.max_model_len, base.gpu_memory_utilization)
             if not pair_layouts:
@@ -280,7 +280,8 @@ def expand_cells(trace: str, specs: Sequence[SpeculativeConfig], max_num_seqs: S
         for layout, b, seed in itertools.product(pair_layouts, max_num_seqs, seeds):
             config = replace(base, hardware=hw, model=model, max_num_seqs=b, seed=seed,
                              tensor_parallel_size=layout.tensor_parallel_size,
-                             enable_expert_parallel=layout.expert_parallel)
+                             enable_expert_parallel=layout.expert_parallel,
+                             data_parallel_size=layout.data_parallel_size)
             cells.extend(Cell(trace, spec, config, search) for spec in specs)
     return cells
 

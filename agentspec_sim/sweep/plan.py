@@ -36,7 +36,7 @@ from agentspec_sim.sweep.cells import SweepError
 
 # A plan per (trace, hardware, model, parallel layout): a sweep that crossed layouts plans each on its own
 # (`with_layout` derives the layout columns from each row's engine settings), and `layout_summary` ranks them.
-_GROUP = ("trace", "hardware", "model", "tensor_parallel_size", "expert_parallel")
+_GROUP = ("trace", "hardware", "model", "tensor_parallel_size", "expert_parallel", "data_parallel_size")
 # How the simulator's methods are deployed in vLLM 0.33 (docs/vllm-engine-facts.md): both n-gram rules
 # are `method: ngram`; the V1 rule needs the V1 model runner, V2 is the default. The AgentSpec family
 # and AgSpec are research drafters vLLM does not ship.
@@ -178,24 +178,25 @@ def plan(results: pl.DataFrame, slo: SLO | None = None) -> list[Plan]:
 
 
 def with_layout(results: pl.DataFrame) -> pl.DataFrame:
-    """The results with each row's parallel layout as columns `tensor_parallel_size` and `expert_parallel`
-    (from its engine settings; one GPU for files that predate them)."""
+    """The results with each row's parallel layout as columns `tensor_parallel_size`, `expert_parallel` and
+    `data_parallel_size` (from its engine settings; one GPU for files that predate them)."""
     from agentspec_sim.cost.layout import Layout
     from agentspec_sim.sweep.results import ENGINE_CONFIG
 
-    if "tensor_parallel_size" in results.columns and "expert_parallel" in results.columns:
+    if all(c in results.columns for c in ("tensor_parallel_size", "expert_parallel", "data_parallel_size")):
         return results
     texts = results[ENGINE_CONFIG].to_list() if ENGINE_CONFIG in results.columns else [None] * results.height
     layouts = [Layout.of(json.loads(text) if text else None) for text in texts]
     return results.with_columns(
         pl.Series("tensor_parallel_size", [x.tensor_parallel_size for x in layouts], dtype=pl.Int64),
-        pl.Series("expert_parallel", [x.expert_parallel for x in layouts], dtype=pl.Boolean))
+        pl.Series("expert_parallel", [x.expert_parallel for x in layouts], dtype=pl.Boolean),
+        pl.Series("data_parallel_size", [x.data_parallel_size for x in layouts], dtype=pl.Int64))
 
 
 def _engine_settings(results: pl.DataFrame) -> dict[tuple, dict[str, Any]]:
-    """(trace, hardware, model, tensor_parallel_size, expert_parallel) → the engine settings its cells share (the
-    `engine_config` column). Cells of one group run with different settings would be averaged into one answer:
-    refused."""
+    """(trace, hardware, model, tensor_parallel_size, expert_parallel, data_parallel_size) → the engine settings
+    its cells share (the `engine_config` column). Cells of one group run with different settings would be
+    averaged into one answer: refused."""
     from agentspec_sim.sweep.results import ENGINE_CONFIG
 
     if ENGINE_CONFIG not in results.columns:
@@ -219,7 +220,7 @@ def _per_gpu_row(p) -> dict[str, Any]:
 
     layout = Layout.of(p.engine)
     best = p.best
-    gpus = layout.tensor_parallel_size
+    gpus = layout.gpus
     tokens = None
     if best is None:
         per_gpu = None
@@ -279,6 +280,8 @@ def vllm_engine_args(engine: dict[str, Any]) -> list[str]:
         args += ["--gpu-memory-utilization", f"{utilisation:g}"]
     if engine.get("tensor_parallel_size", 1) != 1:
         args += ["--tensor-parallel-size", str(engine["tensor_parallel_size"])]
+    if (engine.get("data_parallel_size") or 1) != 1:
+        args += ["--data-parallel-size", str(engine["data_parallel_size"])]
     if engine.get("enable_expert_parallel"):
         args.append("--enable-expert-parallel")
     if engine.get("block_size", 16) != 16:  # vLLM's block size on CUDA

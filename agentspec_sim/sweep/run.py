@@ -95,7 +95,7 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) ->
     cost = cost_model_for(config)
     cap = find_capacity(workload, cell.spec, config, search, cost)
     row = cell.key_columns()
-    gpus = config.tensor_parallel_size
+    gpus = config.tensor_parallel_size * config.data_parallel_size
     finite = None if cap.unbounded else cap.rate
     row.update({"capacity_rate": finite, "capacity_unbounded": cap.unbounded,
                 "capacity_per_gpu": None if finite is None else finite / gpus,

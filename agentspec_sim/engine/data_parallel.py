@@ -1,0 +1,276 @@
+"""Data parallelism: `--data-parallel-size D` as vLLM 0.33 serves it — D engines ("ranks"), each a whole
+engine (`Simulator`: its own scheduler, KV cache, prefix cache and drafter, max_num_seqs and
+max_num_batched_tokens each) on tensor_parallel_size GPUs, one event loop for all.
+
+Routing (`DPLBAsyncMPClient.get_core_engine_for_request`, one API server): each call goes, when it arrives,
+to the rank with the lowest score max(in-flight calls, waiting + running) + waiting × 6 × max(0, KV usage −
+0.5) — the in-flight count is the front end's own (exact), the queue lengths and KV usage the ranks' current
+ones (vLLM's coordinator publishes them at most every 100 ms: this model reads them fresh) — scanning from a
+start index that moves on by one per call, so ties go round-robin. The calls of one agent query are routed
+one by one, so a query's next call may land on a rank without its prefix cached. Prompts of ≥ max_model_len
+tokens are refused before routing, as vLLM's input processor does.
+
+Stepping. A dense model's ranks are independent engines (vLLM: "Non-MoE DP ranks are completely
+independent"): each steps on its own clock. A MoE model's ranks run `DPEngineCoreProc`: every MoE layer
+gathers the tokens of all ranks to the expert GPUs, so the ranks step in lockstep — a rank with nothing to
+run executes a dummy batch — and a step ends when the slowest rank's does. Here a lockstep step schedules
+each rank that has work, prices each rank's batch with the routed experts seeing the tokens of all ranks
+(`BatchShape.moe_tokens`), and ends all of them at the latest end (a rank's logged forward time includes its
+wait at the collectives). The dummy batches of idle ranks take no time of their own (they finish inside the
+busy ranks' step); the finish-sync all-reduce every 16 steps (`dp_sync_interval`) is not modelled.
+
+The result is one `RunResult` for the deployment: each call's row from the rank that ran it (column
+`dp_rank`), each query's from the rank of its last call, the engine steps of all ranks (column `dp_rank`; a
+rank's steps in order, `step` numbered per rank)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time as wallclock
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import polars as pl
+
+from agentspec_sim.cost.base import StepCostModel
+from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
+from agentspec_sim.engine.drafting import SpeculativeConfig
+from agentspec_sim.engine.invariants import (
+    check_causality,
+    check_clock,
+    check_completion,
+    check_work_conservation,
+    first_scheduled,
+)
+from agentspec_sim.engine.request import S_FINISHED
+from agentspec_sim.engine.result import RunResult
+from agentspec_sim.engine.scheduler import SimulationError
+from agentspec_sim.engine.simulator import ARRIVE, DONE, STEP, Simulator
+from agentspec_sim.trace.schema import Workload
+
+# vLLM's routing penalty on waiting requests under KV pressure (`get_core_engine_for_request`).
+KV_PRESSURE_WEIGHT = 6.0
+KV_PRESSURE_FROM = 0.5
+
+
+class DataParallelSimulator:
+    """`data_parallel_size` ranks of `Simulator` behind vLLM's load balancer, on one clock."""
+
+    def __init__(self, workload: Workload, spec: SpeculativeConfig, config: EngineConfig, limits: ResolvedLimits,
+                 cost: StepCostModel, progress: Callable[[int, int], None] | None = None, *, moe: bool,
+                 fast_path: bool = True) -> None:
+        self.config, self.limits, self.cost, self.progress = config, limits, cost, progress
+        self.lockstep = moe  # DPEngineCoreProc: MoE ranks step together
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.step_pending = False  # a lockstep step is queued
+        self.in_step = False  # a lockstep step is running
+        self.done_calls = 0
+        self.ranks: list[Simulator] = []
+        for rank in range(config.data_parallel_size):
+            self.ranks.append(Simulator(workload, spec, config, limits, cost, None, fast_path=fast_path, front=self,
+                                        rank=rank))
+        self.total_calls = len(self.ranks[0].states)
+        self.in_flight = [0] * len(self.ranks)
+        self.start_index = 0
+        self.rank_of_call = np.full(self.total_calls, -1, dtype=np.int64)
+        if progress is not None:
+            progress(0, self.total_calls)
+
+    # -- what the ranks report -----------------------------------------------------------------------
+    def wake(self, t: float) -> None:
+        """A rank has work (lockstep): a step of all ranks at `t`, unless one is queued or running (the rank
+        then joins the next, as an idle rank running dummy batches does)."""
+        if not (self.step_pending or self.in_step):
+            self.step_pending = True
+            heapq.heappush(self.heap, (t, next(self.seq), STEP, None))
+
+    def call_finished(self, rank: int) -> None:
+        self.in_flight[rank] -= 1
+
+    def count_done(self, n: int) -> None:
+        self.done_calls += n
+        if self.progress is not None:
+            self.progress(self.done_calls, self.total_calls)
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        started = wallclock.perf_counter()
+        ranks = self.ranks
+        while self.heap:
+            t, _, kind, payload = heapq.heappop(self.heap)
+            self.now = t
+            if kind == ARRIVE:
+                self._arrive(payload)
+            elif self.lockstep:
+                self._step_all() if kind == STEP else self._done_all(payload)
+            else:
+                which, r = (kind - 1) % 2, (kind - 1) // 2
+                rank = ranks[r]
+                rank.now = t
+                rank._on_done(payload) if which else rank._on_step(payload)
+        for rank in ranks:
+            if rank.scheduler.has_work():
+                raise SimulationError(f"the event queue ran dry with calls still waiting or running on data-parallel "
+                                      f"rank {rank.rank}")
+            if rank.fast is not None:
+                rank.fast.finish_run()
+        result = self._result(wallclock.perf_counter() - started)
+        if self.config.check_invariants:
+            self._check_run(result)
+        return result
+
+    def _arrive(self, payload) -> None:
+        """A call reaches the front end: refused there if its prompt is too long, else routed."""
+        query, k = payload
+        q = query.index
+        state = self.ranks[0].queries[q].calls[k]
+        if state.prompt_len >= self.limits.max_model_len:
+            target = self.ranks[0]
+        else:
+            target = self.ranks[self._route()]
+            self.in_flight[target.rank] += 1
+        query_there = target.queries[q]
+        # Refused: its query's later calls are skipped on the same rank (their rows come from it).
+        calls = query_there.calls[k:] if target is self.ranks[0] and state.prompt_len >= self.limits.max_model_len \
+            else query_there.calls[k:k + 1]
+        self.rank_of_call[[c.index for c in calls]] = target.rank
+        target.now = self.now
+        target._on_arrive((query_there, k))
+
+    def _route(self) -> int:
+        """vLLM's choice of engine for a request (module docstring)."""
+        n = len(self.ranks)
+        best, best_score = 0, float("inf")
+        for i in range(n):
+            r = (self.start_index + i) % n
+            sched = self.ranks[r].scheduler
+            waiting = sched.num_waiting
+            score = float(max(self.in_flight[r], waiting + sched.num_running))
+            if waiting:
+                pool = self.ranks[r].kv.pool
+                usage = 1.0 - pool.num_free / pool.usable
+                score += waiting * KV_PRESSURE_WEIGHT * max(0.0, usage - KV_PRESSURE_FROM)
+            if score < best_score:
+                best, best_score = r, score
+        self.start_index = (self.start_index + 1) % n
+        return best
+
+    def _step_all(self) -> None:
+        """One lockstep step: every rank with work runs one step; all end when the slowest does."""
+        self.step_pending = False
+        stepped = []
+        for rank in self.ranks:
+            if rank.step_pending:
+                rank.now = self.now
+                if rank._schedule_run(1, False):
+                    stepped.append(rank)
+        if not stepped:
+            return
+        tokens = sum(int(rank.log.buf.steps.scheduled_tokens[rank.step_count]) for rank in stepped)
+        end = self.now
+        for rank in stepped:
+            k = rank.step_count
+            end = max(end, rank.pricer.price(rank.log, k, k + 1, self.now, rank.pending_draft_s, moe_tokens=tokens))
+        for rank in stepped:
+            col = rank.log.buf.steps
+            col.forward_s[rank.step_count] = end - self.now - col.draft_s[rank.step_count]
+            rank.pending_draft_s = 0.0
+        self.in_step = True
+        heapq.heappush(self.heap, (end, next(self.seq), DONE, stepped))
+
+    def _done_all(self, stepped: list[Simulator]) -> None:
+        self.in_step = False
+        for rank in stepped:
+            rank.now = self.now
+            rank._on_done((rank.step_count, rank.step_count + 1))
+
+    # -- result ----------------------------------------------------------------------------------------
+    def _result(self, wall_s: float) -> RunResult:
+        results = [rank._result(wall_s) for rank in self.ranks]
+        first = results[0]
+        n = self.total_calls
+        owner = np.where(self.rank_of_call >= 0, self.rank_of_call, 0)
+        calls = pl.concat([r.calls.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank"))
+                           for i, r in enumerate(results)])
+        calls = calls[(owner * n + np.arange(n)).tolist()]
+        ranks0 = self.ranks[0]
+        last_call = np.array([q.calls[-1].index for q in ranks0.queries], dtype=np.int64)
+        q_owner = owner[last_call] if last_call.shape[0] else last_call
+        nq = len(ranks0.queries)
+        queries = pl.concat([r.queries for r in results])[(q_owner * nq + np.arange(nq)).tolist()]
+        # A query's calls ran on several ranks: its output tokens are those of all of them.
+        emitted = calls["output_len"].to_numpy()
+        queries = queries.with_columns(pl.Series("output_tokens", [int(emitted[[c.index for c in q.calls]].sum())
+                                                                   for q in ranks0.queries], dtype=pl.Int64))
+        engine = pl.concat([r.engine_steps.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank"))
+                            for i, r in enumerate(results)])
+        preemptions = pl.concat([r.preemptions.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank"))
+                                 for i, r in enumerate(results)])
+        extra: dict = {"data_parallel_size": len(self.ranks),
+                       "calls_per_rank": np.bincount(owner, minlength=len(self.ranks)).tolist()}
+        evicted = sum(r.extra.get("history_evictions", 0) for r in results)
+        if evicted:
+            extra["history_evictions"] = evicted
+        return RunResult(first.config, first.limits, first.spec, first.drafter, engine, calls, queries,
+                         num_preemptions=sum(r.num_preemptions for r in results), wall_s=wall_s,
+                         preemptions=preemptions, extra=extra,
+                         steps_source=partial(_steps_of_ranks, results))
+
+    def _check_run(self, result: RunResult) -> None:
+        """The whole-run invariants (engine/invariants.py): CLOCK and WORK per rank, CAUSALITY and DONE over the
+        calls as routed."""
+        scheduled = np.full(self.total_calls, np.nan)
+        for rank in self.ranks:
+            log = rank.log
+            steps = log.buf.steps.head(log.num_steps)
+            duration = steps.forward_s + steps.draft_s
+            check_clock(steps.time_s, duration)
+            check_work_conservation(steps.time_s, duration, steps.waiting)
+            rows = log.buf.rows[:log.num_rows]
+            row_steps = np.repeat(np.arange(log.num_steps), steps.batch_size)
+            mine = self.rank_of_call == rank.rank
+            at = first_scheduled(np.ascontiguousarray(rows["call"]), row_steps, steps.time_s, self.total_calls)
+            scheduled[mine] = at[mine]
+        calls = result.calls
+        ids = calls["call_id"].to_list()
+        predecessor = np.full(self.total_calls, -1, dtype=np.int64)
+        for query in self.ranks[0].queries:
+            order = [s.index for s in query.calls]
+            predecessor[order[1:]] = order[:-1]
+        status = np.array([_STATUS[s] for s in calls["status"].to_list()], dtype=np.int8)
+        arrival, first, finish = (calls[c].fill_null(np.nan).to_numpy() for c in ("arrival_s", "first_token_s",
+                                                                                  "finish_s"))
+        check_causality(ids, arrival, scheduled, first, finish, status, predecessor)
+        owner = np.where(self.rank_of_call >= 0, self.rank_of_call, 0)
+        target = np.empty(self.total_calls, dtype=np.int64)
+        for rank in self.ranks:
+            mine = owner == rank.rank
+            target[mine] = rank.table.cols["target_len"][:self.total_calls][mine]
+        check_completion(ids, status, calls["output_len"].to_numpy(), target, arrival, first, finish)
+
+
+def _steps_of_ranks(results: list[RunResult]) -> pl.DataFrame:
+    return pl.concat([r.steps.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank"))
+                      for i, r in enumerate(results)])
+
+
+def _status_codes() -> dict[str, int]:
+    from agentspec_sim.engine.request import (
+        FINISHED,
+        REFUSED,
+        RUNNING,
+        S_REFUSED,
+        S_RUNNING,
+        S_SKIPPED,
+        S_WAITING,
+        SKIPPED,
+        WAITING,
+    )
+    return {WAITING: S_WAITING, RUNNING: S_RUNNING, FINISHED: S_FINISHED, REFUSED: S_REFUSED, SKIPPED: S_SKIPPED}
+
+
+_STATUS = _status_codes()
