@@ -105,20 +105,22 @@ def layout_choice(text: str, expert_parallel: bool, data_parallel: str = "1"):
     except SweepError as exc:
         raise UsageError(f"{exc} (sizes like 1,2,4,8, or auto)") from None
     try:
-        dp_sizes = tuple(parse_int_list(str(data_parallel), "--data-parallel-size"))
+        dp_sizes = None if str(data_parallel).strip().lower() == "auto" else tuple(
+            parse_int_list(str(data_parallel), "--data-parallel-size"))
     except SweepError as exc:
-        raise UsageError(f"{exc} (sizes like 1,2,8)") from None
-    if sizes is not None and len(sizes) == 1 and len(dp_sizes) == 1:
+        raise UsageError(f"{exc} (sizes like 1,2,8, or auto)") from None
+    if sizes is not None and len(sizes) == 1 and dp_sizes is not None and len(dp_sizes) == 1:
         return sizes[0], dp_sizes[0], None
     search = LayoutSearch(sizes, True if expert_parallel else (None if sizes is None else False), dp_sizes)
-    return (sizes[0] if sizes else 1), dp_sizes[0], search
+    return (sizes[0] if sizes else 1), (dp_sizes[0] if dp_sizes else 1), search
 
 
 def data_parallel_size_option():
     return typer.Option("1", "--data-parallel-size", help="Data-parallel ranks (vLLM's --data-parallel-size): that "
                         "many engines of --tensor-parallel-size GPUs each behind vLLM's load balancer, a MoE model's "
                         "experts sharded over all of them (attention data parallelism); comma-separated sizes are "
-                        "each their own layout.")
+                        "each their own layout; auto: for a MoE model every size of 1, 2, 4, 8 that keeps tensor × "
+                        "data parallel GPUs within one node of 8 and fits.")
 
 
 def data_parallel_ranks_option():

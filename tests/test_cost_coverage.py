@@ -97,15 +97,21 @@ def test_large_model_fits_are_bundled_with_their_held_out_error(hw, model, layou
     record = json.loads(bundled_path(hw, model, CALIBRATIONS_DIR, layout).read_text(encoding="utf-8"))
     prov = record["provenance"]
     assert (record["hardware"], record["model"]) == (hw, model)
-    assert (prov["tensor_parallel_size"], prov["expert_parallel"]) == (layout.tensor_parallel_size,
-                                                                        layout.expert_parallel)
+    assert (prov["tensor_parallel_size"], prov["expert_parallel"], prov.get("data_parallel_size", 1)) == (
+        layout.tensor_parallel_size, layout.expert_parallel, layout.data_parallel_size)
     held = record["fit"]["held_out_after"]
     assert held["count"] >= 50 and held["median_abs_error"] < record["fit"]["held_out_before"]["median_abs_error"]
     if (hw, model, layout.tag) in MEETS_TARGET:
         assert held["median_abs_error"] <= 0.05 and held["max_abs_error"] <= 0.15
+    elif layout.data_parallel_size > 1:
+        # MLA at one GPU per rank: AIC prices a verify step's attention as a one-token decode (its generation
+        # attention has no query-length axis), so with 128 heads the k draft tokens' compute, which the roofline
+        # counts, is missing from AIC's price (docs/cost-model.md's coverage table).
+        assert held["median_abs_error"] <= 0.10 and held["max_abs_error"] <= 0.90
     else:  # docs/cost-model.md's coverage table: what is left and why (MoE kernels' token curve, MLA)
         assert held["median_abs_error"] <= 0.10 and held["max_abs_error"] <= 0.32
-    cost = build_cost_model(hw, model, layout.tensor_parallel_size, expert_parallel=layout.expert_parallel)
+    cost = build_cost_model(hw, model, layout.tensor_parallel_size, expert_parallel=layout.expert_parallel,
+                            data_parallel_size=layout.data_parallel_size)
     assert cost.calibration.source == record["source"]
 
 

@@ -58,7 +58,7 @@ def test_a_moe_rank_holds_its_share_of_the_experts_and_the_rest_whole():
     # less than tp 8, which splits everything.
     assert kv_capacity_tokens(hw, moe, tp=1) == 0
     dp8 = kv_capacity_tokens(hw, moe, tp=1, data_parallel_size=8)
-    assert 0 < dp8
+    assert dp8 > 0
     assert kv_capacity_tokens(hw, dense, tp=1, data_parallel_size=4) == kv_capacity_tokens(hw, dense, tp=1)
 
 
@@ -135,7 +135,8 @@ def test_two_ranks_serve_a_burst_sooner_than_one():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentspec_sim.cli", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "agentspec_sim.cli", *args], capture_output=True, text=True,
+                          timeout=600)
 
 
 def test_cost_prices_a_data_parallel_rank_from_the_cli(tmp_path):

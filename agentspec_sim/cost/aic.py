@@ -98,6 +98,9 @@ BUNDLED_LAYOUTS = {
     "qwen3-235b-a22b": Layout(8, True),
     "deepseek-v3": Layout(8, True),
 }
+# Attention data parallelism, as vLLM recommends serving an MLA model (its latent KV is replicated by tensor
+# parallelism, split by data parallelism): one GPU per rank, experts over all eight.
+DATA_PARALLEL_LAYOUTS = {"deepseek-v3": Layout(1, True, 8)}
 
 
 def covered_pairs() -> list[tuple[str, str]]:
@@ -120,6 +123,8 @@ def bundled_fits() -> list[tuple[str, str, Layout]]:
             layout = BUNDLED_LAYOUTS.get(m, SINGLE_GPU)
             if _fits(hw, m, layout):  # DeepSeek-V3's 671 GB do not fit 8× H100-80G: vLLM serves it on 2 nodes
                 fits.append((hw, m, layout))
+            if m in DATA_PARALLEL_LAYOUTS and _fits(hw, m, DATA_PARALLEL_LAYOUTS[m]):
+                fits.append((hw, m, DATA_PARALLEL_LAYOUTS[m]))
     return fits
 
 

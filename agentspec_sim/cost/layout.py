@@ -20,6 +20,7 @@ from agentspec_sim.cost.profiles import VLLM_GPU_MEMORY_UTILIZATION, kv_capacity
 # Tensor-parallel sizes a layout search tries: one node's NVLink domain (8 GPUs on HGX boards; an NVL72
 # rack reaches further, which these sizes leave to an explicit --tensor-parallel-size).
 TP_SIZES = (1, 2, 4, 8)
+NODE_GPUS = 8  # a searched data-parallel layout stays within one node (tp × dp ≤ 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +74,20 @@ SINGLE_GPU = Layout()
 class LayoutSearch:
     """The layouts a sweep or plan crosses with its cells: tensor-parallel `sizes` (None: every size of
     `TP_SIZES` that fits), `expert_parallel` (None: a MoE model on several GPUs both with and without expert
-    parallelism), `data_parallel_sizes` (data-parallel ranks; each crossed with each tensor-parallel size)."""
+    parallelism), `data_parallel_sizes` (data-parallel ranks, each crossed with each tensor-parallel size;
+    None: for a MoE model every size of `TP_SIZES` that keeps tp × dp within one node's `NODE_GPUS` and fits,
+    for a dense model 1 — its ranks are replicas, with one replica's load per GPU)."""
 
     sizes: tuple[int, ...] | None = None
     expert_parallel: bool | None = None
-    data_parallel_sizes: tuple[int, ...] = (1,)
+    data_parallel_sizes: tuple[int, ...] | None = (1,)
 
     @property
     def most(self) -> int:
         """The most layouts one (hardware, model) pair can get (for the sweep's size check)."""
         sizes = len(self.sizes) if self.sizes is not None else len(TP_SIZES)
-        return sizes * len(self.data_parallel_sizes) * (2 if self.expert_parallel is None else 1)
+        ranks = len(self.data_parallel_sizes) if self.data_parallel_sizes is not None else len(TP_SIZES)
+        return sizes * ranks * (2 if self.expert_parallel is None else 1)
 
     def layouts(self, hardware: str, model: str, max_model_len: int | None = None,
                 gpu_memory_utilization: float | None = None) -> list[Layout]:
@@ -92,12 +96,15 @@ class LayoutSearch:
         hw, m = load_hardware(hardware), load_model(model)
         context = max_model_len or m.default_max_model_len
         utilisation = gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
+        searched = self.data_parallel_sizes is None
+        ranks = self.data_parallel_sizes if not searched else (TP_SIZES if m.is_moe else (1,))
         out = []
-        for dp in self.data_parallel_sizes:
+        for dp in ranks:
             for tp in self.sizes if self.sizes is not None else TP_SIZES:
-                if m.num_attention_heads % tp:
+                if m.num_attention_heads % tp or (searched and dp > 1 and tp * dp > NODE_GPUS):
                     continue
-                if self.sizes is None and kv_capacity_tokens(hw, m, utilisation, tp, data_parallel_size=dp) < context:
+                if ((self.sizes is None or (searched and dp > 1))
+                        and kv_capacity_tokens(hw, m, utilisation, tp, data_parallel_size=dp) < context):
                     continue
                 ep_choices: Sequence[bool] = ((False, True) if self.expert_parallel is None
                                               else (self.expert_parallel,))
