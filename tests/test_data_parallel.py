@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,7 @@ def test_every_call_runs_once_on_one_rank_with_the_invariants_on(moe, drafter):
     assert result.extra["calls_per_rank"] == [calls.filter(pl.col("dp_rank") == r).height for r in (0, 1)]
     queries = result.queries
     assert queries["completed"].all()
+    assert queries["latency_s"].null_count() == 0 and (queries["latency_s"] > 0).all()
     assert queries["output_tokens"].sum() == calls["output_len"].sum()
     steps = result.engine_steps
     assert set(steps["dp_rank"].unique().to_list()) == {0, 1}
@@ -118,6 +120,24 @@ def test_moe_ranks_step_in_lockstep_and_dense_ranks_do_not():
     free = _run(2, False).engine_steps
     starts = set(free.filter(pl.col("dp_rank") == 0)["time_s"].to_list())
     assert not starts >= set(free.filter(pl.col("dp_rank") == 1)["time_s"].to_list())
+
+
+def test_a_query_keeps_its_send_time_on_every_rank_and_protocols_gate_all_ranks():
+    # Calls recorded at 10, 15, 20 s, the query sent at 0: wherever a call runs, it arrives at its recorded time
+    # shifted by the query's send offset (−10 s), as on one engine.
+    rng = np.random.default_rng(0)
+    calls = agent_query(rng, "q0", 3)
+    calls = [replace(c, arrival_s=10.0 + 5.0 * k) for k, c in enumerate(calls)]
+    one = simulate(workload(calls), "normal", config(arrival="zero"), cost_model=ConstantCost())
+    two = simulate(workload(calls), "normal", config(arrival="zero", data_parallel_size=2), cost_model=ConstantCost())
+    assert one.calls["arrival_s"].to_list() == [0.0, 5.0, 10.0]
+    assert two.calls["arrival_s"].to_list() == one.calls["arrival_s"].to_list()
+    assert two.calls["dp_rank"].n_unique() == 2  # its calls ran on both ranks
+    # max concurrency 1: one query at a time over both ranks.
+    gated = simulate(_agents(queries=4), "normal", config(data_parallel_size=2, arrival="zero", max_concurrency=1),
+                     cost_model=ConstantCost())
+    q = gated.queries.sort("arrival_s")
+    assert (q["arrival_s"][1:].to_numpy() >= q["finish_s"][:-1].to_numpy() - 1e-12).all()
 
 
 def test_data_parallel_runs_are_deterministic():

@@ -73,6 +73,9 @@ class DataParallelSimulator:
         for rank in range(config.data_parallel_size):
             self.ranks.append(Simulator(workload, spec, config, limits, cost, None, fast_path=fast_path, front=self,
                                         rank=rank))
+        # Rank 0 sends the queries (and holds a gated protocol's slots); each send stamps every rank's copy of
+        # the query, whose later calls may run anywhere.
+        self.ranks[0]._place_arrivals()
         self.total_calls = len(self.ranks[0].states)
         self.in_flight = [0] * len(self.ranks)
         self.start_index = 0

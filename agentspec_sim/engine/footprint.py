@@ -123,11 +123,14 @@ def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: Engine
     tenants = config.tenants
     # Steps: the log's rows over the calls that run at once (at most max_num_seqs, at most every query).
     batch = max(1, min(seqs, stats["queries"] * tenants))
-    per_tenant = (stats["calls"] * (CALL.itemsize + CALL_OBJECT_BYTES)
+    # Data-parallel ranks: each a whole engine with its own copy of the call table, KV cache and drafter (sized by
+    # the workload, drafting live: engine/data_parallel.py); the steps are split between them.
+    ranks = config.data_parallel_size
+    per_tenant = (ranks * stats["calls"] * (CALL.itemsize + CALL_OBJECT_BYTES)
                   + stats["rows"] * (LOG_ROW.itemsize + STEP_BYTES / batch)
-                  + stats["hash_slots"] * HASH_SLOT_BYTES)
+                  + ranks * stats["hash_slots"] * HASH_SLOT_BYTES)
     table, live = (spec.drafter_class or BaseDrafter).bytes_per_token
-    drafter = stats["arena"] * (table if tenants == 1 else live * tenants)
+    drafter = stats["arena"] * (table if tenants == 1 and ranks == 1 else live * tenants * ranks)
     blocks_per_call = cdiv(max_len, bs) + 1
     slot_table = seqs * 4.0 * blocks_per_call + 8.0 * blocks_per_call
     context_blamed = config.max_model_len is not None and (
@@ -137,12 +140,12 @@ def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: Engine
     def add(knob: str | None, n: float) -> None:
         terms[knob] = terms.get(knob, 0.0) + n
 
-    add(None, 4.0 * stats["copied"])
+    add(None, 4.0 * stats["copied"] * ranks)
     add(_tenant_knob(config) if tenants > 1 else None, per_tenant * tenants + drafter)
-    add("num_kv_blocks", limits.num_kv_blocks * KV_BLOCK_BYTES)
-    add("max_model_len" if context_blamed else "max_num_seqs", slot_table)
-    add("max_num_seqs", seqs * SLOT_FIXED_BYTES)
-    add("num_speculative_tokens", seqs * _longest_draft(spec) * DRAFT_TOKEN_BYTES)
+    add("num_kv_blocks", limits.num_kv_blocks * KV_BLOCK_BYTES * ranks)
+    add("max_model_len" if context_blamed else "max_num_seqs", slot_table * ranks)
+    add("max_num_seqs", seqs * SLOT_FIXED_BYTES * ranks)
+    add("num_speculative_tokens", seqs * _longest_draft(spec) * DRAFT_TOKEN_BYTES * ranks)
     return terms
 
 

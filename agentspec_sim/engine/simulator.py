@@ -255,13 +255,15 @@ class Simulator:
         self.layout = layout
         # One call-step per output token at most, plus the prefill chunks: room for all of it up front.
         rows = int((cols["target_len"] + cols["prompt_len"] // self.limits.max_num_batched_tokens + 2).sum())
+        if self.front is not None:  # a data-parallel rank runs its share of the calls (the log grows if need be)
+            rows = rows // self.config.data_parallel_size + 1024
         self.log = StepLogBuilder(rows, rows // min(self.limits.max_num_seqs, 8) + 1024, 4 * len(layout.calls) + 1024)
         self.kv = KVCacheManager(self.limits.num_kv_blocks, bs, max_len, cfg.enable_prefix_caching, table)
         self.scheduler = Scheduler(self.kv, self.limits.max_num_seqs, self.limits.max_num_batched_tokens, max_len)
         if self.per_step:
             # The suffix proposer walks vLLM's persistent batch row by row (`_per_step_drafts`).
             self.scheduler.track_batch_rows()
-        if self.rank == 0:  # with data parallelism rank 0 places the queries for all (they are routed at arrival)
+        if self.front is None:  # with data parallelism the front has rank 0 place them once every rank exists
             self._place_arrivals()
 
     def _place_arrivals(self) -> None:
