@@ -1,9 +1,11 @@
 """The simulator's speed, in one script: prints tables and writes benchmarks/results.json.
 
-Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic,cold,proxy,capacity] [--trace PATH]… [--queries N]
+Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic,cold,proxy,capacity,parallel]
+                                [--trace PATH]… [--queries N]
                                 [--drafters normal,ngram,suffix,agentspec] [--seqs 1,32,256]
                                 [--scale reflexion:1M,3M,10M coding:1M] [--scale-drafter agentspec]
                                 [--sweep-jobs 1,2] [--sweep-repeats R] [--sweep-queries N]
+                                [--parallel-drafters normal,ngram,suffix,mtp] [--parallel-hardware b200]
                                 [--out benchmarks/results.json]
 
 Sections (each runs only when named; results.json keeps the sections not run this time, and the
@@ -40,6 +42,9 @@ engine and scale runs not repeated this time):
   but for the loaded trace: wall and CPU seconds, probes (one simulation each), CPU seconds per probe.
 - arctic: benchmarks/suffix_vs_arctic.py (suffix vs ArcticInference's C++ per call-step and per call
   start) when arctic-inference is installed; otherwise recorded as skipped.
+- parallel: DeepSeek-V3 on 8 GPUs (--parallel-hardware, default b200) at tp 8 + EP and at tp 1 × dp 8 + EP (eight
+  lockstep ranks, engine/data_parallel.py) with --parallel-drafters at max_num_seqs --parallel-seqs (per rank), the
+  default trace, every query at t = 0, one child each as for engine: wall, CPU, simulated tokens per CPU second.
 - proxy: benchmarks/proxy_bench.py, the recording proxy on loopback against the stub server, whole and
   streamed answers: requests per second through it (the proxy pinned to one core) and the latency it adds
   (p50 / p99, one request at a time, against the stub directly).
@@ -155,28 +160,34 @@ class TableClock:
         return timed
 
 
-def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, hardware: str) -> dict:
-    """One simulation in this process, with the drafter's hooks timed; returns its measurements."""
+def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, hardware: str, model: str = "qwen3-8b",
+            layout: tuple[int, int, bool] = (1, 1, False)) -> dict:
+    """One simulation in this process, with the drafter's hooks timed; returns its measurements. `layout`:
+    (tensor_parallel_size, data_parallel_size, enable_expert_parallel)."""
     from agentspec_sim import EngineConfig, simulate
     from agentspec_sim.cost import build_cost_model
     from agentspec_sim.drafters.registry import make_drafter, parse_drafter
     from agentspec_sim.metrics import summarize
 
     _, workload, load_s = _load(trace, queries)
-    cost = build_cost_model(hardware, "qwen3-8b")
+    tp, dp, ep = layout
+    cost = build_cost_model(hardware, model, tp, expert_parallel=ep, data_parallel_size=dp)
+    engine = {"hardware": hardware, "model": model, "tensor_parallel_size": tp, "data_parallel_size": dp,
+              "enable_expert_parallel": ep}
     tables = TableClock()
     # Warm-up: numba compilation and imports are not the engine's speed.
-    simulate(replace(workload, queries=workload.queries[:1]), drafter, EngineConfig(hardware=hardware), cost)
+    simulate(replace(workload, queries=workload.queries[:1]), drafter, EngineConfig(**engine), cost)
     tables.seconds = 0.0
     clock = DrafterClock(type(make_drafter(parse_drafter(drafter))))
-    config = EngineConfig(max_num_seqs=seqs, hardware=hardware, arrival="zero")
+    config = EngineConfig(max_num_seqs=seqs, arrival="zero", **engine)
     t0, c0 = time.perf_counter(), time.process_time()
     result = simulate(workload, drafter, config, cost)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = summarize(result)
     drafting = sum(clock.seconds.values())
     return {
-        "drafter": drafter, "max_num_seqs": seqs, "load_s": load_s, "wall_s": wall, "output_tokens": s.output_tokens,
+        "drafter": drafter, "max_num_seqs": seqs, "model": model, "tensor_parallel_size": tp, "data_parallel_size": dp,
+        "expert_parallel": ep, "load_s": load_s, "wall_s": wall, "output_tokens": s.output_tokens,
         "tokens_per_s": s.output_tokens / wall, "cpu_s": cpu, "tokens_per_cpu_s": s.output_tokens / cpu,
         "tables_cpu_s": tables.seconds, "tokens_per_cpu_s_cached": s.output_tokens / (cpu - tables.seconds),
         "engine_steps": s.steps,
@@ -504,8 +515,35 @@ def section_proxy(args, console) -> dict:
     return {"runs": runs}
 
 
+def section_parallel(args, console) -> dict:
+    """DeepSeek-V3 on 8 GPUs at tp 8 + EP against tp 1 × dp 8 + EP (lockstep ranks), every query at t = 0."""
+    from rich.table import Table
+
+    runs = []
+    for layout in ("8,1,1", "1,8,1"):
+        for drafter in args.parallel_drafters.split(","):
+            child = ["engine", drafter, str(args.parallel_seqs), "--hardware", args.parallel_hardware, "--model",
+                     "deepseek-v3", "--layout", layout]
+            r = _child(child, None)
+            runs.append(r)
+            console.print(f"parallel: tp {r['tensor_parallel_size']} dp {r['data_parallel_size']} {drafter}: "
+                          f"{r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, {r['tokens_per_cpu_s']:,.0f} tok / CPU s")
+    table = Table(title=f"parallel layouts: deepseek-v3 on 8 × {args.parallel_hardware}, max_num_seqs "
+                        f"{args.parallel_seqs} (per rank), default trace, all queries at t = 0")
+    for name in ("layout", "drafter", "engine steps", "wall s", "CPU s", "sim tok / CPU s", "simulated s",
+                 "peak RSS MiB"):
+        table.add_column(name, justify="left" if name in ("layout", "drafter") else "right")
+    for r in runs:
+        table.add_row(f"tp {r['tensor_parallel_size']} × dp {r['data_parallel_size']}", r["drafter"],
+                      f"{r['engine_steps']:,}", f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}",
+                      f"{r['tokens_per_cpu_s']:,.0f}", f"{r['simulated_s']:,.0f}", f"{r['peak_rss_mib']:,.0f}")
+    console.print(table)
+    return {"hardware": args.parallel_hardware, "model": "deepseek-v3", "max_num_seqs": args.parallel_seqs,
+            "runs": runs}
+
+
 SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_sweep, "arctic": section_arctic,
-            "cold": section_cold, "proxy": section_proxy, "capacity": section_capacity}
+            "cold": section_cold, "proxy": section_proxy, "capacity": section_capacity, "parallel": section_parallel}
 
 
 def probe_costs(trace: str | None, drafter: str, seqs: int, slo_args: str, hardware: str) -> dict:
@@ -564,8 +602,11 @@ def child_main(argv: list[str]) -> None:
     parser.add_argument("--trace", default=None)
     parser.add_argument("--queries", type=int, default=None)
     parser.add_argument("--hardware", default="a100-80g")
+    parser.add_argument("--model", default="qwen3-8b")
+    parser.add_argument("--layout", default="1,1,0", help="tensor parallel, data parallel, expert parallel (0/1)")
     a = parser.parse_args(argv)
-    print(json.dumps(run_one(a.trace, a.queries, a.drafter, a.seqs, a.hardware)))
+    tp, dp, ep = (int(x) for x in a.layout.split(","))
+    print(json.dumps(run_one(a.trace, a.queries, a.drafter, a.seqs, a.hardware, a.model, (tp, dp, bool(ep)))))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -593,6 +634,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--capacity-slo", default="--slo-ttft 5 --slo-tpot 0.1",
                         help="capacity: the SLO options of the search")
     parser.add_argument("--capacity-keep", type=Path, default=None, help="capacity: keep the results parquet here")
+    parser.add_argument("--parallel-drafters", default="normal,ngram,suffix,mtp")
+    parser.add_argument("--parallel-hardware", default="b200")
+    parser.add_argument("--parallel-seqs", type=int, default=256)
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="JSON results file")
     args = parser.parse_args(argv)
     sections = args.sections.split(",")

@@ -312,9 +312,15 @@ def _render(path: Path, runs, note: str | None = None, cost_note: str | None = N
         console.print(cost_note, highlight=False, markup=False)
     for label, text in (acceptance_notes or {}).items():
         console.print(f"acceptance model of {label}: {text}", highlight=False, markup=False)
-    console.print(f"batch (normal): mean {first.batch_size_mean:.1f}, max {first.batch_size_max}; {bound}; "
+    ranks = runs[0][0].extra.get("calls_per_rank") if runs else None
+    per_rank = " per data-parallel rank" if ranks else ""
+    console.print(f"batch (normal){per_rank}: mean {first.batch_size_mean:.1f}, max {first.batch_size_max}; {bound}; "
                   f"preemptions {first.preemptions}; refused calls {first.refused_calls} (prompt over "
                   f"max_model_len; {first.skipped_calls} later calls of their queries skipped)")
+    if ranks:
+        console.print(f"data parallel: {len(ranks)} ranks; calls per rank (normal) "
+                      f"{', '.join(f'{n:,}' for n in ranks)} (routed as vLLM's load balancer does)",
+                      highlight=False, markup=False)
     if first.truncated_calls:
         console.print(f"[yellow]{first.truncated_calls:,} call(s) cut at max_model_len {limits['max_model_len']:,}: "
                       "vLLM stops a request there, so their recorded output is emitted only up to it (`inspect` "

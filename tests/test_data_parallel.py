@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from simhelpers import ConstantCost, agent_query, config, workload
 
 from agentspec_sim.cost.base import BatchShape
 from agentspec_sim.cost.build import build_cost_model
@@ -21,7 +22,6 @@ from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.data_parallel import DataParallelSimulator
 from agentspec_sim.run.simulation import simulate
-from tests.simhelpers import ConstantCost, agent_query, config, workload
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
@@ -138,6 +138,17 @@ def test_a_query_keeps_its_send_time_on_every_rank_and_protocols_gate_all_ranks(
                      cost_model=ConstantCost())
     q = gated.queries.sort("arrival_s")
     assert (q["arrival_s"][1:].to_numpy() >= q["finish_s"][:-1].to_numpy() - 1e-12).all()
+
+
+def test_a_prompt_over_max_model_len_is_refused_before_routing():
+    rng = np.random.default_rng(1)
+    calls = agent_query(rng, "long", 4, prompt_len=40, out_len=20, append=30)  # prompts 40, 90, 140, 190
+    result = simulate(workload(calls, agent_query(rng, "short", 2)), "normal",
+                      config(data_parallel_size=2, max_model_len=120), cost_model=ConstantCost())
+    status = dict(zip(result.calls["call_id"].to_list(), result.calls["status"].to_list(), strict=True))
+    assert [status[f"long-{k}"] for k in range(4)] == ["finished", "finished", "refused", "skipped"]
+    assert status["short-0"] == status["short-1"] == "finished"
+    assert not result.queries.filter(pl.col("query_id") == "long")["completed"].item()
 
 
 def test_data_parallel_runs_are_deterministic():

@@ -130,16 +130,13 @@ class DataParallelSimulator:
         """A call reaches the front end: refused there if its prompt is too long, else routed."""
         query, k = payload
         q = query.index
-        state = self.ranks[0].queries[q].calls[k]
-        if state.prompt_len >= self.limits.max_model_len:
-            target = self.ranks[0]
-        else:
-            target = self.ranks[self._route()]
+        refused = self.ranks[0].queries[q].calls[k].prompt_len >= self.limits.max_model_len
+        target = self.ranks[0] if refused else self.ranks[self._route()]
+        if not refused:
             self.in_flight[target.rank] += 1
         query_there = target.queries[q]
-        # Refused: its query's later calls are skipped on the same rank (their rows come from it).
-        calls = query_there.calls[k:] if target is self.ranks[0] and state.prompt_len >= self.limits.max_model_len \
-            else query_there.calls[k:k + 1]
+        # A refused call's query skips its later calls on the same rank: their rows come from it.
+        calls = query_there.calls[k:] if refused else query_there.calls[k:k + 1]
         self.rank_of_call[[c.index for c in calls]] = target.rank
         target.now = self.now
         target._on_arrive((query_there, k))

@@ -538,7 +538,9 @@ def _draft_between_steps(c, sb, pb, state, max_model_len):
     return None if found is None else found[0]
 
 
-@overload(drafts_every_step, jit_options=STEP_JIT)
+# Not cached on disk: the lambda it returns is compiled per state type, steps registered outside the package
+# included, and a cache index naming such a type makes every later process that opens it import its module.
+@overload(drafts_every_step, jit_options={**STEP_JIT, "cache": False})
 def _drafts_every_step(state):
     found = _registered(state)
     if found is None:
