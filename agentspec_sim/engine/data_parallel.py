@@ -108,13 +108,18 @@ class DataParallelSimulator:
             self.now = t
             if kind == ARRIVE:
                 self._arrive(payload)
-            elif self.lockstep:
-                self._step_all() if kind == STEP else self._done_all(payload)
-            else:
-                which, r = (kind - 1) % 2, (kind - 1) // 2
-                rank = ranks[r]
+            elif self.lockstep:  # the front's own STEP and DONE, of all ranks at once
+                if kind == STEP:
+                    self._step_all()
+                else:
+                    self._done_all(payload)
+            else:  # rank r's own STEP (1 + 2r) or DONE (2 + 2r): `Simulator.kinds`
+                rank = ranks[(kind - 1) // 2]
                 rank.now = t
-                rank._on_done(payload) if which else rank._on_step(payload)
+                if kind % 2:
+                    rank._on_step(payload)
+                else:
+                    rank._on_done(payload)
         for rank in ranks:
             if rank.scheduler.has_work():
                 raise SimulationError(f"the event queue ran dry with calls still waiting or running on data-parallel "
