@@ -21,6 +21,7 @@ from agentspec_sim.cost.profiles import kv_capacity_tokens, load_hardware, load_
 from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import resolve
 from agentspec_sim.engine.data_parallel import DataParallelSimulator
+from agentspec_sim.engine.simulator import Simulator
 from agentspec_sim.run.simulation import simulate
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -149,6 +150,17 @@ def test_a_prompt_over_max_model_len_is_refused_before_routing():
     assert [status[f"long-{k}"] for k in range(4)] == ["finished", "finished", "refused", "skipped"]
     assert status["short-0"] == status["short-1"] == "finished"
     assert not result.queries.filter(pl.col("query_id") == "long")["completed"].item()
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "agentspec"])
+def test_a_rank_drafts_from_the_tables_exactly_as_live(monkeypatch, drafter):
+    # Per-request tables (n-gram matches, suffix prompt trees) hold on a rank that runs a share of the calls;
+    # AgentSpec's history table does not, and a rank drafts from its own history instead.
+    fast = _run(3, True, drafter)
+    monkeypatch.setattr(Simulator, "draft_tables", False)
+    live = _run(3, True, drafter)
+    assert fast.calls.equals(live.calls)
+    assert fast.engine_steps.equals(live.engine_steps)
 
 
 def test_data_parallel_runs_are_deterministic():

@@ -19,6 +19,11 @@ each rank that has work, prices each rank's batch with the routed experts seeing
 wait at the collectives). The dummy batches of idle ranks take no time of their own (they finish inside the
 busy ranks' step); the finish-sync all-reduce every 16 steps (`dp_sync_interval`) is not modelled.
 
+Each rank drafts with its own drafter (vLLM: one proposer per engine): a drafter's workload tables stand in
+for its state where they hold per request (the n-gram matches, suffix decoding's prompt trees, eagle3/mtp's
+acceptance draws), and AgentSpec's history, carried from call to call, lives in each rank for the calls it ran
+(`RunView.sees_every_call`).
+
 The result is one `RunResult` for the deployment: each call's row from the rank that ran it (column
 `dp_rank`), each query's from the rank of its last call, the engine steps of all ranks (column `dp_rank`; a
 rank's steps in order, `step` numbered per rank)."""

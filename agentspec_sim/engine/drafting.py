@@ -366,6 +366,8 @@ class RunView:
     fixed_k: bool  # the policy is one k for every step (FixedK)
     skips_unfit_batches: bool  # the V1 runner's proposer skip near max_model_len applies
     use_tables: bool  # workload tables may stand in for live drafter state (tests turn it off to compare)
+    sees_every_call: bool  # this engine runs every call (False: a data-parallel rank, its share of them); a table
+    #                        of drafter state carried from call to call holds only then, one per request always
     drafter_hooks: Callable[[Sequence[CallState], np.ndarray, np.ndarray], None]
     # ↑ the engine's start_call / observe / finish_call for a step's rows (their emitted counts, started flags)
     runnable: Callable[[], tuple[list[np.ndarray], list[np.ndarray | None], np.ndarray]]

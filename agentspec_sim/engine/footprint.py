@@ -124,13 +124,13 @@ def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: Engine
     # Steps: the log's rows over the calls that run at once (at most max_num_seqs, at most every query).
     batch = max(1, min(seqs, stats["queries"] * tenants))
     # Data-parallel ranks: each a whole engine with its own copy of the call table, KV cache and drafter (sized by
-    # the workload, drafting live: engine/data_parallel.py); the steps are split between them.
+    # the workload: engine/data_parallel.py); the steps are split between them.
     ranks = config.data_parallel_size
     per_tenant = (ranks * stats["calls"] * (CALL.itemsize + CALL_OBJECT_BYTES)
                   + stats["rows"] * (LOG_ROW.itemsize + STEP_BYTES / batch)
                   + ranks * stats["hash_slots"] * HASH_SLOT_BYTES)
     table, live = (spec.drafter_class or BaseDrafter).bytes_per_token
-    drafter = stats["arena"] * (table if tenants == 1 and ranks == 1 else live * tenants * ranks)
+    drafter = stats["arena"] * (table if tenants == 1 else live * tenants) * ranks
     blocks_per_call = cdiv(max_len, bs) + 1
     slot_table = seqs * 4.0 * blocks_per_call + 8.0 * blocks_per_call
     context_blamed = config.max_model_len is not None and (

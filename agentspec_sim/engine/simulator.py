@@ -121,10 +121,6 @@ class Simulator:
         # With data parallelism this is one rank of `front` (engine/data_parallel.py), which routes the calls,
         # holds the shared event heap and, for a MoE model, steps the ranks in lockstep.
         self.front, self.rank = front, rank
-        if front is not None:
-            # Tables that replay a drafter's cross-call state over the whole workload assume one engine sees every
-            # call; a rank sees only those routed to it.
-            self.draft_tables = False
         self.progress = progress
         seeds = np.random.SeedSequence(config.seed).spawn(2)
         self.rng_arrivals = np.random.default_rng(seeds[0])
@@ -194,6 +190,7 @@ class Simulator:
                        max_model_len=self.limits.max_model_len, tokens_digest=self.layout.tokens_digest,
                        k_of_batch=self.policy.k_of_batch(self.limits.max_num_seqs), fixed_k=self.policy.fixed,
                        skips_unfit_batches=self.skips_unfit_batches, use_tables=self.draft_tables,
+                       sees_every_call=self.front is None,
                        runnable=_weak(self._runnable_calls), drafter_hooks=_weak(self._drafter_hooks))
 
     def _runnable_calls(self) -> tuple[list[np.ndarray], list[np.ndarray | None], np.ndarray]:

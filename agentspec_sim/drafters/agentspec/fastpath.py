@@ -439,7 +439,8 @@ def engine_drafting(drafter: agentspec._AgentSpecBase, run: RunView) -> EngineDr
     compiled steps (`agentspec`, `agentspec-paper`), else None (the drafter's hooks and propose)."""
     if len(run.drafters) > 1 or run.spec.num_speculative_tokens <= 0 or not run.fixed_k:
         return None
-    if run.use_tables and type(drafter) in TABLE_DRAFTERS:
+    # The table replays the history of every call in order: a data-parallel rank's history holds its own calls.
+    if run.use_tables and run.sees_every_call and type(drafter) in TABLE_DRAFTERS:
         return TableDrafting(drafter, run)
     if type(drafter) in HISTORY_DRAFTERS:
         return HistoryDrafting(drafter, run)

@@ -231,8 +231,9 @@ class SuffixDrafting(EngineDrafting):
             drafter.use_local_table(table, at, run.states, run.table.cols["target_len"][:len(run.states)])
             # The response tree ends each run of this workload about as large: a noted size from an earlier
             # run sizes the forest now, instead of doubling it a dozen times on the way (`finish_run`).
-            self._size_key = key
-            note = table_cache.read_note(FOREST_SIZES, key)
+            # (Noted for a whole workload's run: a data-parallel rank grows its own share of the forest.)
+            self._size_key = key if run.sees_every_call else None
+            note = table_cache.read_note(FOREST_SIZES, key) if run.sees_every_call else None
             if note is not None:  # a quarter more: the room each step reserves ahead, and runs' differences
                 self._noted_nodes = int(note["nodes"][0])
                 drafter.forest.make_room(self._noted_nodes * 5 // 4)
