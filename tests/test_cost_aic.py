@@ -98,9 +98,10 @@ def test_prefill_attention_terms_price_chunks_over_a_prefix_in_the_expected_dire
         assert cost.step_times(*flat, offsets).tolist() == [cost.step_time(b).total_s for b in steps]
 
 
-@pytest.mark.parametrize(("hw", "model"), [("h200", "qwen3-8b"), ("h100-80g", "gpt-oss-20b"), ("a100-80g", "mimo-7b")])
-def test_step_times_equal_step_time_bit_for_bit_under_a_bundled_calibration(hw, model):
-    cost = build_cost_model(hw, model)
+@pytest.mark.parametrize(("hw", "model", "tp"), [("h200", "qwen3-8b", 1), ("h100-80g", "gpt-oss-20b", 1),
+                                               ("a100-80g", "mimo-7b", 1), ("b200", "deepseek-v3", 8)])
+def test_step_times_equal_step_time_bit_for_bit_under_a_bundled_calibration(hw, model, tp):
+    cost = build_cost_model(hw, model, tp, expert_parallel=tp > 1)
     rng = np.random.default_rng(7)
     steps = []
     for _ in range(60):
@@ -120,6 +121,28 @@ def test_step_times_equal_step_time_bit_for_bit_under_a_bundled_calibration(hw, 
         assert s.total_s == pytest.approx(s.linear_s + s.moe_s + s.attention_s + s.overhead_s + s.communication_s)
     if load_model(model).is_moe:
         assert all(s.moe_s > 0 for s in one)
+
+
+def test_an_mla_prefill_attends_as_vllm_forward_mha_after_up_projecting_its_context():
+    # vLLM's MLA: decodes attend over the 576-wide latent (absorbed MQA), a prefill chunk as MHA with qk 192 and v 128
+    # after kv_b_proj up-projects every cached token of its context (`_compute_prefill_context`).
+    m = load_model("deepseek-v3")
+    cost = RooflineCostModel("h200", "deepseek-v3", 8, Calibration(), expert_parallel=True)
+    mha = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
+    assert cost._attn_cmp_prefill / cost._attn_cmp_full == pytest.approx(mha / (m.qk_head_dim + m.value_head_dim))
+    up = m.num_layers * 2.0 * m.kv_lora_rank * (m.num_attention_heads / 8) * (m.qk_nope_head_dim + m.v_head_dim)
+    rate = cost.hardware.peak_flops_bf16 * Calibration().compute_efficiency  # a GEMM: the linear layers' rate
+    assert cost._attn_up_context == pytest.approx(up / rate)
+    short = [cost.step_time(BatchShape.of([64], [c], [True])).attention_s for c in (0, 8192, 32768)]
+    assert short[0] < short[1] < short[2]
+    # past the KV read of the context: its up-projection's compute
+    assert short[2] - short[0] > 32768 * cost._attn_up_context * 0.99
+    # decodes and verifies do not up-project: their attention is the latent's read
+    decode = cost.step_time(BatchShape.decode(8, 32768)).attention_s
+    assert decode < short[2]
+    # a dense model's prefill is priced as before (no separate prefill kernel unless calibrated so)
+    dense = RooflineCostModel("h200", "qwen3-8b", 1, Calibration())
+    assert dense._attn_cmp_prefill == dense._attn_cmp_full and dense._attn_up_context == 0.0
 
 
 def test_calibrated_h100_llama_against_real_vllm_steps_of_specdecode_bench():

@@ -97,7 +97,7 @@ def test_runs_with_arrivals_pending_equal_one_step_per_event(drafter, overrides)
 
 
 @pytest.mark.parametrize(("hardware", "model", "tp"), [("a100-80g", "qwen3-8b", 1), ("h100-80g", "gpt-oss-20b", 2),
-                                                      ("h200", "llama-3.1-8b", 1)])
+                                                      ("h200", "llama-3.1-8b", 1), ("h200", "deepseek-v3", 8)])
 @pytest.mark.parametrize("p", [2.0, 1.0, 3.0])
 def test_step_times_equal_step_time_bit_for_bit(hardware, model, tp, p):
     rng = np.random.default_rng(7)

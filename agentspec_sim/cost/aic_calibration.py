@@ -58,6 +58,7 @@ _GROUPS: dict[str, tuple[tuple[str, float, float], ...]] = {  # part → (factor
     "communication": (("interconnect_efficiency", 0.02, 1.2), ("allreduce_latency_s", 0.0, 2e-4)),
 }
 _MEASURED_COLLECTIVES = (("collective_scale", 0.05, 20.0),)
+_MLA_PREFILL = ("prefill_attention_compute_efficiency", 0.05, 1.2)
 _PART_OF = {"weights": "linear_s", "moe": "moe_s", "attention": "attention_s", "other": "overhead_s",
             "communication": "communication_s"}
 # Parts whose kernels AIC cuts elsewhere than the cost model, fitted once more together against their sum:
@@ -66,14 +67,17 @@ _PART_OF = {"weights": "linear_s", "moe": "moe_s", "attention": "attention_s", "
 _JOINT_MLA = ("weights", "attention", "moe")
 
 
-def part_factors(part: str, hardware: str, layout: Layout) -> tuple[tuple[str, float, float], ...]:
+def part_factors(part: str, hardware: str, layout: Layout, mla: bool = False) -> tuple[tuple[str, float, float], ...]:
     """The factors (name, low, high) fitted against a part's kernels: collectives on a measured all-reduce curve
-    (cost/collectives.py) fit its one scale, elsewhere the link formula's two."""
+    (cost/collectives.py) fit its one scale, elsewhere the link formula's two; an MLA model's attention also its
+    prefill kernel's own compute efficiency (`Calibration.prefill_attention_compute_efficiency`)."""
     tp = layout.tensor_parallel_size
     measured = (tp > 1 and allreduce_curve(hardware, tp) is not None) or (
         layout.data_parallel_size > 1 and allreduce_curve(hardware, layout.gpus) is not None)
     if part == "communication" and measured:
         return _MEASURED_COLLECTIVES
+    if part == "attention" and mla:
+        return _GROUPS[part] + (_MLA_PREFILL,)
     return _GROUPS[part]
 
 
@@ -183,7 +187,8 @@ class AicFit:
                                     "held_out": len(self.held_idx), "seed": SEED,
                                     "held_out_fraction": HOLDOUT_FRACTION,
                                     "max_step_tokens": MAX_STEP_TOKENS},
-                           "fitted_parts": {part: [f for f, _, _ in part_factors(part, self.hardware, self.layout)]
+                           "fitted_parts": {part: [f for f, _, _ in part_factors(part, self.hardware, self.layout,
+                                                                                  load_model(self.model).is_mla)]
                                             for part in _GROUPS
                                             if part != "communication" or self.layout.gpus > 1},
                            "host_terms": "step_overhead_s and per_call_overhead_s keep the documented defaults "
@@ -218,6 +223,8 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
     if is_moe:
         start = start.replace(moe_memory_efficiency=start.memory_efficiency,
                               moe_compute_efficiency=start.compute_efficiency, moe_combine_p=start.combine_p)
+    if profile.is_mla:
+        start = start.replace(prefill_attention_compute_efficiency=start.attention_compute_efficiency)
     stages = [(part,) for part in _GROUPS if (part != "moe" or is_moe)
               and (part != "communication" or layout.gpus > 1)]
     if is_moe and layout.data_parallel_size > 1:
@@ -231,7 +238,7 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
     calibration = start
     for parts in stages:
         target = sum(measured[part][fitted_idx] for part in parts)
-        group = [factor for part in parts for factor in part_factors(part, hw, layout)]
+        group = [factor for part in parts for factor in part_factors(part, hw, layout, profile.is_mla)]
         names = [f for f, _, _ in group]
         lo = np.array([low for _, low, _ in group])
         hi = np.array([high for _, _, high in group])

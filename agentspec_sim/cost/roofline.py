@@ -82,6 +82,7 @@ class Calibration:
     attention_call_layer_s: float = 0.0
     prefill_attention_layer_floor_s: float = 0.0
     prefill_only_attention_layer_floor_s: float | None = None
+    prefill_attention_compute_efficiency: float | None = None
     attention_query_layer_s: float = 0.0
     layer_token_overhead_s: float = 0.0
     moe_memory_efficiency: float | None = None
@@ -157,6 +158,10 @@ class Calibration:
             "None: every step pays attention_layer_floor_s; a number: a step of prefill chunks only (no decode "
             "row) pays this per layer instead. AIConfigurator prices such a step with its context-attention "
             "kernel alone, whose fixed time prefill_attention_layer_floor_s holds: its fits find 0"),
+        "prefill_attention_compute_efficiency": (
+            "fraction of BF16 peak a prefill chunk's attention FLOPs reach (None: attention_compute_efficiency). An "
+            "MLA model's prefill runs another kernel than its decodes (vLLM's forward_mha: FlashAttention over "
+            "up-projected keys, against FlashMLA's absorbed MQA), so its fits set it apart"),
         "attention_query_layer_s": (
             "compute time per query token per layer of a call beyond its (query, key) pairs: the attention "
             "kernel's per-row work that does not grow with the keys (Q load, O store, softmax epilogue, masked "
@@ -195,7 +200,8 @@ class Calibration:
                     raise ValueError("Calibration.source: expected a string")
                 continue
             if value is None and f.name in ("ridge_tokens", "moe_memory_efficiency", "moe_compute_efficiency",
-                                             "moe_combine_p", "prefill_only_attention_layer_floor_s"):
+                                             "moe_combine_p", "prefill_only_attention_layer_floor_s",
+                                             "prefill_attention_compute_efficiency"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ValueError(f"Calibration.{f.name}: expected a finite number, got {value!r}")
@@ -286,11 +292,24 @@ def _excess_d(qi, ci, window, mf, cf, ms, cs, cq):
     return d
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _row_excess(qi, ci, prefill, window, mf, cf, ms, cs, cq, cfp, cu):
+    """`_excess_d` of one row: a prefill chunk with its own compute per pair (`cfp`) and, for MLA, the up-projection
+    of its cached context (`cu` a token); a decode or verify row with `cf`."""
+    if prefill:
+        d = _excess_d(qi, ci, window, mf, cfp, ms, cs, cq)
+        if cu:
+            d += ci * cu
+        return d
+    return _excess_d(qi, ci, window, mf, cf, ms, cs, cq)
+
+
 @njit(cache=True, nogil=True)
-def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, cq, excess_terms):
+def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, cq, cfp, cu, excess_terms):
     """One pass over a step's calls: (tokens, prefill query tokens, prefill calls, Σ context,
     Σ min(context, window), compute-bound calls, their attention compute excess summed in order).
-    cq: attention compute seconds per query token (`Calibration.attention_query_layer_s`, all layers).
+    cq: attention compute seconds per query token (`Calibration.attention_query_layer_s`, all layers);
+    cfp, cu: a prefill row's compute per pair and per cached token (`_row_excess`; cfp = cf, cu = 0 but for MLA).
 
     The excess terms max(0, d) of the compute-bound calls go to `excess_terms` (the caller sums them
     with numpy when there are more than `_SCALAR_EXCESS_MAX`, as `_compute_excess` does); each d and
@@ -313,9 +332,9 @@ def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, cq, excess_terms):
         if pf[i]:
             q_prefill += qi
             n_prefill += 1
-        if qi > q_mem_bound:
-            d = _excess_d(qi, ci, window, mf, cf, ms, cs, cq)
-            if cq and not d > 0.0:  # with a per-query term every row is a candidate: count the compute-bound ones
+        if qi > q_mem_bound or (cu and pf[i]):  # an MLA prefill's context up-projection: any q may be heavy
+            d = _row_excess(qi, ci, pf[i], window, mf, cf, ms, cs, cq, cfp, cu)
+            if (cq or cu) and not d > 0.0:  # every row a candidate: count the compute-bound ones
                 continue
             excess_terms[n_heavy] = d if d > 0.0 else 0.0
             n_heavy += 1
@@ -326,11 +345,12 @@ def _step_sums(q, c, pf, window, q_mem_bound, mf, cf, ms, cs, cq, excess_terms):
 
 @njit(cache=True, nogil=True)
 def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_slide, cmp_slide, cmp_query,
-                excess_max):
+                cmp_prefill, up_context, excess_max):
     """Per step of a run (rows offsets[k]:offsets[k + 1]): tokens, logit rows, and the attention time with
     its compute excess, in `step_time`'s IEEE order (integer sums exact, the excess summed row by row).
     A step with more than `excess_max` compute-bound rows gets its excess from `_compute_excess` (its
-    numpy sum): flagged in `many`, its attention left without it. cmp_query: as `_step_sums`'s cq.
+    numpy sum): flagged in `many`, its attention left without it. cmp_query, cmp_prefill, up_context: as
+    `_step_sums`'s cq, cfp and cu.
     One pass per step: the excess is summed in row order as the rows are counted."""
     num_steps = offsets.shape[0] - 1
     tokens = np.empty(num_steps, dtype=np.int64)
@@ -354,9 +374,10 @@ def _step_parts(q, c, pf, offsets, window, q_mem_bound, mem_full, cmp_full, mem_
                 n_prefill += 1
             sum_c += ci
             sum_cw += min(ci, window)
-            if qi > q_mem_bound:
-                d = _excess_d(qi, ci, window, mem_full, cmp_full, mem_slide, cmp_slide, cmp_query)
-                if cmp_query and not d > 0.0:  # as `_step_sums`: only the rows that are compute-bound count
+            if qi > q_mem_bound or (up_context and pf[i]):
+                d = _row_excess(qi, ci, pf[i], window, mem_full, cmp_full, mem_slide, cmp_slide, cmp_query,
+                                cmp_prefill, up_context)
+                if (cmp_query or up_context) and not d > 0.0:  # as `_step_sums`: only the compute-bound rows count
                     continue
                 heavy += 1
                 if d > 0.0:
@@ -415,6 +436,7 @@ class RooflineCostModel:
 
     __slots__ = (
         "_attn_cmp_full",
+        "_attn_cmp_prefill",
         "_attn_cmp_slide",
         "_attn_fixed",
         "_attn_fixed_prefill_only",
@@ -424,6 +446,7 @@ class RooflineCostModel:
         "_attn_prefill",
         "_attn_prefill_only",
         "_attn_query",
+        "_attn_up_context",
         "_calc_ridge",
         "_check",
         "_comm_curve",
@@ -530,6 +553,22 @@ class RooflineCostModel:
         self._attn_mem_slide = m.num_sliding_layers * per_layer_kv / attn_bw
         self._attn_cmp_full = m.num_full_layers * pair_flops / attn_f
         self._attn_cmp_slide = m.num_sliding_layers * pair_flops / attn_f
+        # MLA (vLLM's mla_attention.py): decodes and verifies attend in the absorbed form above (MQA over the
+        # 576-wide latent); a prefill chunk in the compute-friendly one (`forward_mha`: MHA with qk = nope + rope,
+        # v = v_head_dim) after up-projecting its cached context's latents (kv_b_proj) into keys and values.
+        prefill_f = (attn_f if cal.prefill_attention_compute_efficiency is None
+                     else hw.peak_flops_bf16 * cal.prefill_attention_compute_efficiency)
+        if m.is_mla:
+            heads = m.num_attention_heads / tp
+            mha_pair = 2.0 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+            self._attn_cmp_prefill = m.num_full_layers * mha_pair / prefill_f
+            # The up-projection is a GEMM (`_compute_prefill_context`: kv_b_proj over every cached token, each
+            # prefill step): priced at the linear layers' rate.
+            self._attn_up_context = (m.num_full_layers * 2.0 * m.kv_lora_rank * heads
+                                     * (m.qk_nope_head_dim + m.v_head_dim) * self._inv_flops)
+        else:
+            self._attn_cmp_prefill = m.num_full_layers * pair_flops / prefill_f
+            self._attn_up_context = 0.0
         self._window = int(m.sliding_window or 0)
         self._attn_query = m.num_layers * cal.attention_query_layer_s  # compute per query token, all layers
         # A call with q ≤ this many query tokens is memory-bound in attention for any context
@@ -611,7 +650,8 @@ class RooflineCostModel:
         terms = np.empty(n, dtype=np.float64)
         tokens, q_prefill, n_prefill, sum_c, sum_cw, n_heavy, excess = _step_sums(
             q, c, pf, self._window, self._q_mem_bound, self._attn_mem_full, self._attn_cmp_full,
-            self._attn_mem_slide, self._attn_cmp_slide, self._attn_query, terms)
+            self._attn_mem_slide, self._attn_cmp_slide, self._attn_query, self._attn_cmp_prefill,
+            self._attn_up_context, terms)
         logit_rows = tokens - q_prefill + n_prefill if n_prefill else tokens
         moe_tokens = batch.moe_tokens or tokens * self._dp
         key = (tokens, logit_rows) if moe_tokens == tokens * self._dp else (tokens, logit_rows, moe_tokens)
@@ -691,11 +731,13 @@ class RooflineCostModel:
             raise ValueError("step_times: every step needs ≥ 1 call with query_len ≥ 1 and context_len ≥ 0")
         tokens, logit_rows, attention, many = _step_parts(
             q, c, pf, offsets, self._window, self._q_mem_bound, self._attn_mem_full, self._attn_cmp_full,
-            self._attn_mem_slide, self._attn_cmp_slide, self._attn_query, _SCALAR_EXCESS_MAX)
+            self._attn_mem_slide, self._attn_cmp_slide, self._attn_query, self._attn_cmp_prefill,
+            self._attn_up_context, _SCALAR_EXCESS_MAX)
         if many.any():
             for k in many.nonzero()[0].tolist():
                 lo, hi = int(offsets[k]), int(offsets[k + 1])
-                attention[k] += self._compute_excess(q[lo:hi].astype(np.int64), c[lo:hi].astype(np.int64))
+                attention[k] += self._compute_excess(q[lo:hi].astype(np.int64), c[lo:hi].astype(np.int64),
+                                                     pf[lo:hi])
         if self._attn_fixed or self._attn_per_call or self._attn_prefill_only:
             fixed = self._attn_fixed
             if self._attn_prefill_only:  # steps of prefill chunks only
@@ -765,40 +807,54 @@ class RooflineCostModel:
             linear[other] = np.array(values, dtype=np.float64)[which.reshape(-1)]
         return linear
 
-    def _compute_excess(self, q: np.ndarray, c: np.ndarray) -> float:
-        """Σ max(0, compute time − memory time) over calls with more than `_q_mem_bound` query tokens."""
-        idx = (q > self._q_mem_bound).nonzero()[0]
+    def _compute_excess(self, q: np.ndarray, c: np.ndarray, pf: np.ndarray) -> float:
+        """Σ max(0, compute time − memory time) over calls with more than `_q_mem_bound` query tokens (and, for an
+        MLA model, every prefill chunk: its context's up-projection), a prefill row at its own compute per pair
+        (`_row_excess`)."""
+        cu = self._attn_up_context
+        heavy = q > self._q_mem_bound
+        if cu:
+            heavy |= pf
+        idx = heavy.nonzero()[0]
         mf, cf, ms, cs, w, cq = (self._attn_mem_full, self._attn_cmp_full, self._attn_mem_slide,
                                  self._attn_cmp_slide, self._window, self._attn_query)
-        if cq:
-            # A per-query term makes every row a candidate (`_q_mem_bound` is 0): keep the compute-bound
-            # ones, as the compiled sums count them, so decode batches stay on the scalar path.
-            qq, cc = q[idx], c[idx]
+        cfp = self._attn_cmp_prefill
+        if cq or cu:
+            # A per-query term (or a context term) makes rows candidates that may not be compute-bound: keep the
+            # compute-bound ones, as the compiled sums count them, so decode batches stay on the scalar path.
+            qq, cc, pp = q[idx], c[idx], pf[idx]
             keys = cc + (qq + 1) * 0.5
-            d = (qq * keys) * cf - (cc + qq) * mf
+            d = (qq * keys) * np.where(pp, cfp, cf) - (cc + qq) * mf
             if ms:
                 d += (qq * np.minimum(keys, w)) * cs - (np.minimum(cc, w) + qq) * ms
-            d += qq * cq
+            if cq:
+                d += qq * cq
+            if cu:
+                d += np.where(pp, cc * cu, 0.0)
             idx = idx[d > 0.0]
         if idx.shape[0] <= _SCALAR_EXCESS_MAX:  # the usual case (a few prefill chunks): scalars beat tiny arrays
             excess = 0.0
-            for qi, ci in zip(q[idx].tolist(), c[idx].tolist(), strict=True):
+            for qi, ci, prefill in zip(q[idx].tolist(), c[idx].tolist(), pf[idx].tolist(), strict=True):
                 keys = ci + (qi + 1) * 0.5  # mean keys a causal query attends to
-                d = qi * keys * cf - (ci + qi) * mf
+                d = qi * keys * (cfp if prefill else cf) - (ci + qi) * mf
                 if ms:
                     d += qi * min(keys, w) * cs - (min(ci, w) + qi) * ms
                 if cq:
                     d += qi * cq
+                if prefill and cu:
+                    d += ci * cu
                 if d > 0.0:
                     excess += d
             return excess
-        q, c = q[idx], c[idx]
+        q, c, pf = q[idx], c[idx], pf[idx]
         keys = c + (q + 1) * 0.5
-        d = (q * keys) * cf - (c + q) * mf
+        d = (q * keys) * np.where(pf, cfp, cf) - (c + q) * mf
         if ms:
             d += (q * np.minimum(keys, w)) * cs - (np.minimum(c, w) + q) * ms
         if cq:
             d += q * cq
+        if cu:
+            d += np.where(pf, c * cu, 0.0)
         return float(_sum(np.maximum(d, 0.0)))
 
     def draft_model_time(self, num_calls: int, draft_len: int, context_lens: np.ndarray | None = None,
