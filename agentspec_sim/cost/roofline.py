@@ -452,6 +452,7 @@ class RooflineCostModel:
         "_comm_curve",
         "_comm_fixed",
         "_comm_layers",
+        "_comm_memo",
         "_comm_moe_curve",
         "_comm_moe_layers",
         "_comm_moe_token",
@@ -637,6 +638,7 @@ class RooflineCostModel:
         # `_linear_s` of each (tokens, logit rows) pair seen: a pure function of two integers, and
         # a step has few distinct pairs (a cache, not state: results are the same without it).
         self._linear_memo: dict[tuple[int, int], float] = {}
+        self._comm_memo: dict[tuple[int, int], float] = {}
         self._decode_linear = np.full(256, np.nan)  # the same for decode-only steps, by token count
 
     # ---- StepCostModel ----
@@ -672,7 +674,9 @@ class RooflineCostModel:
         if n_prefill and self._attn_prefill:
             attention += self._attn_prefill
 
-        communication = self._communication(tokens, moe_tokens)
+        communication = self._comm_memo.get((tokens, moe_tokens))
+        if communication is None:  # a pure function of two integers, as `_linear_memo`
+            communication = self._comm_memo[(tokens, moe_tokens)] = self._communication(tokens, moe_tokens)
         overhead = self._overhead_fixed + self._per_call * n
         if self._token_overhead:
             overhead += self._token_overhead * tokens
