@@ -39,6 +39,10 @@ their times are those of one step per STEP event (`max_run_steps = 1`; tests/tes
 whole runs, tests/test_engine_fast_paths.py compares the two), only without a trip through the heap per
 step: with `normal`, the default trace is a handful of runs. The t_A / t_V reference (each drafting step
 priced without its drafts) times nothing and is priced for the whole log when the run ends.
+
+With `--data-parallel-size` a `Simulator` is one rank of engine/data_parallel.py's front (`Front`): the heap is
+the front's, ARRIVE events go to it (it routes each call to a rank), every finish stops a run of steps (the
+router's counts move), and for a MoE model STEP asks the front for a step of all ranks at once.
 """
 
 from __future__ import annotations
