@@ -182,6 +182,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+def test_too_many_ranks_for_memory_are_refused_naming_the_flag(monkeypatch):
+    from agentspec_sim.host.resources import ResourceError
+
+    monkeypatch.setenv("AGENTSPEC_SIM_MEMORY_GIB", "2")
+    cfg = config(data_parallel_size=100_000, check_invariants=False)
+    with pytest.raises(ResourceError) as err:
+        simulate(_agents(), "ngram", cfg, cost_model=ConstantCost())
+    assert err.value.knob == "data_parallel_size" and "at 100,000" in str(err.value)
+
+
 def test_cost_prices_a_data_parallel_rank_from_the_cli(tmp_path):
     shapes = tmp_path / "shapes.jsonl"
     shapes.write_text('{"kind": "decode", "batch": 64, "context": 4096}\n')

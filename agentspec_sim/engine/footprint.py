@@ -146,6 +146,8 @@ def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: Engine
     add("max_model_len" if context_blamed else "max_num_seqs", slot_table * ranks)
     add("max_num_seqs", seqs * SLOT_FIXED_BYTES * ranks)
     add("num_speculative_tokens", seqs * _longest_draft(spec) * DRAFT_TOKEN_BYTES * ranks)
+    if ranks > 1:  # every rank a whole engine: the run grows with their number first
+        return {"data_parallel_size": sum(terms.values())}
     return terms
 
 
@@ -172,7 +174,8 @@ def check_run_memory(workload: Workload, spec: SpeculativeConfig, config: Engine
     > 1 (a sweep's parallel cells) that many such runs at once must fit too."""
     stats = _stats_for(workload, config, limits)
     terms = dict(terms) if terms is not None else _footprint(stats, spec, config, limits)
-    values = {_tenant_knob(config): config.tenants, "num_kv_blocks": limits.num_kv_blocks,
+    values = {_tenant_knob(config): config.tenants, "data_parallel_size": config.data_parallel_size,
+              "num_kv_blocks": limits.num_kv_blocks,
               "max_num_seqs": limits.max_num_seqs, "max_model_len": limits.max_model_len,
               "num_speculative_tokens": _longest_draft(spec)}
     require_memory(terms, "the run", values=values)
