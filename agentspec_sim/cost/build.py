@@ -47,8 +47,7 @@ def calibration_note(cost_model) -> str:
     """One line saying what the cost model's factors rest on, for run output."""
     source = cost_model.calibration.source
     pair = f"{cost_model.hardware.id} + {cost_model.model.id}"
-    layout = Layout(cost_model.tensor_parallel_size, cost_model.expert_parallel,
-                    cost_model.data_parallel_size if cost_model.model.is_moe else 1)  # dense ranks: replicas
+    layout = cost_model.layout
     fit = (f"`calibrate aic --hardware {cost_model.hardware.id} --model {cost_model.model.id}"
            + (f" {layout.flags()}" if layout.tag else "") + "` fits it")
     if source == "defaults":

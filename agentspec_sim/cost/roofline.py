@@ -36,6 +36,7 @@ from numba import njit
 
 from agentspec_sim.cost.base import BatchShape, StepCost
 from agentspec_sim.cost.collectives import allreduce_curve, allreduce_seconds
+from agentspec_sim.cost.layout import Layout
 from agentspec_sim.cost.profiles import (
     DraftSpec,
     HardwareProfile,
@@ -462,6 +463,7 @@ class RooflineCostModel:
         "_dense_bytes",
         "_dp",
         "_drafts",
+        "_expert_flops",
         "_flops_logit",
         "_flops_token",
         "_inv_attn_bw",
@@ -526,6 +528,9 @@ class RooflineCostModel:
         self._moe_miss = 1.0 - m.experts_per_token / m.num_experts if m.is_moe else 1.0
         self._flops_token = 2.0 * m.layer_active_params() / tp  # the experts' share: this rank's tokens
         self._flops_logit = 2.0 * m.lm_head_params() / tp
+        # The routed experts' FLOPs per token seen at the experts, per GPU (they are sharded over dp × tp GPUs).
+        self._expert_flops = (2.0 * m.num_moe_layers * m.experts_per_token * m.expert_params() / (tp * self._dp)
+                              if m.is_moe else 0.0)
         self._inv_bw = 1.0 / (hw.hbm_bandwidth * cal.memory_efficiency)
         self._inv_flops = 1.0 / (hw.peak_flops_bf16 * cal.compute_efficiency)
         self._p = float(cal.combine_p)
@@ -534,7 +539,7 @@ class RooflineCostModel:
         separate_moe = m.is_moe and (cal.moe_memory_efficiency is not None or cal.moe_compute_efficiency
                                      is not None or cal.moe_layer_floor_s > 0)
         if separate_moe:
-            self._moe_flops_token = 2.0 * m.num_moe_layers * m.experts_per_token * m.expert_params() / (tp * self._dp)
+            self._moe_flops_token = self._expert_flops
             self._inv_moe_bw = 1.0 / (hw.hbm_bandwidth * (cal.moe_memory_efficiency or cal.memory_efficiency))
             self._inv_moe_flops = 1.0 / (hw.peak_flops_bf16 * (cal.moe_compute_efficiency or cal.compute_efficiency))
             self._moe_fixed = m.num_moe_layers * cal.moe_layer_floor_s
@@ -582,19 +587,20 @@ class RooflineCostModel:
 
         # Tensor parallel: 2 all-reduces per layer (after attention and after the MLP) of T·hidden values, priced
         # from the measured curve of this GPU at this size where there is one, else from the link.
-        self._comm_curve = allreduce_curve(hw.id, tp) if tp > 1 else None
-        self._comm_layers = 2 * m.num_layers * cal.collective_scale
-        if tp > 1 and self._comm_curve is None:
-            link = hw.interconnect_bandwidth * cal.interconnect_efficiency
-            self._comm_token = 2 * m.num_layers * (2.0 * (tp - 1) / tp) * m.hidden_size * 2 / link
-            self._comm_fixed = 2 * m.num_layers * cal.allreduce_latency_s
-        else:
-            self._comm_token = self._comm_fixed = 0.0
         # Data-parallel MoE: each MoE layer gathers every rank's tokens to the expert GPUs and scatters the
         # sums back (vLLM's default all2all backend, allgather_reducescatter): the bytes of one all-reduce of
-        # the global tokens over dp × tp GPUs, priced on that size's measured all-reduce curve. The MoE layers'
-        # own tensor-parallel all-reduce is replaced by it.
-        # Where that size was not measured, the link formula (the ring's 2·(n − 1)/n of the bytes).
+        # the global tokens over dp × tp GPUs, priced on that size's measured all-reduce curve, in place of the
+        # MoE layers' own tensor-parallel all-reduce. Where that size was not measured, the link formula (the
+        # ring's 2·(n − 1)/n of the bytes).
+        allreduces = 2 * m.num_layers - (m.num_moe_layers if self._dp > 1 else 0)
+        self._comm_curve = allreduce_curve(hw.id, tp) if tp > 1 else None
+        self._comm_layers = allreduces * cal.collective_scale
+        if tp > 1 and self._comm_curve is None:
+            link = hw.interconnect_bandwidth * cal.interconnect_efficiency
+            self._comm_token = allreduces * (2.0 * (tp - 1) / tp) * m.hidden_size * 2 / link
+            self._comm_fixed = allreduces * cal.allreduce_latency_s
+        else:
+            self._comm_token = self._comm_fixed = 0.0
         self._comm_moe_curve = allreduce_curve(hw.id, tp * self._dp) if self._dp > 1 else None
         self._comm_moe_layers = m.num_moe_layers * cal.collective_scale if self._dp > 1 else 0.0
         self._comm_moe_token = 0.0
@@ -602,10 +608,6 @@ class RooflineCostModel:
             n = tp * self._dp
             self._comm_moe_token = (m.num_moe_layers * (2.0 * (n - 1) / n) * m.hidden_size * 2
                                     / (hw.interconnect_bandwidth * cal.interconnect_efficiency))
-        if self._dp > 1 and tp > 1:
-            self._comm_layers = (2 * m.num_layers - m.num_moe_layers) * cal.collective_scale
-            self._comm_token *= (2 * m.num_layers - m.num_moe_layers) / (2 * m.num_layers)
-            self._comm_fixed *= (2 * m.num_layers - m.num_moe_layers) / (2 * m.num_layers)
 
         self._overhead_fixed = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s
         self._per_call = cal.per_call_overhead_s
@@ -700,8 +702,7 @@ class RooflineCostModel:
         if self._moe_bytes:
             weight_bytes += self._moe_bytes * (1.0 - self._moe_miss**moe_tokens)
             if moe_tokens != local:
-                flops += 2.0 * self.model.num_moe_layers * self.model.experts_per_token * self.model.expert_params() \
-                    / (self.tensor_parallel_size * self._dp) * (moe_tokens - local)
+                flops += self._expert_flops * (moe_tokens - local)
         return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p)
 
     def _moe_s(self, tokens: int) -> float:
@@ -755,6 +756,11 @@ class RooflineCostModel:
         if self._token_overhead:
             overhead += self._token_overhead * tokens
         return linear + attention + overhead + communication
+
+    @property
+    def layout(self) -> Layout:
+        """The layout this model prices (a dense model's data-parallel ranks are replicas: its tensor-parallel one)."""
+        return Layout(self.tensor_parallel_size, self.expert_parallel, self._dp)
 
     @property
     def measured_collectives(self) -> bool:

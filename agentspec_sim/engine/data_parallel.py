@@ -48,8 +48,8 @@ from agentspec_sim.engine.invariants import (
     check_completion,
     check_work_conservation,
     first_scheduled,
+    predecessors,
 )
-from agentspec_sim.engine.request import S_FINISHED
 from agentspec_sim.engine.result import RunResult
 from agentspec_sim.engine.scheduler import SimulationError
 from agentspec_sim.engine.simulator import ARRIVE, DONE, STEP, Simulator
@@ -199,14 +199,16 @@ class DataParallelSimulator:
             rank._on_done((rank.step_count, rank.step_count + 1))
 
     # -- result ----------------------------------------------------------------------------------------
+    def _owners(self) -> np.ndarray:
+        """The rank whose table holds each call's row: the rank it ran on (or was refused or skipped on), else 0."""
+        return np.where(self.rank_of_call >= 0, self.rank_of_call, 0)
+
     def _result(self, wall_s: float) -> RunResult:
         results = [rank._result(wall_s) for rank in self.ranks]
         first = results[0]
         n = self.total_calls
-        owner = np.where(self.rank_of_call >= 0, self.rank_of_call, 0)
-        calls = pl.concat([r.calls.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank"))
-                           for i, r in enumerate(results)])
-        calls = calls[(owner * n + np.arange(n)).tolist()]
+        owner = self._owners()
+        calls = _with_ranks([r.calls for r in results])[(owner * n + np.arange(n)).tolist()]
         ranks0 = self.ranks[0]
         last_call = np.array([q.calls[-1].index for q in ranks0.queries], dtype=np.int64)
         q_owner = owner[last_call] if last_call.shape[0] else last_call
@@ -216,10 +218,8 @@ class DataParallelSimulator:
         emitted = calls["output_len"].to_numpy()
         queries = queries.with_columns(pl.Series("output_tokens", [int(emitted[[c.index for c in q.calls]].sum())
                                                                    for q in ranks0.queries], dtype=pl.Int64))
-        engine = pl.concat([r.engine_steps.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank"))
-                            for i, r in enumerate(results)])
-        preemptions = pl.concat([r.preemptions.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank"))
-                                 for i, r in enumerate(results)])
+        engine = _with_ranks([r.engine_steps for r in results])
+        preemptions = _with_ranks([r.preemptions for r in results])
         extra: dict = {"data_parallel_size": len(self.ranks),
                        "calls_per_rank": np.bincount(owner, minlength=len(self.ranks)).tolist()}
         evicted = sum(r.extra.get("history_evictions", 0) for r in results)
@@ -245,42 +245,27 @@ class DataParallelSimulator:
             mine = self.rank_of_call == rank.rank
             at = first_scheduled(np.ascontiguousarray(rows["call"]), row_steps, steps.time_s, self.total_calls)
             scheduled[mine] = at[mine]
-        calls = result.calls
-        ids = calls["call_id"].to_list()
-        predecessor = np.full(self.total_calls, -1, dtype=np.int64)
-        for query in self.ranks[0].queries:
-            order = [s.index for s in query.calls]
-            predecessor[order[1:]] = order[:-1]
-        status = np.array([_STATUS[s] for s in calls["status"].to_list()], dtype=np.int8)
-        arrival, first, finish = (calls[c].fill_null(np.nan).to_numpy() for c in ("arrival_s", "first_token_s",
-                                                                                  "finish_s"))
-        check_causality(ids, arrival, scheduled, first, finish, status, predecessor)
-        owner = np.where(self.rank_of_call >= 0, self.rank_of_call, 0)
-        target = np.empty(self.total_calls, dtype=np.int64)
+        ids = result.calls["call_id"].to_list()
+        col = self._routed_column
+        check_causality(ids, col("arrival_s"), scheduled, col("first_token_s"), col("finish_s"), col("status"),
+                        predecessors((q.calls for q in self.ranks[0].queries), self.total_calls))
+        check_completion(ids, col("status"), col("num_emitted"), col("target_len"), col("arrival_s"),
+                         col("first_token_s"), col("finish_s"))
+
+    def _routed_column(self, name: str) -> np.ndarray:
+        """A call-table column with each call's value from its owner's table (`_owners`)."""
+        owner, n = self._owners(), self.total_calls
+        out = np.empty(n, dtype=self.ranks[0].table.cols[name].dtype)
         for rank in self.ranks:
             mine = owner == rank.rank
-            target[mine] = rank.table.cols["target_len"][:self.total_calls][mine]
-        check_completion(ids, status, calls["output_len"].to_numpy(), target, arrival, first, finish)
+            out[mine] = rank.table.cols[name][:n][mine]
+        return out
 
 
 def _steps_of_ranks(results: list[RunResult]) -> pl.DataFrame:
-    return pl.concat([r.steps.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank"))
-                      for i, r in enumerate(results)])
+    return _with_ranks([r.steps for r in results])
 
 
-def _status_codes() -> dict[str, int]:
-    from agentspec_sim.engine.request import (
-        FINISHED,
-        REFUSED,
-        RUNNING,
-        S_REFUSED,
-        S_RUNNING,
-        S_SKIPPED,
-        S_WAITING,
-        SKIPPED,
-        WAITING,
-    )
-    return {WAITING: S_WAITING, RUNNING: S_RUNNING, FINISHED: S_FINISHED, REFUSED: S_REFUSED, SKIPPED: S_SKIPPED}
-
-
-_STATUS = _status_codes()
+def _with_ranks(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The ranks' frames, one after another, each row with its rank (`dp_rank`)."""
+    return pl.concat([frame.with_columns(pl.lit(i, dtype=pl.Int64).alias("dp_rank")) for i, frame in enumerate(frames)])

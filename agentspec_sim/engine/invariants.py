@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 TOLERANCE_S = 1e-9
 
 __all__ = ["TOLERANCE_S", "check_causality", "check_clock", "check_completion", "check_run", "check_step",
-           "check_work_conservation", "first_scheduled"]
+           "check_work_conservation", "first_scheduled", "predecessors"]
 
 
 def check_clock(start_s: np.ndarray, duration_s: np.ndarray) -> None:
@@ -77,6 +77,15 @@ def first_scheduled(row_calls: np.ndarray, row_steps: np.ndarray, start_s: np.nd
     out = np.full(num_calls, np.nan)
     calls, first = np.unique(row_calls, return_index=True)
     out[calls] = start_s[row_steps[first]]
+    return out
+
+
+def predecessors(queries: Iterable[Sequence[CallState]], num_calls: int) -> np.ndarray:
+    """Each call's previous call in its query (its table row; −1 for a query's first)."""
+    out = np.full(num_calls, -1, dtype=np.int64)
+    for calls in queries:
+        order = [s.index for s in calls]
+        out[order[1:]] = order[:-1]
     return out
 
 
@@ -150,12 +159,8 @@ def check_run(log: StepLogBuilder, table: CallTable, states: Sequence[CallState]
     rows = buf.rows[:n_rows]
     row_steps = np.repeat(np.arange(n_steps), steps.batch_size)
     scheduled_s = first_scheduled(np.ascontiguousarray(rows["call"]), row_steps, start_s, n)
-    predecessor = np.full(n, -1, dtype=np.int64)
-    for calls in queries:
-        order = [s.index for s in calls]
-        predecessor[order[1:]] = order[:-1]
     arrival_s, first_token_s, finish_s = col["arrival_s"][:n], col["first_token_s"][:n], col["finish_s"][:n]
-    check_causality(ids, arrival_s, scheduled_s, first_token_s, finish_s, status, predecessor)
+    check_causality(ids, arrival_s, scheduled_s, first_token_s, finish_s, status, predecessors(queries, n))
     check_completion(ids, status, col["num_emitted"][:n], col["target_len"][:n], arrival_s, first_token_s,
                      finish_s)
 
