@@ -47,6 +47,10 @@ def plan(
     slo_query_latency: float | None = sweep_cli.slo_query_latency_option(),
     slo_attainment: float = sweep_cli.slo_attainment_option(),
     capacity_tolerance: float = sweep_cli.capacity_tolerance_option(),
+    capacity_seeds: int = sweep_cli.capacity_seeds_option(),
+    capacity_criterion: str = sweep_cli.capacity_criterion_option(),
+    capacity_max_tenants: int = sweep_cli.capacity_max_tenants_option(),
+    disable_shuffle: bool = sweep_cli.disable_shuffle_option(),
     request_rate: float | None = sweep_cli.request_rate_option(),
     burstiness: float = sweep_cli.burstiness_option(),
     max_concurrency: int | None = sweep_cli.max_concurrency_option(),
@@ -108,9 +112,10 @@ def plan(
     else:
         search = _capacity_search(capacity, slo_p99_latency, min_goodput, slo_ttft, slo_tpot, slo_query_latency,
                                   slo_attainment, capacity_tolerance, burstiness, max_concurrency, target_rate,
-                                  rate, request_rate, copies, engine_options)
+                                  rate, request_rate, copies, engine_options,
+                                  sweep_cli.capacity_options(capacity_seeds, capacity_criterion, capacity_max_tenants))
         load = sweep_cli.load_settings(*((None, None) if search else (rate, request_rate)), burstiness,
-                                       max_concurrency, 1 if search else copies)
+                                       max_concurrency, 1 if search else copies, disable_shuffle)
         frame = sweep_cli.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
                                         engine=_engine_config(engine_options, load), output=output,
@@ -154,7 +159,7 @@ def _check_positive(values: dict[str, float | None], unit: str = "") -> None:
 
 def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_ttft, slo_tpot, slo_query_latency,
                      slo_attainment, capacity_tolerance, burstiness, max_concurrency, target_rate, rate,
-                     request_rate, copies, engine_options: tuple):
+                     request_rate, copies, engine_options: tuple, options: dict):
     """The capacity search a plan of a TRACE runs, or None for the batch job's plan (--goodput): by capacity when
     the trace is planned under per-request SLOs and nothing says otherwise."""
     if capacity is None:
@@ -169,7 +174,7 @@ def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_tt
                          "(not --slo-p99-latency or --min-goodput)")
     latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
     engine = _engine_config(engine_options, sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1))
-    search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine)
+    search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine, options)
     if rate is not None or request_rate is not None or copies != 1:
         raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")
     return search
@@ -255,7 +260,18 @@ def _print_serve_line(console: Console, p) -> None:
 
 
 def _rate(value: float | None) -> str:
-    return "unbounded" if value is None else ("0" if value == 0 else f"{value:.3g}")
+    return "—" if value is None else ("0" if value == 0 else f"{value:.3g}")
+
+
+def _rate_cell(d, size: int) -> str:
+    """A drafter's capacity at one max_num_seqs: rate ±half its interval, or ≥ its floor where inconclusive."""
+    if size in d.at_least:
+        return f"≥{d.at_least[size]:.3g}?"
+    rate = d.by_batch[size]
+    low, high = d.intervals.get(size, (None, None))
+    if not rate or low is None or high is None:
+        return _rate(rate)
+    return f"{rate:.3g}±{(high - low) / 2:.2g}"
 
 
 def _layout_title(p) -> str:
@@ -276,7 +292,7 @@ def _render_layouts(pair: dict) -> None:
         table.add_column(name, justify="left" if name in ("layout", "drafter") else "right", no_wrap=True)
     for r in rows:
         value = r["per_gpu"]
-        shown = "—" if value is None else ("unbounded" if value == float("inf") else f"{value:.4g}")
+        shown = "—" if value is None else f"{value:.4g}"
         table.add_row(r["layout"], str(r["gpus"]), r["drafter"] or "none",
                       "—" if r["max_num_seqs"] is None else str(r["max_num_seqs"]), shown)
     console.print(table)
@@ -298,7 +314,7 @@ def _render_hardware(model: dict) -> None:
         table.add_column(name, justify="left" if name in ("GPU", "layout", "drafter") else "right", no_wrap=True)
     for r in rows:
         value, usd = r["per_gpu"], r["usd_per_million_tokens"]
-        shown = "—" if value is None else ("unbounded" if value == float("inf") else f"{value:.4g}")
+        shown = "—" if value is None else f"{value:.4g}"
         table.add_row(r["hardware"], r["layout"], r["drafter"] or "none",
                       "—" if r["max_num_seqs"] is None else str(r["max_num_seqs"]), shown,
                       "—" if usd is None else f"{usd:.3f}")
@@ -320,33 +336,39 @@ def _render_capacity(p) -> None:
     table = Table(title=f"capacity · {Path(p.trace).name} · {p.hardware} · {p.model}{_layout_title(p)}",
                   box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
-                  caption=f"queries/s at ≥ {search['target']:.0%} SLO attainment ({slo_text}) · load: {p.protocol} · "
-                          f"by max_num_seqs; * each drafter's best per GPU")
+                  caption=f"steady-state queries/s at ≥ {search['target']:.0%} SLO attainment ({slo_text}) ± half "
+                          f"its {search.get('confidence', 0.95):.0%} interval over {search.get('seeds', 1)} seed(s) · "
+                          f"≥x?: inconclusive, the trace too short to load it · load: {p.protocol} · by "
+                          f"max_num_seqs; * each drafter's best per GPU, + a smaller one not told apart from it")
     table.add_column("drafter", no_wrap=True)
     for size in sizes:
         table.add_column(str(size), justify="right", no_wrap=True)
     for d in p.drafters:
         best = d.best.max_num_seqs if d.best else None
-        table.add_row(d.drafter, *((_rate(d.by_batch[s]) + ("*" if s == best else "")) if s in d.by_batch else "—"
-                                   for s in sizes))
+        smaller = d.smaller.max_num_seqs if d.smaller else None
+        table.add_row(d.drafter, *((_rate_cell(d, s) + ("*" if s == best else "+" if s == smaller else ""))
+                                   if s in d.by_batch else "—" for s in sizes))
     console.print(table)
     detail = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
-                   caption="at each drafter's best max_num_seqs · tok/s: output tokens/s at capacity · "
-                           "$/Mtok at " + (f"${p.usd_per_gpu_hour:g}/GPU-hour" if p.usd_per_gpu_hour
-                                           else "(no price for this hardware)")
-                           + " · p99 latencies at capacity, seconds"
-                           + (f" · repl.: replicas for {p.target_rate:g} queries/s" if p.target_rate else ""))
-    for name in ("drafter", "batch", "q/s/GPU", "tok/s", "$/Mtok", "TTFT p99", "TPOT p99", "query p99"):
+                   caption="at each drafter's best max_num_seqs · tok/s: sustained output tokens/s (capacity × "
+                           "output tokens per query) · $ at " + (f"${p.usd_per_gpu_hour:g}/GPU-hour"
+                                                                  if p.usd_per_gpu_hour else
+                                                                  "(no price for this hardware)")
+                           + " · $/kq: $ per thousand queries · p99 latencies at capacity, seconds"
+                           + (f" · repl.: replicas for {p.target_rate:g} queries/s at {p.utilisation:.0%} of the "
+                              "capacity's lower bound" if p.target_rate else ""))
+    for name in ("drafter", "batch", "q/s/GPU", "tok/s", "$/Mtok", "$/kq", "TTFT p99", "TPOT p99", "query p99"):
         detail.add_column(name, justify="left" if name == "drafter" else "right", no_wrap=True)
     if p.target_rate is not None:
         detail.add_column("repl.", justify="right")
     for d in p.drafters:
         b = d.best
         if b is None:
-            detail.add_row(d.drafter, "none", *("—" for _ in range(6 + (p.target_rate is not None))))
+            detail.add_row(d.drafter, "none", *("—" for _ in range(7 + (p.target_rate is not None))))
             continue
-        row = [d.drafter, str(b.max_num_seqs), _rate(b.capacity_per_gpu), f"{b.output_tok_s:,.0f}",
+        row = [d.drafter, str(b.max_num_seqs), _rate(b.capacity_per_gpu), f"{b.output_tok_s or 0.0:,.0f}",
                "—" if b.usd_per_million_tokens is None else f"{b.usd_per_million_tokens:.3f}",
+               "—" if b.usd_per_query is None else f"{1000 * b.usd_per_query:.3g}",
                seconds(b.ttft_p99_s), seconds(b.tpot_p99_s), seconds(b.query_latency_p99_s)]
         if p.target_rate is not None:
             row.append("—" if b.replicas is None else str(b.replicas))

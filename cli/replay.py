@@ -51,6 +51,7 @@ def replay(
     request_rate: float | None = sweep_options.request_rate_option(),
     burstiness: float = sweep_options.burstiness_option(),
     max_concurrency: int | None = sweep_options.max_concurrency_option(),
+    disable_shuffle: bool = sweep_options.disable_shuffle_option(),
     copies: int = sweep_options.copies_option(),
     slo_ttft: float | None = sweep_options.slo_ttft_option(),
     slo_tpot: float | None = sweep_options.slo_tpot_option(),
@@ -75,7 +76,7 @@ def replay(
     from agentspec_sim.engine.drafting import SpecConfigError
 
     _check_options(seed, think_time)
-    load = sweep_options.load_settings(rate, request_rate, burstiness, max_concurrency, copies)
+    load = sweep_options.load_settings(rate, request_rate, burstiness, max_concurrency, copies, disable_shuffle)
     slo = sweep_options.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
     _check_outputs(output, steps, trace=trace, calibration=calibration, model=model, hardware=hardware,
                    speculative_config=speculative_config)

@@ -56,6 +56,10 @@ def sweep(
     slo_query_latency: float | None = shared.slo_query_latency_option(),
     slo_attainment: float = shared.slo_attainment_option(),
     capacity_tolerance: float = shared.capacity_tolerance_option(),
+    capacity_seeds: int = shared.capacity_seeds_option(),
+    capacity_criterion: str = shared.capacity_criterion_option(),
+    capacity_max_tenants: int = shared.capacity_max_tenants_option(),
+    disable_shuffle: bool = shared.disable_shuffle_option(),
     replicate: int = shared.replicate_option(),
     think_time: float | None = shared.think_time_option(),
     no_prefix_caching: bool = shared.no_prefix_caching_option(),
@@ -65,14 +69,15 @@ def sweep(
 ) -> None:
     """Simulate every drafter configuration at every max batch size (× hardware × model × seed); write a
     results parquet cell by cell (resumable with --resume)."""
-    load = shared.load_settings(rate, request_rate, burstiness, max_concurrency, copies)
+    load = shared.load_settings(rate, request_rate, burstiness, max_concurrency, copies, disable_shuffle)
     engine = shared.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
                                   tensor_parallel_size, expert_parallel, calibration, replicate, think_time,
                                   no_prefix_caching,
                                   load, data_parallel_size=data_parallel_size)
     slo = shared.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
-    search = (shared.capacity_search(slo, slo_attainment, capacity_tolerance, burstiness, engine) if capacity
-              else None)
+    search = (shared.capacity_search(slo, slo_attainment, capacity_tolerance, burstiness, engine,
+                                     shared.capacity_options(capacity_seeds, capacity_criterion, capacity_max_tenants))
+              if capacity else None)
     if search is None and slo.any:
         raise UsageError("the --slo-* options are for --capacity (a sweep's rows otherwise hold one run each)")
     frame = shared.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,

@@ -187,8 +187,34 @@ def capacity_tolerance_option():
     return typer.Option(0.05, "--capacity-tolerance", help="Relative precision of a capacity search's rate.")
 
 
+def capacity_seeds_option():
+    return typer.Option(5, "--capacity-seeds", help="Seeds a capacity search runs (each its own send times and "
+                        "order, the same for every drafter): the capacity is their mean, with its 95 % interval.")
+
+
+def capacity_criterion_option():
+    return typer.Option("calls", "--capacity-criterion", help="What attainment counts: 'calls' (pooled calls, "
+                        "each by vLLM's good-request rule) or 'queries' (a query is good when every call of it met "
+                        "the call SLOs).")
+
+
+def capacity_max_tenants_option():
+    return typer.Option(64, "--capacity-max-tenants", help="Most independent tenants a capacity probe may send "
+                        "the trace as to reach a steady window; past it the capacity is inconclusive.")
+
+
+def disable_shuffle_option():
+    return typer.Option(False, "--disable-shuffle", help="vllm bench serve's --disable-shuffle: send the queries "
+                        "in trace order (default: shuffled with the seed, as vLLM's client does).")
+
+
+def capacity_options(seeds: int, criterion: str, max_tenants: int) -> dict:
+    """CapacitySearch keywords of the --capacity-* options."""
+    return {"seeds": seeds, "criterion": criterion, "max_tenants": max_tenants}
+
+
 def load_settings(rate: float | None, request_rate: float | None, burstiness: float, max_concurrency: int | None,
-                  copies: int) -> dict:
+                  copies: int, disable_shuffle: bool = False) -> dict:
     """EngineConfig keywords of the load protocol (engine/load.py); --rate is --request-rate's older name."""
     import math
 
@@ -211,7 +237,8 @@ def load_settings(rate: float | None, request_rate: float | None, burstiness: fl
         raise UsageError(f"--copies: must be ≥ 1, got {copies}")
     if max_concurrency is not None and max_concurrency < 1:
         raise UsageError(f"--max-concurrency: must be ≥ 1, got {max_concurrency}")
-    settings: dict = {"burstiness": burstiness, "max_concurrency": max_concurrency, "copies": copies}
+    settings: dict = {"burstiness": burstiness, "max_concurrency": max_concurrency, "copies": copies,
+                      "disable_shuffle": disable_shuffle}
     if request_rate is not None:
         settings.update(arrival="request-rate", rate=request_rate)
     elif max_concurrency is not None:
@@ -228,20 +255,25 @@ def latency_slo(ttft: float | None, tpot: float | None, query_latency: float | N
         raise UsageError(str(exc)) from None
 
 
-def capacity_search(slo, attainment: float, tolerance: float, burstiness: float, engine):
-    """The capacity search the options ask for (agentspec_sim/capacity.py); its load protocol is the request
-    rate it varies, so --request-rate and --copies do not apply."""
+def capacity_search(slo, attainment: float, tolerance: float, burstiness: float, engine, options: dict | None = None):
+    """The capacity search the options ask for (agentspec_sim/capacity); its load protocol is the request rate it
+    varies, so --request-rate and --copies do not apply, and latency is clocked from each query's send, so
+    --max-concurrency does not either."""
     from agentspec_sim.capacity import CapacitySearch
 
     if engine.copies > 1 or (engine.arrival == "request-rate" and engine.max_concurrency is None):
         raise UsageError("a capacity search varies the request rate itself: give no --request-rate, --rate or "
                          "--copies")
+    if engine.max_concurrency is not None:
+        raise UsageError("--max-concurrency: a capacity search clocks latency from each query's send, as its users "
+                         "see it; under vLLM's client semaphore latency starts at the slot and every rate would "
+                         "pass. Give no --max-concurrency (replay --max-concurrency measures one closed loop)")
     if not slo.any:
         raise UsageError("a capacity search needs a latency SLO: --slo-ttft, --slo-tpot and/or --slo-query-latency")
     try:
-        return CapacitySearch(slo, target=attainment, tolerance=tolerance, burstiness=burstiness)
+        return CapacitySearch(slo, target=attainment, tolerance=tolerance, burstiness=burstiness, **(options or {}))
     except ValueError as exc:
-        raise UsageError(f"--slo-attainment / --capacity-tolerance: {exc}") from None
+        raise UsageError(f"--slo-attainment / --capacity-*: {exc}") from None
 
 
 def replicate_option():

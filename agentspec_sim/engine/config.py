@@ -52,7 +52,9 @@ class EngineConfig:
     Load protocol (engine/load.py): max_concurrency (`vllm bench serve --max-concurrency`: at most this
     many queries in flight, the next starting when one ends), copies (each query run alone as this
     many identical copies submitted together, the next query's when all have finished: the offline
-    `LLM.generate([prompt] * B)` protocol of published per-request speedups).
+    `LLM.generate([prompt] * B)` protocol of published per-request speedups), disable_shuffle (`vllm bench
+    serve --disable-shuffle`: under a request rate or max concurrency the queries go out in trace order;
+    by default in the order `random.seed(seed); random.shuffle(dataset)` gives, as vLLM's datasets do).
     seed: all randomness; check_invariants: run the engine's runtime checks every step.
     """
 
@@ -78,6 +80,7 @@ class EngineConfig:
     burstiness: float = 1.0
     max_concurrency: int | None = None
     copies: int = 1
+    disable_shuffle: bool = False
     check_invariants: bool = False
 
     def __post_init__(self) -> None:

@@ -19,6 +19,12 @@ offline one of published per-request speedup measurements:
   drafter state and the model-based drafters draw the same acceptance for every copy, so greedy copies
   draft and accept identically (only the token budget can set one apart).
 
+- send order: `vllm bench serve` shuffles its dataset before sending (vllm/benchmarks/datasets/datasets.py,
+  `random.seed(random_seed); random.shuffle(self.data)` unless `--disable-shuffle`): under a request rate or
+  max concurrency the query instances (tenants included) go out in that order (`send_order`), the i-th
+  send time to the i-th query of the shuffled list. Python's own `random` with the run's seed, so the order
+  is the one vLLM's client draws for a dataset of the same length.
+
 `agent think time` between a query's calls applies under every protocol (the trace's think_s, or
 `think_time`).
 """
@@ -26,6 +32,7 @@ offline one of published per-request speedup measurements:
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 
@@ -47,6 +54,22 @@ def request_rate_arrivals(n: int, rate: float, burstiness: float, rng: np.random
     if times[-1] > 0:
         times *= (n / rate) / times[-1]
     return times
+
+
+def send_order(n: int, seed: int, shuffle: bool) -> np.ndarray:
+    """The query instances in the order the client sends them (module docstring): position i of the result is
+    the instance sent i-th."""
+    order = list(range(n))
+    if shuffle:
+        random.Random(seed).shuffle(order)  # vLLM: random.seed(seed); random.shuffle(data)
+    return np.array(order, dtype=np.int64)
+
+
+def shuffles(config: EngineConfig) -> bool:
+    """Whether the run sends its queries in vLLM's shuffled dataset order: a request rate or max concurrency
+    (vLLM's client) without disable_shuffle."""
+    return (not config.disable_shuffle and config.copies == 1
+            and (config.arrival == "request-rate" or config.max_concurrency is not None))
 
 
 def protocol(config: EngineConfig, varied_rate: bool = False) -> str:
@@ -72,6 +95,10 @@ def protocol(config: EngineConfig, varied_rate: bool = False) -> str:
         text = "the trace's arrival times (none: all at t = 0)"
     if config.max_concurrency is not None:
         text += f", max concurrency {config.max_concurrency}"
+    if shuffles(config):
+        text += ", shuffled"
+    elif config.disable_shuffle and (config.arrival == "request-rate" or config.max_concurrency is not None):
+        text += ", in trace order"
     if config.replicate > 1:
         text += f", ×{config.replicate} tenants"
     return text + think

@@ -66,7 +66,7 @@ from agentspec_sim.engine.drafting import BaseDrafter, RunView, SpeculativeConfi
 from agentspec_sim.engine.invariants import check_run, check_step
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
 from agentspec_sim.engine.layout import call_layout, next_arrival_s
-from agentspec_sim.engine.load import is_gated, request_rate_arrivals
+from agentspec_sim.engine.load import is_gated, request_rate_arrivals, send_order, shuffles
 from agentspec_sim.engine.pricing import StepPricer
 from agentspec_sim.engine.request import (
     FINISHED,
@@ -269,8 +269,10 @@ class Simulator:
 
     def _place_arrivals(self) -> None:
         cfg = self.config
+        order = send_order(len(self.queries), cfg.seed, shuffles(cfg))
         if cfg.arrival == "request-rate":
-            starts = request_rate_arrivals(len(self.queries), cfg.rate, cfg.burstiness, self.rng_arrivals)
+            starts = np.empty(len(self.queries))
+            starts[order] = request_rate_arrivals(len(self.queries), cfg.rate, cfg.burstiness, self.rng_arrivals)
         elif cfg.arrival == "poisson":
             gaps = self.rng_arrivals.exponential(1.0 / cfg.rate, size=len(self.queries))
             starts = np.cumsum(gaps) - gaps[0]  # the first query arrives at 0
@@ -289,10 +291,10 @@ class Simulator:
                 f"{MAX_CLOCK_S:.0e} s (~3,000 years) the simulated clock (float64) can no longer resolve one step; "
                 "raise the request rate (or check the trace's arrival_s)")
         if is_gated(cfg):
-            self._gate_queries(starts)
+            self._gate_queries(starts, order)
             return
-        for q in self.queries:
-            self._send(q, float(starts[q.index]))
+        for i in order:  # sends at one instant reach the server in the client's order
+            self._send(self.queries[i], float(starts[i]))
 
     def _send(self, query: QueryRun, at: float) -> None:
         """Query `query`'s first call reaches the server at `at` (its later calls follow it)."""
@@ -304,7 +306,7 @@ class Simulator:
                 copy.offset_s, copy.arrival_s = query.offset_s, at
         self._push(at, ARRIVE, (query, 0))
 
-    def _gate_queries(self, starts: np.ndarray) -> None:
+    def _gate_queries(self, starts: np.ndarray, order: np.ndarray) -> None:
         """Hold the queries for their turn (engine/load.py): max concurrency lets `max_concurrency` queries be
         in flight, in the order they arrive; copies send one query's copies together, the next query's when
         all have ended."""
@@ -315,8 +317,9 @@ class Simulator:
             self.gate_limit = 1
             self.gate_due = [0.0] * len(groups)  # each batch the instant the previous one ends
         else:
-            order = sorted(self.queries, key=lambda q: (starts[q.index], q.index))
-            groups = [[q] for q in order]
+            position = np.empty_like(order)
+            position[order] = np.arange(order.shape[0])  # ties (all sent at 0) go in the client's send order
+            groups = [[q] for q in sorted(self.queries, key=lambda q: (starts[q.index], position[q.index]))]
             self.gate_limit = int(cfg.max_concurrency)
             self.gate_due = [float(starts[g[0].index]) for g in groups]
         self.gate_groups = groups

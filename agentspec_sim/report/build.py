@@ -218,6 +218,18 @@ def _latency_lines(setting: pl.DataFrame, drafters: Sequence[str], batch: int) -
     return "; ".join(parts)
 
 
+def _capacity_cell(d, size: int) -> str:
+    """One drafter's capacity at one max_num_seqs for the report's table: rate [low, high], or ≥ floor."""
+    if size not in d.by_batch:
+        return "—"
+    if size in d.at_least:
+        return f"≥ {d.at_least[size]:.3g} (inconclusive)"
+    rate, (low, high) = d.by_batch[size], d.intervals.get(size, (None, None))
+    if not rate or low is None or high is None:
+        return f"{rate or 0:.3g}"
+    return f"{rate:.3g} [{low:.3g}, {high:.3g}]"
+
+
 def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "agentspec-sim report",
                           sources: Sequence[str] = ()) -> Report:
     """`report.md` and its PNGs for capacity-search results (`sweep --capacity`): per setting, the capacity
@@ -235,9 +247,10 @@ def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "age
     report = Report(markdown=out / "report.md")
     lines = [f"# {title}", ""]
     lines += [f"    {s}" for s in sources] + ([""] if sources else [])
-    lines += [f"{results.height} capacity searches. A configuration's capacity is the highest request rate "
-              "(queries/s, sent as `vllm bench serve --request-rate` sends them) at which the SLO attainment target "
-              "holds for calls (TTFT, TPOT) and queries (query latency); docs/sweep-and-plan.md.", ""]
+    lines += [f"{results.height} capacity searches. A configuration's capacity is the highest steady request rate "
+              "(queries/s, sent as `vllm bench serve --request-rate` sends them) at which the engine keeps up and "
+              "the SLO attainment target holds over the steady window, the mean over seeds with its 95 % interval; "
+              "≥ x: inconclusive, the trace too short to load it; docs/sweep-and-plan.md.", ""]
     for plan in plans:
         name = workload_name(plan.trace)
         label = f"{name} · {plan.model} · {plan.hardware}"
@@ -262,8 +275,7 @@ def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "age
         header = "| drafter | " + " | ".join(str(s) for s in sizes) + " |"
         table = [header, "|" + "---|" * (len(sizes) + 1)]
         for d in plan.drafters:
-            cells = ["unbounded" if d.by_batch.get(s, 0) is None else
-                     ("—" if s not in d.by_batch else f"{d.by_batch[s]:.3g}") for s in sizes]
+            cells = [_capacity_cell(d, s) for s in sizes]
             table.append(f"| {d.drafter} | " + " | ".join(cells) + " |")
         lines += [f"## {label}", "", f"Trace `{plan.trace}`; {load}; SLO "
                   + ", ".join(f"{k} ≤ {v:g} s" for k, v in slo.items() if v) + ".", "",

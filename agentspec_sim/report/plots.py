@@ -249,13 +249,18 @@ def latency_vs_load(rows: Sequence[dict], style: Style, slo: dict, title: str, p
     """Latency against offered load, one line per drafter (its probes at its best max_num_seqs, `rows`: capacity
     rows with the probe_* list columns): TTFT, TPOT and query latency, p99 solid and p50 dashed; each SLO a
     horizontal line, each drafter's capacity a dotted vertical line in its colour. Probes at rate 0 (each query
-    alone) and at an infinite rate (all at once) have no place on a rate axis and are left out."""
+    alone) have no place on a rate axis and are left out; of a search over several seeds, the first seed's probes
+    are drawn."""
     fig, axes = plt.subplots(1, 3, figsize=(13.0, 4.0))
     for ax, (key, name, slo_key) in zip(axes, _LATENCY_PANELS, strict=True):
         for row in rows:
             drafter, color = row["drafter"], style.color(row["drafter"])
             rates = np.array([np.nan if r is None else r for r in row["probe_rate"]], dtype=float)
             keep = np.isfinite(rates) & (rates > 0)
+            seeds = row.get("probe_seed")
+            if seeds:  # one seed's probes make one curve (each seed draws its own send times)
+                seeds = np.array([np.nan if x is None else x for x in seeds], dtype=float)
+                keep &= seeds == np.nanmin(seeds)
             order = np.argsort(rates[keep])
             for pct, line in (("p99", "-"), ("p50", "--")):
                 values = np.array([np.nan if v is None else v for v in row[f"probe_{key}_{pct}"]], dtype=float)
@@ -285,24 +290,28 @@ def latency_vs_load(rows: Sequence[dict], style: Style, slo: dict, title: str, p
 
 
 def capacity_vs_batch(setting: pl.DataFrame, style: Style, title: str, path: Path) -> Path:
-    """Capacity (queries/s at the attainment target; an unbounded cell drawn as a hollow marker at the top of the
-    axis) against max_num_seqs, one line per drafter."""
+    """Capacity (steady-state queries/s at the attainment target, with its interval as an error bar; an
+    inconclusive cell drawn as a hollow marker at the floor it reached) against max_num_seqs, one line per
+    drafter."""
     fig, ax = plt.subplots(figsize=(8.0, 4.2))
     sizes = setting["max_num_seqs"].unique().sort().to_list()
-    finite = setting.filter(~pl.col("capacity_unbounded"))["capacity_rate"].drop_nulls()
-    top = float(finite.max()) * 1.5 if finite.len() and finite.max() else 1.0
     for drafter in style.drafters:
         rows = setting.filter(pl.col("drafter") == drafter).sort("max_num_seqs")
         if rows.height == 0:
             continue
         x = rows["max_num_seqs"].to_numpy()
-        unbounded = rows["capacity_unbounded"].to_numpy()
-        y = np.where(unbounded, top, rows["capacity_rate"].fill_null(0.0).to_numpy())
-        ax.plot(x, y, marker=style.marker(drafter), color=style.color(drafter), label=drafter)
-        if unbounded.any():
-            ax.scatter(x[unbounded], y[unbounded], s=80, facecolors="none", edgecolors=style.color(drafter))
+        lost = rows["capacity_inconclusive"].is_not_null().to_numpy()
+        y = np.where(lost, rows["capacity_at_least"].fill_null(0.0).to_numpy(),
+                     rows["capacity_rate"].fill_null(0.0).to_numpy())
+        low = rows["capacity_low"].fill_null(strategy="zero").to_numpy()
+        high = rows["capacity_high"].fill_null(strategy="zero").to_numpy()
+        err = np.where(lost, 0.0, np.vstack([np.clip(y - low, 0, None), np.clip(high - y, 0, None)]))
+        ax.errorbar(x, y, yerr=err, marker=style.marker(drafter), color=style.color(drafter), label=drafter,
+                    capsize=3)
+        if lost.any():
+            ax.scatter(x[lost], y[lost], s=80, facecolors="none", edgecolors=style.color(drafter))
     _batch_axis(ax, sizes)
-    ax.set_ylabel("capacity (queries/s; hollow: unbounded)")
+    ax.set_ylabel("capacity (queries/s, 95 % interval; hollow: inconclusive, ≥)")
     ax.set_title(title, fontsize="medium")
     ax.grid(True, alpha=0.3)
     _outside_legend(ax)

@@ -3,18 +3,22 @@ max_num_seqs that sustains the most load per GPU under the SLOs, the best config
 a target rate needs and what a million output tokens cost there.
 
 Rules (docs/sweep-and-plan.md, "Capacity"):
-- Seeds: a configuration's capacity is its least over seeds (the SLO must hold for every seed).
-- Per drafter configuration: the max_num_seqs of highest capacity per GPU (capacity ÷ the layout's GPUs),
-  or the smallest one within the search's tolerance of it (a larger batch buys nothing the search can tell
-  apart, and costs KV memory and latency). Unbounded (meets the SLO with every query at once) ranks above
-  any finite rate, then by output tok/s.
-- Overall: the highest capacity per GPU; ties to `normal`, then the smaller batch. The reason names the
-  runner-up and the margin, and says when the margin is within the simulator's stated error: the step-cost
-  model's held-out error against measured kernels for the pair (`cost_model_error`: its bundled calibration's
-  median, else 5 %) or the search's own tolerance, whichever is larger.
-- Replicas for `target_rate`: ⌈target ÷ capacity⌉ deployments of the layout's GPUs each.
-- Cost per million output tokens at capacity: GPUs × $/GPU-hour ÷ (output tok/s × 3600) × 10⁶, prices from
-  the bundled table (its source in the file) or a file of the same shape.
+- A capacity is a steady-state rate with its interval (agentspec_sim/capacity); an inconclusive one (a trace
+  too short to load the configuration) is shown as "≥ rate" and never ranked, priced or turned into replicas.
+- Seeds: the search states its interval over its own seeds; rows of several sweep seeds plan by the least.
+- Per drafter configuration: the max_num_seqs of highest capacity per GPU (capacity ÷ the layout's GPUs);
+  beside it the smallest max_num_seqs that cannot be told apart from it (less KV memory, shorter latencies).
+- Told apart: two capacities differ when their gap exceeds their intervals' half-widths combined (root sum
+  of squares) plus the step-cost model's stated error carried into capacity (`cost_model_error`: its
+  bundled calibration's held-out median, else 5 %; to first order a step-time error e moves a capacity by
+  e). The reason names the runner-up and says when the two are not told apart.
+- Overall: the highest capacity per GPU; ties to `normal`, then the smaller batch.
+- Replicas for `target_rate`: ⌈target ÷ (capacity's lower bound × `UTILISATION`)⌉ deployments of the layout's
+  GPUs each, each replica taking whole queries from a balancer that spreads them evenly (no router is
+  simulated here).
+- Money from the sustained rate R: $ per query = GPUs × $/GPU-hour ÷ (R × 3600), $ per million output tokens
+  = GPUs × $/GPU-hour ÷ (R × output tokens per query × 3600) × 10⁶, prices from the bundled table (its
+  source in the file) or a file of the same shape.
 """
 
 from __future__ import annotations
@@ -51,10 +55,17 @@ def cost_model_error(hardware: str, model: str) -> tuple[float, str]:
     return COST_MODEL_ERROR, "assumed: no bundled measured-kernel calibration for this pair"
 
 
+# A replica is planned to run at this share of its capacity: Knative Serving's default target utilisation
+# (config-autoscaler `container-concurrency-target-percentage: 70`), the autoscaler KServe serves vLLM under.
+# The capacity already holds the SLO at its attainment target; the headroom absorbs bursts above the mean rate.
+UTILISATION = 0.7
+ROUTING = "whole queries spread evenly over independent replicas; no router simulated"
+
 # A plan per layout (plan.py).
 _GROUP = ("trace", "hardware", "model", "tensor_parallel_size", "expert_parallel", "data_parallel_size")
-CAPACITY_COLUMNS = ("drafter", "speculative_config", "max_num_seqs", "capacity_rate", "capacity_unbounded",
-                    "capacity_output_tok_s", "capacity_stopped", "capacity_search", "engine_config")
+CAPACITY_COLUMNS = ("drafter", "speculative_config", "max_num_seqs", "capacity_rate", "capacity_low",
+                    "capacity_high", "capacity_at_least", "capacity_inconclusive", "capacity_output_tokens_per_query",
+                    "capacity_stopped", "capacity_search", "engine_config")
 
 
 @dataclass(frozen=True)
@@ -100,9 +111,14 @@ class CapacityChoice:
     drafter: str
     speculative_config: dict[str, Any]
     max_num_seqs: int
-    capacity_rate: float | None  # queries/s at ≥ target attainment; None: unbounded on this trace
+    capacity_rate: float | None  # steady-state queries/s at ≥ target attainment; None: inconclusive
+    capacity_low: float | None  # its interval
+    capacity_high: float | None
+    at_least: float | None  # inconclusive: the highest rate that passed
+    inconclusive: str | None
     capacity_per_gpu: float | None
-    output_tok_s: float  # at that rate
+    output_tok_s: float | None  # sustained: capacity × output tokens per query
+    output_tokens_per_query: float
     gpus: int
     ttft_p99_s: float | None
     tpot_p99_s: float | None
@@ -110,23 +126,38 @@ class CapacityChoice:
     attainment: float | None
     stopped: str
     usd_per_million_tokens: float | None = None
+    usd_per_query: float | None = None
     replicas: int | None = None  # for the target rate
 
     @property
     def k(self) -> int:
         return int(self.speculative_config.get("num_speculative_tokens", 0))
 
-    def rank_key(self) -> tuple[float, float]:
-        per_gpu = math.inf if self.capacity_rate is None else (self.capacity_per_gpu or 0.0)
-        return per_gpu, self.output_tok_s / self.gpus
+    @property
+    def feasible(self) -> bool:
+        """A conclusive capacity above 0: something to plan with."""
+        return self.inconclusive is None and (self.capacity_rate or 0.0) > 0
+
+    @property
+    def relative_half_width(self) -> float:
+        """Half the interval over the capacity (0 without an interval)."""
+        if not self.feasible or self.capacity_low is None or self.capacity_high is None:
+            return 0.0
+        return (self.capacity_high - self.capacity_low) / 2 / self.capacity_rate
+
+    def rank_key(self) -> float:
+        return self.capacity_per_gpu or 0.0 if self.feasible else -1.0
 
 
 @dataclass(frozen=True)
 class DrafterCapacity:
     drafter: str
-    by_batch: dict[int, float | None]  # max_num_seqs → capacity (queries/s; None: unbounded)
+    by_batch: dict[int, float | None]  # max_num_seqs → capacity (queries/s; None: inconclusive)
     best: CapacityChoice | None
     why: str
+    smaller: CapacityChoice | None = None  # the smallest max_num_seqs not told apart from `best`
+    intervals: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)  # max_num_seqs → interval
+    at_least: dict[int, float] = field(default_factory=dict)  # max_num_seqs → lower bound where inconclusive
 
 
 @dataclass(frozen=True)
@@ -140,6 +171,10 @@ class CapacityPlan:
     best: CapacityChoice | None
     reason: str
     within_error: bool = False
+    model_error: float = COST_MODEL_ERROR
+    model_error_source: str = ""
+    utilisation: float = UTILISATION
+    routing: str = ROUTING
     target_rate: float | None = None
     price_source: str | None = None
     usd_per_gpu_hour: float | None = None
@@ -153,7 +188,8 @@ class CapacityPlan:
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         for d in doc["drafters"]:
-            d["by_batch"] = {str(k): v for k, v in d["by_batch"].items()}
+            for key in ("by_batch", "intervals", "at_least"):
+                d[key] = {str(k): v for k, v in d[key].items()}
         return doc
 
 
@@ -189,21 +225,26 @@ def plan_capacity(results: pl.DataFrame, target_rate: float | None = None,
 
 
 def _choices(group: pl.DataFrame) -> list[CapacityChoice]:
-    """One choice per (drafter configuration, max_num_seqs), the worst seed's."""
+    """One choice per (drafter configuration, max_num_seqs), the worst sweep seed's (an inconclusive one first:
+    nothing may be planned from it)."""
     out = []
     keys = ["drafter", "speculative_config", "max_num_seqs"]
     for _, cell in group.group_by(keys, maintain_order=True):
         rows = cell.to_dicts()
-        worst = min(rows, key=lambda r: (math.inf if r["capacity_unbounded"] else (r["capacity_rate"] or 0.0),
-                                         r["capacity_output_tok_s"] or 0.0))
+        worst = min(rows, key=lambda r: (r["capacity_inconclusive"] is None, r["capacity_rate"] or 0.0))
         engine = json.loads(worst["engine_config"]) if worst.get("engine_config") else {}
         gpus = int(engine.get("tensor_parallel_size") or 1) * int(engine.get("data_parallel_size") or 1)
-        rate = None if worst["capacity_unbounded"] else float(worst["capacity_rate"] or 0.0)
+        inconclusive = worst["capacity_inconclusive"]
+        rate = None if inconclusive else float(worst["capacity_rate"] or 0.0)
+        per_query = float(worst["capacity_output_tokens_per_query"] or 0.0)
         out.append(CapacityChoice(
             drafter=worst["drafter"], speculative_config=json.loads(worst["speculative_config"]),
             max_num_seqs=int(worst["max_num_seqs"]), capacity_rate=rate,
+            capacity_low=None if inconclusive else worst["capacity_low"],
+            capacity_high=None if inconclusive else worst["capacity_high"],
+            at_least=worst["capacity_at_least"] if inconclusive else None, inconclusive=inconclusive,
             capacity_per_gpu=None if rate is None else rate / gpus,
-            output_tok_s=float(worst["capacity_output_tok_s"] or 0.0), gpus=gpus,
+            output_tok_s=None if rate is None else rate * per_query, output_tokens_per_query=per_query, gpus=gpus,
             ttft_p99_s=worst.get("ttft_p99"), tpot_p99_s=worst.get("tpot_p99"),
             query_latency_p99_s=worst.get("query_latency_p99"), attainment=worst.get("attainment_met"),
             stopped=worst["capacity_stopped"]))
@@ -211,9 +252,20 @@ def _choices(group: pl.DataFrame) -> list[CapacityChoice]:
 
 
 def _describe_rate(choice: CapacityChoice) -> str:
-    if choice.capacity_rate is None:
-        return f"unbounded (meets the SLO with every query at once; {choice.output_tok_s:,.0f} tok/s)"
-    return f"{choice.capacity_rate:.4g} queries/s ({choice.output_tok_s:,.0f} tok/s)"
+    if choice.inconclusive is not None:
+        return f"inconclusive (≥ {choice.at_least or 0.0:.4g} queries/s; the trace is too short to load it)"
+    text = f"{choice.capacity_rate:.4g} queries/s"
+    if choice.capacity_low is not None and choice.capacity_high is not None and choice.capacity_rate:
+        text += f" [{choice.capacity_low:.4g}, {choice.capacity_high:.4g}]"
+    return text + f" ({choice.output_tok_s or 0.0:,.0f} tok/s)"
+
+
+def told_apart(a: CapacityChoice, b: CapacityChoice, model_error: float) -> bool:
+    """Whether a's capacity per GPU differs from b's by more than their uncertainty (module docstring)."""
+    if not (a.feasible and b.feasible):
+        return a.feasible != b.feasible
+    gap = abs(math.log(a.capacity_per_gpu / b.capacity_per_gpu))
+    return gap > math.hypot(a.relative_half_width, b.relative_half_width) + model_error
 
 
 def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, target_rate: float | None,
@@ -224,47 +276,52 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
     from agentspec_sim.engine.load import protocol
 
     search = json.loads(group["capacity_search"][0])
-    tolerance = float(search.get("tolerance", 0.0))
     choices = _choices(group)
     price = prices.of(hardware)
+    step_error, step_source = cost_model_error(hardware, model)
 
     def priced(c: CapacityChoice) -> CapacityChoice:
-        cost = (c.gpus * price / (c.output_tok_s * 3600) * 1e6 if price and c.output_tok_s > 0
-                and (c.capacity_rate is None or c.capacity_rate > 0) else None)
+        if not c.feasible:
+            return c
+        usd_query = c.gpus * price / (c.capacity_rate * 3600) if price else None
+        usd_mtok = usd_query / c.output_tokens_per_query * 1e6 if usd_query and c.output_tokens_per_query > 0 else None
         replicas = None
-        if target_rate is not None and c.capacity_rate != 0:
-            replicas = 1 if c.capacity_rate is None else math.ceil(target_rate / c.capacity_rate - 1e-9)
-        return replace(c, usd_per_million_tokens=cost, replicas=replicas)
+        if target_rate is not None:
+            floor = c.capacity_low if c.capacity_low else c.capacity_rate
+            replicas = math.ceil(target_rate / (floor * UTILISATION) - 1e-9)
+        return replace(c, usd_per_million_tokens=usd_mtok, usd_per_query=usd_query, replicas=replicas)
 
     choices = [priced(c) for c in choices]
     labels = list(dict.fromkeys(c.drafter for c in choices))
     drafters = []
     for label in labels:
         mine = [c for c in choices if c.drafter == label]
-        feasible = [c for c in mine if c.capacity_rate is None or c.capacity_rate > 0]
         by_batch = {c.max_num_seqs: c.capacity_rate for c in mine}
+        intervals = {c.max_num_seqs: (c.capacity_low, c.capacity_high) for c in mine}
+        floors = {c.max_num_seqs: c.at_least or 0.0 for c in mine if c.inconclusive is not None}
+        feasible = [c for c in mine if c.feasible]
         if not feasible:
-            drafters.append(DrafterCapacity(label, by_batch, None, f"no swept max_num_seqs meets the SLO at any "
-                                            f"load (max_num_seqs {mine[0].max_num_seqs}: {mine[0].stopped})"))
+            lost = next((c for c in mine if c.inconclusive is not None), mine[0])
+            why = (f"max_num_seqs {lost.max_num_seqs}: {lost.inconclusive}" if lost.inconclusive is not None else
+                   f"no swept max_num_seqs meets the SLO at any load (max_num_seqs {lost.max_num_seqs}: "
+                   f"{lost.stopped})")
+            drafters.append(DrafterCapacity(label, by_batch, None, why, None, intervals, floors))
             continue
-        top = max(feasible, key=lambda c: (*c.rank_key(), -c.max_num_seqs))
-        # A larger batch that sustains no more than the search can tell apart buys nothing: the smallest
-        # max_num_seqs within the search's tolerance of the most (less KV memory, shorter latencies).
-        best = min((c for c in feasible if _within(c, top, tolerance)), key=lambda c: c.max_num_seqs)
+        best = max(feasible, key=lambda c: (c.rank_key(), -c.max_num_seqs))
+        # A smaller batch the search cannot tell apart from the best sustains as much: less KV memory, shorter
+        # latencies. Shown beside the best, not picked over it.
+        smaller = min((c for c in feasible if c.max_num_seqs < best.max_num_seqs
+                       and not told_apart(c, best, step_error)), key=lambda c: c.max_num_seqs, default=None)
         larger = [c for c in mine if c.max_num_seqs > best.max_num_seqs]
-        if not larger:
-            why = "the largest batch size swept"
-        else:
-            why = f"max_num_seqs {larger[0].max_num_seqs} sustains {_describe_rate(larger[0])}"
-            if top is larger[0]:
-                why += " (within the search's tolerance)"
-            elif top is not best:
-                why += (f"; the most, {_describe_rate(top)} at max_num_seqs {top.max_num_seqs}, is within the "
-                        f"search's ±{tolerance:.0%}")
-        drafters.append(DrafterCapacity(label, by_batch, best, why))
+        why = ("the largest batch size swept" if not larger else
+               f"max_num_seqs {larger[0].max_num_seqs} sustains {_describe_rate(larger[0])}")
+        if smaller is not None:
+            why += (f"; max_num_seqs {smaller.max_num_seqs} sustains {_describe_rate(smaller)}, not told apart "
+                    "from it")
+        drafters.append(DrafterCapacity(label, by_batch, best, why, smaller, intervals, floors))
     ranked = sorted((d for d in drafters if d.best is not None),
-                    key=lambda d: (tuple(-x for x in d.best.rank_key()),
-                                   d.best.speculative_config["method"] != "normal", d.best.max_num_seqs))
+                    key=lambda d: (-d.best.rank_key(), d.best.speculative_config["method"] != "normal",
+                                   d.best.max_num_seqs))
     shared = {k: v for k, v in (engine or {}).items() if k in EngineConfig.__dataclass_fields__}
     try:
         shown = protocol(replace(EngineConfig(**shared), burstiness=search["burstiness"]), varied_rate=True)
@@ -272,31 +329,30 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
         shown = "request rate R"
     plan_base = dict(trace=trace, hardware=hardware, model=model, search=search, protocol=shown, drafters=drafters,
                      target_rate=target_rate, price_source=prices.source if price else None, usd_per_gpu_hour=price,
-                     engine=engine)
+                     engine=engine, model_error=step_error, model_error_source=step_source)
     if not ranked:
-        return CapacityPlan(**plan_base, best=None, reason="no drafter meets the SLO at any load and swept "
-                            "max_num_seqs; relax an SLO or --slo-attainment")
+        lost = [d for d in drafters if any(c.inconclusive for c in choices if c.drafter == d.drafter)]
+        why = ("no capacity can be stated: the trace is too short to load " + ", ".join(d.drafter for d in lost)
+               + " (a longer trace, --replicate or --capacity-max-tenants lengthens it)" if lost else
+               "no drafter meets the SLO at any load and swept max_num_seqs; relax an SLO or --slo-attainment")
+        return CapacityPlan(**plan_base, best=None, reason=why)
     winner = ranked[0].best
-    step_error, step_source = cost_model_error(hardware, model)
-    error = max(step_error, tolerance)
     reason = (f"{winner.drafter} at max_num_seqs {winner.max_num_seqs} sustains the most load per GPU meeting "
               f"the SLO at ≥ {search['target']:.0%} attainment: {_describe_rate(winner)}; larger: "
               f"{ranked[0].why}")
     within = False
     if len(ranked) > 1:
         second = ranked[1].best
-        if winner.capacity_rate is None or second.capacity_rate is None:
-            margin = winner.output_tok_s / second.output_tok_s - 1 if second.output_tok_s else math.inf
-        else:
-            margin = winner.capacity_per_gpu / second.capacity_per_gpu - 1 if second.capacity_per_gpu else math.inf
-        within = margin <= error
+        margin = winner.capacity_per_gpu / second.capacity_per_gpu - 1
+        within = not told_apart(winner, second, step_error)
         reason += (f"; runner-up: {second.drafter} at max_num_seqs {second.max_num_seqs}, {_describe_rate(second)}, "
                    f"{margin:+.1%} behind")
         if within:
-            reason += (f" — inside the simulator's stated error (step cost ±{step_error:.1%}, {step_source}; "
-                       f"search tolerance ±{tolerance:.0%}): the two are not told apart")
+            reason += (f" — not told apart (their intervals ±{winner.relative_half_width:.1%} and "
+                       f"±{second.relative_half_width:.1%} with the step cost's ±{step_error:.1%}, {step_source})")
     if target_rate is not None and winner.replicas is not None:
-        reason += f"; {target_rate:g} queries/s needs {winner.replicas} replica(s) × {winner.gpus} GPU"
+        reason += (f"; {target_rate:g} queries/s needs {winner.replicas} replica(s) × {winner.gpus} GPU at "
+                   f"{UTILISATION:.0%} of the capacity's lower bound ({ROUTING})")
     from agentspec_sim.sweep.plan import serve_flags
 
     config, args, env, note, served = serve_flags(winner, model, engine,
@@ -306,17 +362,8 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
                         vllm_args=args, vllm_env=env, vllm_note=note, vllm_model=served)
 
 
-def _within(c: CapacityChoice, top: CapacityChoice, tolerance: float) -> bool:
-    """Whether `c` sustains as much load per GPU as `top` to within the search's tolerance."""
-    if top.capacity_rate is None:
-        return c.capacity_rate is None and c.output_tok_s * (1 + tolerance) >= top.output_tok_s
-    if c.capacity_rate is None:
-        return True
-    return (c.capacity_per_gpu or 0.0) * (1 + tolerance) >= (top.capacity_per_gpu or 0.0)
-
-
 def _capacity_value(row: dict[str, Any]) -> float:
-    """A row's capacity as one comparable number (unbounded: above any rate, ordered by throughput)."""
-    if row["capacity_unbounded"]:
-        return 1e12 + float(row["capacity_output_tok_s"] or 0.0)
+    """A row's capacity as one comparable number (inconclusive: below every stated one)."""
+    if row.get("capacity_inconclusive"):
+        return -1.0
     return float(row["capacity_rate"] or 0.0)

@@ -26,7 +26,6 @@ Rules (docs/sweep-and-plan.md):
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -225,21 +224,29 @@ def _per_gpu_row(p) -> dict[str, Any]:
     if best is None:
         per_gpu = None
     elif hasattr(best, "capacity_per_gpu"):
-        per_gpu = math.inf if best.capacity_rate is None else best.capacity_per_gpu
-        tokens = best.output_tok_s / gpus
+        per_gpu = best.capacity_per_gpu
+        tokens = (best.output_tok_s or 0.0) / gpus
     else:
         per_gpu = tokens = best.goodput_tok_s / gpus
     return {"hardware": p.hardware, "layout": layout.label, "flags": layout.flags(), "gpus": gpus,
             "drafter": None if best is None else best.drafter,
             "max_num_seqs": None if best is None else best.max_num_seqs, "per_gpu": per_gpu,
             "output_tok_s_per_gpu": tokens, "usd_per_million_tokens": getattr(best, "usd_per_million_tokens", None),
+            "usd_per_query": getattr(best, "usd_per_query", None),
             "unit": "queries/s per GPU" if hasattr(p, "search") else "output tok/s per GPU"}
 
 
 def _ranked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # Most load per GPU; between rows that both meet the SLO at any load, more tokens per GPU; then fewer GPUs.
+    # Most load per GPU (then more tokens per GPU, then fewer GPUs); rows with nothing to plan with last.
     return sorted(rows, key=lambda r: (r["per_gpu"] is None, -(r["per_gpu"] or 0.0),
                                        -(r["output_tok_s_per_gpu"] or 0.0), r["gpus"]))
+
+
+def _ranked_by_money(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Where every GPU has a price: least $ per query first (a cheaper GPU may carry less per GPU); else by load.
+    if rows and all(r["usd_per_query"] is not None for r in rows):
+        return sorted(rows, key=lambda r: (r["usd_per_query"], r["gpus"]))
+    return _ranked(rows)
 
 
 def layout_summary(plans: list) -> list[dict[str, Any]]:
@@ -253,12 +260,13 @@ def layout_summary(plans: list) -> list[dict[str, Any]]:
 
 
 def hardware_summary(plans: list) -> list[dict[str, Any]]:
-    """Per (trace, model) planned on more than one GPU: each GPU's best layout and choice, most load per GPU first
-    (with $ per million output tokens where the GPU has a price) — which GPU `plan` recommends for that model."""
+    """Per (trace, model) planned on more than one GPU: each GPU's best layout and choice, least $ per query first
+    where every GPU has a price (else most load per GPU first) — which GPU `plan` recommends for that model."""
     by_model: dict[tuple[str, str], dict[str, list]] = {}
     for p in plans:
         by_model.setdefault((p.trace, p.model), {}).setdefault(p.hardware, []).append(_per_gpu_row(p))
-    return [{"trace": trace, "model": model, "hardware": _ranked([_ranked(rows)[0] for rows in per_hw.values()])}
+    return [{"trace": trace, "model": model,
+             "hardware": _ranked_by_money([_ranked(rows)[0] for rows in per_hw.values()])}
             for (trace, model), per_hw in by_model.items() if len(per_hw) >= 2]
 
 

@@ -62,7 +62,8 @@ def trace_file(trace: str) -> str | None:
 BATCH_TIMES = "query_batch_s"
 # A capacity search's probes, one list entry per probe (`sweep.run.run_capacity_cell`).
 PROBE_COLUMNS = ("probe_rate", "probe_met", "probe_output_tok_s", "probe_ttft_p50", "probe_ttft_p99",
-                 "probe_tpot_p50", "probe_tpot_p99", "probe_query_latency_p50", "probe_query_latency_p99")
+                 "probe_tpot_p50", "probe_tpot_p99", "probe_query_latency_p50", "probe_query_latency_p99",
+                 "probe_seed", "probe_tenants", "probe_served_share")
 # The engine settings the sweep's cells share, as JSON (`Cell.engine_config`); absent in files written before
 # it was recorded.
 ENGINE_CONFIG = "engine_config"
@@ -72,8 +73,10 @@ _FIXED_DTYPES: dict[str, pl.DataType] = {
     "speedup": pl.Float64(), ENGINE_CONFIG: pl.Utf8(), LATENCIES: pl.List(pl.Float64()), TRACE_FILE: pl.Utf8(),
     BATCH_TIMES: pl.List(pl.Float64()), "speedup_mean_per_query": pl.Float64(),
     "capacity_rate": pl.Float64(), "capacity_per_gpu": pl.Float64(), "capacity_vs_normal": pl.Float64(),
-    "capacity_bracket_low": pl.Float64(), "capacity_bracket_high": pl.Float64(),
-    **{name: pl.List(pl.Float64()) for name in PROBE_COLUMNS},
+    "capacity_bracket_low": pl.Float64(), "capacity_bracket_high": pl.Float64(), "capacity_low": pl.Float64(),
+    "capacity_high": pl.Float64(), "capacity_at_least": pl.Float64(), "capacity_inconclusive": pl.Utf8(),
+    "capacity_output_tok_s": pl.Float64(), "capacity_seed_rates": pl.List(pl.Float64()),
+    **{name: pl.List(pl.Float64()) for name in PROBE_COLUMNS}, "probe_stable": pl.List(pl.Boolean()),
 }
 Row = dict[str, Any]
 
@@ -104,7 +107,7 @@ def fill_speedups(rows: Sequence[Row], baseline_of: Mapping[str, str]) -> list[R
                       else None)
             filled["speedup_mean_per_query"] = (speedup_mean_per_query(mine, theirs) if theirs is not None
                                                 and theirs.shape == mine.shape else None)
-        if "capacity_rate" in row:  # a capacity search's row: its capacity over normal's (inf: unbounded)
+        if "capacity_rate" in row:  # a capacity search's row: its capacity over normal's
             mine, theirs = _capacity(row), capacity.get(baseline_of.get(row["cell_id"], ""))
             filled["capacity_vs_normal"] = (mine / theirs if theirs and math.isfinite(mine / theirs) else None)
         for bound in ("low", "high"):
@@ -121,7 +124,8 @@ def _times(values: Sequence[float | None]) -> np.ndarray:
 
 
 def _capacity(row: Row) -> float:
-    return math.inf if row.get("capacity_unbounded") else float(row.get("capacity_rate") or 0.0)
+    """A row's capacity for comparing drafters (NaN: inconclusive, no figure to compare)."""
+    return math.nan if row.get("capacity_inconclusive") else float(row.get("capacity_rate") or 0.0)
 
 
 def to_frame(rows: Sequence[Row]) -> pl.DataFrame:

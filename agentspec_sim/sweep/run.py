@@ -82,12 +82,11 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
 
 
 def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) -> Row:
-    """One cell's capacity search (agentspec_sim/capacity.py), all its probes in this worker on one cost model;
-    its row: key columns, the capacity columns, `RunSummary.to_row()` of the run at capacity (of the isolated
-    probe where no rate passes), the engine settings, every probe as list columns (`probe_rate` 0.0: each
-    query alone; null: every query at once), and the latencies of the queries of the run at capacity."""
-    import math
-
+    """One cell's capacity search (agentspec_sim/capacity), all its probes in this worker on one cost model;
+    its row: key columns, the capacity columns (the steady-state rate, its interval, each seed's, whether it is
+    inconclusive), `RunSummary.to_row()` of the run at capacity (of the isolated probe where no rate passes),
+    the engine settings, every probe as list columns (`probe_rate` 0.0: each query alone), and the latencies
+    of the queries of the run at capacity."""
     from agentspec_sim.capacity import find_capacity
     from agentspec_sim.cost import cost_model_for
 
@@ -96,11 +95,17 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) ->
     cap = find_capacity(workload, cell.spec, config, search, cost)
     row = cell.key_columns()
     gpus = config.tensor_parallel_size * config.data_parallel_size
-    finite = None if cap.unbounded else cap.rate
-    row.update({"capacity_rate": finite, "capacity_unbounded": cap.unbounded,
-                "capacity_per_gpu": None if finite is None else finite / gpus,
-                "capacity_output_tok_s": cap.output_tok_s, "capacity_request_throughput": cap.request_throughput,
+    rate = cap.rate if cap.conclusive else None
+    row.update({"capacity_rate": rate, "capacity_low": cap.low if cap.conclusive else None,
+                "capacity_high": cap.high if cap.conclusive else None,
+                "capacity_at_least": None if cap.conclusive else cap.rate,
+                "capacity_inconclusive": cap.inconclusive,
+                "capacity_per_gpu": None if rate is None else rate / gpus,
+                "capacity_output_tok_s": cap.output_tok_s if cap.conclusive else None,
+                "capacity_output_tokens_per_query": cap.output_tokens_per_query,
+                "capacity_request_throughput": cap.request_throughput,
                 "capacity_bracket_low": _finite(cap.bracket[0]), "capacity_bracket_high": _finite(cap.bracket[1]),
+                "capacity_seed_rates": [s.rate for s in cap.seeds], "capacity_tenants": cap.tenants,
                 "capacity_stopped": cap.stopped, "capacity_probes": len(cap.probes),
                 "capacity_search": cell.search})
     summary = cap.at_capacity if cap.at_capacity is not None else cap.isolated
@@ -108,10 +113,12 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) ->
         row.setdefault(key, value)
     row[ENGINE_CONFIG] = cell.engine_config
     probes = cap.probes
-    row["probe_rate"] = [0.0 if p.rate is None else (None if math.isinf(p.rate) else p.rate) for p in probes]
+    row["probe_rate"] = [0.0 if p.rate is None else p.rate for p in probes]
     for column, attr in zip(PROBE_COLUMNS[1:], ("met", "output_throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_p50",
-                                                "tpot_p99", "query_latency_p50", "query_latency_p99"), strict=True):
-        row[column] = [getattr(p, attr) for p in probes]
+                                                "tpot_p99", "query_latency_p50", "query_latency_p99", "seed",
+                                                "tenants", "served_share"), strict=True):
+        row[column] = [None if getattr(p, attr) is None else float(getattr(p, attr)) for p in probes]
+    row["probe_stable"] = [p.stable for p in probes]
     row[TRACE_FILE] = trace_file(cell.trace)
     row[LATENCIES] = list(cap.latencies)
     return row
