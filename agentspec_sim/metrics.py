@@ -18,16 +18,20 @@ import polars as pl
 
 from agentspec_sim.engine.load import protocol
 from agentspec_sim.engine.result import RunResult
-from agentspec_sim.slo import LatencySLO, attainment, call_latencies
+from agentspec_sim.slo import LatencySLO, attainment, call_latencies, inter_token_latencies
 
 PERCENTILES = (50, 90, 99)
 
 
 @dataclass(frozen=True)
 class Percentiles:
+    """A latency's distribution as `vllm bench serve` prints it (mean, median = p50, std, p99) and p90."""
+
     p50: float | None
     p90: float | None
     p99: float | None
+    mean: float | None = None
+    std: float | None = None  # population std (ddof 0), numpy's default as vLLM calls it
 
     @classmethod
     def of(cls, values: np.ndarray) -> Percentiles:
@@ -35,7 +39,7 @@ class Percentiles:
         if values.size == 0:
             return cls(None, None, None)
         p = np.percentile(values, PERCENTILES)
-        return cls(float(p[0]), float(p[1]), float(p[2]))
+        return cls(float(p[0]), float(p[1]), float(p[2]), float(values.mean()), float(values.std()))
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class RunSummary:
     ttft: Percentiles
     tpot: Percentiles
     query_latency: Percentiles
+    itl: Percentiles  # every gap between a call's streamed chunks, pooled (vllm bench serve's ITL)
+    e2el: Percentiles  # each call's arrival to its last token (vllm bench serve's E2EL)
     draft_time_s: float
     forward_time_s: float
     steps: int
@@ -180,6 +186,7 @@ def summarize(result: RunResult, baseline: RunResult | None = None, slo: Latency
     with_budget = decode_eng.filter(pl.col("budget") > 0)
 
     ttft, tpot = call_latencies(calls)  # TPOT NaN (left out) for one-token outputs
+    itl, longest_gap = inter_token_latencies(result)
     queries = result.queries
     done_queries = queries.filter(pl.col("completed"))
 
@@ -219,6 +226,8 @@ def summarize(result: RunResult, baseline: RunResult | None = None, slo: Latency
         ttft=Percentiles.of(ttft),
         tpot=Percentiles.of(tpot),
         query_latency=Percentiles.of(done_queries["latency_s"].to_numpy().astype(np.float64)),
+        itl=Percentiles.of(itl),
+        e2el=Percentiles.of((finished["finish_s"] - finished["arrival_s"]).to_numpy().astype(np.float64)),
         draft_time_s=float(eng["draft_s"].sum()),
         forward_time_s=float(eng["forward_s"].sum()),
         steps=n_steps,
@@ -245,7 +254,7 @@ def summarize(result: RunResult, baseline: RunResult | None = None, slo: Latency
         request_throughput=done_queries.height / duration if duration > 0 else 0.0,
         call_throughput=finished.height / duration if duration > 0 else 0.0,
         output_throughput_tok_s=output_tokens / duration if duration > 0 else 0.0,
-        attainment=attainment(result, slo or LatencySLO(), (ttft, tpot)),
+        attainment=attainment(result, slo or LatencySLO(), (ttft, tpot), longest_gap),
         speedup_mean_per_query=per_query,
         wall_s=result.wall_s,
     )

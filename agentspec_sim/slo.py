@@ -4,7 +4,11 @@ Per-request SLOs as serving benchmarks count them:
 
 - a call meets the call SLOs when its TTFT ≤ `ttft_s` and its TPOT ≤ `tpot_s` (each where set), TPOT
   taken as 0 for a one-token output — `vllm bench serve --goodput ttft:MS tpot:MS`'s "good request"
-  (vllm/benchmarks/serve.py `calculate_metrics`), DistServe's per-request attainment;
+  (vllm/benchmarks/serve.py `calculate_metrics`), DistServe's per-request attainment — and, where
+  `itl_s` is set, no gap between two of its streamed chunks exceeds it (ITL as `vllm bench serve` measures
+  it: one value per chunk after the first, the time since the previous one; a speculative step streams its
+  accepted tokens as one chunk, so a call can meet a TPOT SLO on average while stalling its reader longer
+  between bursts — vLLM's --goodput has no ITL key; the longest gap is the stall a reader sees);
 - a query (the agent's whole task: every call, think times included) meets the query SLO when its
   latency ≤ `query_latency_s`.
 
@@ -24,7 +28,7 @@ import polars as pl
 
 from agentspec_sim.engine.result import RunResult
 
-ATTAINMENT_KEYS = ("calls", "calls_ttft", "calls_tpot", "queries", "met")
+ATTAINMENT_KEYS = ("calls", "calls_ttft", "calls_tpot", "calls_itl", "queries", "met")
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class LatencySLO:
     ttft_s: float | None = None
     tpot_s: float | None = None
     query_latency_s: float | None = None
+    itl_s: float | None = None
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -48,6 +53,7 @@ class LatencySLO:
 
     def describe(self) -> str:
         parts = [f"{name} ≤ {value:g} s" for name, value in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s),
+                                                              ("ITL", self.itl_s),
                                                               ("query latency", self.query_latency_s))
                  if value is not None]
         return ", ".join(parts) or "no SLO"
@@ -55,7 +61,12 @@ class LatencySLO:
     def looser(self, factor: float) -> LatencySLO:
         """Every objective multiplied by `factor` (> 1: looser)."""
         return LatencySLO(*(None if v is None else v * factor for v in (self.ttft_s, self.tpot_s,
-                                                                          self.query_latency_s)))
+                                                                          self.query_latency_s, self.itl_s)))
+
+    @property
+    def per_call(self) -> bool:
+        """Whether an objective applies to each call (TTFT, TPOT or ITL)."""
+        return self.ttft_s is not None or self.tpot_s is not None or self.itl_s is not None
 
 
 def call_latencies(calls: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -70,11 +81,30 @@ def call_latencies(calls: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return ttft, tpot
 
 
-def attainment(result: RunResult, slo: LatencySLO,
-               latencies: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float | None]:
+def inter_token_latencies(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
+    """ITL as `vllm bench serve` collects it: every gap between two successive streamed chunks of one call (a
+    chunk: the tokens one engine step emitted for it), pooled; and per row of `result.calls` its longest gap
+    (NaN: fewer than two chunks)."""
+    e = result.emissions
+    call = e["call"].to_numpy()
+    t = e["time_s"].to_numpy()
+    order = np.argsort(call, kind="stable")  # emissions are in step order: each call's stay chronological
+    call, t = call[order], t[order]
+    same = call[1:] == call[:-1]
+    gaps = np.diff(t)[same]
+    longest = np.full(result.calls.height, np.nan)
+    if gaps.size:
+        owners = call[1:][same]
+        np.fmax.at(longest, owners, gaps)
+    return gaps, longest
+
+
+def attainment(result: RunResult, slo: LatencySLO, latencies: tuple[np.ndarray, np.ndarray] | None = None,
+               longest_gap: np.ndarray | None = None) -> dict[str, float | None]:
     """Shares in [0, 1] (module docstring): `calls` (every call SLO), `calls_ttft`, `calls_tpot`, `queries`
     (query latency), `met` (the least of `calls` and `queries` where each has an SLO); None where no SLO
-    applies or nothing ran. `latencies`: `call_latencies(result.calls)` when the caller has it already."""
+    applies or nothing ran. `latencies`, `longest_gap`: `call_latencies(result.calls)` and
+    `inter_token_latencies(result)[1]` when the caller has them already."""
     out: dict[str, float | None] = dict.fromkeys(ATTAINMENT_KEYS)
     ttft, tpot = latencies if latencies is not None else call_latencies(result.calls)
     if ttft.size:
@@ -87,7 +117,13 @@ def attainment(result: RunResult, slo: LatencySLO,
             good = np.nan_to_num(tpot, nan=0.0) <= slo.tpot_s  # a one-token output meets any TPOT SLO
             out["calls_tpot"] = float(good.mean())
             ok &= good
-        if slo.ttft_s is not None or slo.tpot_s is not None:
+        if slo.itl_s is not None:
+            finished = (result.calls["status"] == "finished").to_numpy()
+            gaps = longest_gap if longest_gap is not None else inter_token_latencies(result)[1]
+            good = np.nan_to_num(gaps[finished], nan=0.0) <= slo.itl_s
+            out["calls_itl"] = float(good.mean())
+            ok &= good
+        if slo.per_call:
             out["calls"] = float(ok.mean())
     if slo.query_latency_s is not None:
         latency = result.queries.filter(pl.col("completed"))["latency_s"].to_numpy().astype(np.float64)
@@ -105,8 +141,10 @@ def _check_seconds(name: str, value: object) -> None:
         raise ValueError(f"{name} must be > 0 seconds (a finite number), got {value}")
 
 
-def parse_slo_options(ttft: float | None, tpot: float | None, query_latency: float | None) -> LatencySLO:
+def parse_slo_options(ttft: float | None, tpot: float | None, query_latency: float | None,
+                      itl: float | None = None) -> LatencySLO:
     """The SLO the command line gave (ValueError naming the option for a bad value)."""
-    for flag, value in (("--slo-ttft", ttft), ("--slo-tpot", tpot), ("--slo-query-latency", query_latency)):
+    for flag, value in (("--slo-ttft", ttft), ("--slo-tpot", tpot), ("--slo-query-latency", query_latency),
+                        ("--slo-itl", itl)):
         _check_seconds(flag, value)
-    return LatencySLO(ttft, tpot, query_latency)
+    return LatencySLO(ttft, tpot, query_latency, itl)

@@ -45,6 +45,7 @@ def plan(
                                          "--goodput: the batch job's plan (every query at once, p99 SLOs). With "
                                          "--results the file decides."),
     slo_query_latency: float | None = sweep_cli.slo_query_latency_option(),
+    slo_itl: float | None = sweep_cli.slo_itl_option(),
     slo_attainment: float = sweep_cli.slo_attainment_option(),
     capacity_tolerance: float = sweep_cli.capacity_tolerance_option(),
     capacity_seeds: int = sweep_cli.capacity_seeds_option(),
@@ -111,7 +112,7 @@ def plan(
         frame = _results_frame(ctx, results, trace)
     else:
         search = _capacity_search(capacity, slo_p99_latency, min_goodput, slo_ttft, slo_tpot, slo_query_latency,
-                                  slo_attainment, capacity_tolerance, burstiness, max_concurrency, target_rate,
+                                  slo_itl, slo_attainment, capacity_tolerance, burstiness, max_concurrency, target_rate,
                                   rate, request_rate, copies, engine_options,
                                   sweep_cli.capacity_options(capacity_seeds, capacity_criterion, capacity_max_tenants))
         load = sweep_cli.load_settings(*((None, None) if search else (rate, request_rate)), burstiness,
@@ -125,8 +126,8 @@ def plan(
                                         layouts=sweep_cli.layout_choice(tensor_parallel_size, expert_parallel,
                                                                         data_parallel_size)[2])
     by_capacity = is_capacity_results(frame)
-    if not by_capacity and (target_rate is not None or slo_query_latency is not None):
-        raise UsageError("--target-rate, --slo-query-latency: these results hold no capacity search (sweep "
+    if not by_capacity and (target_rate is not None or slo_query_latency is not None or slo_itl is not None):
+        raise UsageError("--target-rate, --slo-query-latency, --slo-itl: these results hold no capacity search (sweep "
                          "--capacity writes them)")
     if by_capacity and results is not None and any(v is not None for v in (slo_ttft, slo_tpot, slo_p99_latency,
                                                                            min_goodput)):
@@ -158,21 +159,21 @@ def _check_positive(values: dict[str, float | None], unit: str = "") -> None:
 
 
 def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_ttft, slo_tpot, slo_query_latency,
-                     slo_attainment, capacity_tolerance, burstiness, max_concurrency, target_rate, rate,
+                     slo_itl, slo_attainment, capacity_tolerance, burstiness, max_concurrency, target_rate, rate,
                      request_rate, copies, engine_options: tuple, options: dict):
     """The capacity search a plan of a TRACE runs, or None for the batch job's plan (--goodput): by capacity when
     the trace is planned under per-request SLOs and nothing says otherwise."""
     if capacity is None:
         capacity = (slo_p99_latency is None and min_goodput is None
-                    and any(v is not None for v in (slo_ttft, slo_tpot, slo_query_latency)))
+                    and any(v is not None for v in (slo_ttft, slo_tpot, slo_query_latency, slo_itl)))
     if not capacity:
-        if slo_query_latency is not None or target_rate is not None:
-            raise UsageError("--slo-query-latency and --target-rate plan by capacity: not with --goodput")
+        if slo_query_latency is not None or slo_itl is not None or target_rate is not None:
+            raise UsageError("--slo-query-latency, --slo-itl and --target-rate plan by capacity: not with --goodput")
         return None
     if slo_p99_latency is not None or min_goodput is not None:
         raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
                          "(not --slo-p99-latency or --min-goodput)")
-    latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
+    latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency, slo_itl)
     engine = _engine_config(engine_options, sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1))
     search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine, options)
     if rate is not None or request_rate is not None or copies != 1:
@@ -332,7 +333,8 @@ def _render_capacity(p) -> None:
     search = p.search
     slo = search["slo"]
     slo_text = ", ".join(f"{name} ≤ {slo[key]:g} s" for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"),
-                                                                      ("query", "query_latency_s")) if slo[key])
+                                                                      ("ITL", "itl_s"), ("query", "query_latency_s"))
+                         if slo.get(key))
     table = Table(title=f"capacity · {Path(p.trace).name} · {p.hardware} · {p.model}{_layout_title(p)}",
                   box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),

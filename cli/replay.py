@@ -56,6 +56,7 @@ def replay(
     slo_ttft: float | None = sweep_options.slo_ttft_option(),
     slo_tpot: float | None = sweep_options.slo_tpot_option(),
     slo_query_latency: float | None = sweep_options.slo_query_latency_option(),
+    slo_itl: float | None = sweep_options.slo_itl_option(),
     replicate: int = typer.Option(1, "--replicate", help="Run N independent copies of every query."),
     think_time: float | None = typer.Option(None, "--think-time", help="Seconds between a call's finish and the "
                                             "next call of its query (default: the trace's think_s)."),
@@ -77,7 +78,7 @@ def replay(
 
     _check_options(seed, think_time)
     load = sweep_options.load_settings(rate, request_rate, burstiness, max_concurrency, copies, disable_shuffle)
-    slo = sweep_options.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
+    slo = sweep_options.latency_slo(slo_ttft, slo_tpot, slo_query_latency, slo_itl)
     _check_outputs(output, steps, trace=trace, calibration=calibration, model=model, hardware=hardware,
                    speculative_config=speculative_config)
     try:
@@ -257,6 +258,21 @@ def _write_steps(path: Path, results) -> None:
         frame.write_parquet(out)
 
 
+def _render_latencies(console: Console, runs) -> None:
+    """Under vLLM's client (a request rate or max concurrency): each latency as `vllm bench serve` prints it."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  caption="milliseconds, as vllm bench serve prints them · TTFT, TPOT (output tokens after the "
+                          "first), ITL (gaps between streamed chunks, pooled), E2EL per call")
+    for name in ("drafter", "metric", "mean", "median", "std", "p99"):
+        table.add_column(name, justify="left" if name in ("drafter", "metric") else "right", no_wrap=True)
+    for _, s in runs:
+        for metric, stats in (("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2EL", s.e2el)):
+            table.add_row(s.drafter if metric == "TTFT" else "", metric,
+                          *("—" if v is None else f"{1000 * v:,.2f}" for v in (stats.mean, stats.p50, stats.std,
+                                                                                stats.p99)))
+    console.print(table)
+
+
 def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None, bands=None,
             acceptance_notes: dict[str, str] | None = None, slo=None) -> None:
     from agentspec_sim.run.band import format_interval
@@ -291,13 +307,17 @@ def _render(path: Path, runs, note: str | None = None, cost_note: str | None = N
             seconds(s.ttft.p50), seconds(s.tpot.p50), seconds(s.query_latency.p99),
         )
     console.print(table)
+    if runs[0][0].config.arrival == "request-rate" or runs[0][0].config.max_concurrency is not None:
+        _render_latencies(console, runs)
     console.print(f"load: {first.protocol}", highlight=False, markup=False)
     for _, s in runs:
         parts = [f"{s.request_throughput:.4g} queries/s", f"{s.output_throughput_tok_s:,.0f} output tok/s over "
                  f"{s.duration_s:,.1f} s (vLLM bench serve's throughputs)"]
         met = s.attainment
         if slo is not None and slo.any:
-            shares = [f"{name} {met[key]:.1%}" for name, key in (("calls", "calls"), ("queries", "queries"))
+            shares = [f"{name} {met[key]:.1%}" for name, key in (("calls", "calls"), ("TTFT", "calls_ttft"),
+                                                                 ("TPOT", "calls_tpot"), ("ITL", "calls_itl"),
+                                                                 ("queries", "queries"))
                       if met.get(key) is not None]
             parts.append(f"SLO attainment ({slo.describe()}): {', '.join(shares)}")
         if s.speedup_mean_per_query is not None:

@@ -54,6 +54,7 @@ def sweep(
     slo_ttft: float | None = shared.slo_ttft_option(),
     slo_tpot: float | None = shared.slo_tpot_option(),
     slo_query_latency: float | None = shared.slo_query_latency_option(),
+    slo_itl: float | None = shared.slo_itl_option(),
     slo_attainment: float = shared.slo_attainment_option(),
     capacity_tolerance: float = shared.capacity_tolerance_option(),
     capacity_seeds: int = shared.capacity_seeds_option(),
@@ -74,7 +75,7 @@ def sweep(
                                   tensor_parallel_size, expert_parallel, calibration, replicate, think_time,
                                   no_prefix_caching,
                                   load, data_parallel_size=data_parallel_size)
-    slo = shared.latency_slo(slo_ttft, slo_tpot, slo_query_latency)
+    slo = shared.latency_slo(slo_ttft, slo_tpot, slo_query_latency, slo_itl)
     search = (shared.capacity_search(slo, slo_attainment, capacity_tolerance, burstiness, engine,
                                      shared.capacity_options(capacity_seeds, capacity_criterion, capacity_max_tenants))
               if capacity else None)

@@ -178,6 +178,12 @@ def slo_query_latency_option():
     return typer.Option(None, "--slo-query-latency", help="Query latency SLO, seconds: the agent's whole query.")
 
 
+def slo_itl_option():
+    return typer.Option(None, "--slo-itl", help="ITL SLO, seconds: a call meets it when no gap between two of its "
+                        "streamed chunks is longer (vllm bench serve's ITL: a speculative step streams its tokens as "
+                        "one chunk).")
+
+
 def slo_attainment_option():
     return typer.Option(0.9, "--slo-attainment", help="Share of calls and of queries that must meet the SLOs at "
                         "capacity (DistServe's 90 %).")
@@ -246,11 +252,11 @@ def load_settings(rate: float | None, request_rate: float | None, burstiness: fl
     return settings
 
 
-def latency_slo(ttft: float | None, tpot: float | None, query_latency: float | None):
+def latency_slo(ttft: float | None, tpot: float | None, query_latency: float | None, itl: float | None = None):
     from agentspec_sim.slo import parse_slo_options
 
     try:
-        return parse_slo_options(ttft, tpot, query_latency)
+        return parse_slo_options(ttft, tpot, query_latency, itl)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -269,7 +275,8 @@ def capacity_search(slo, attainment: float, tolerance: float, burstiness: float,
                          "see it; under vLLM's client semaphore latency starts at the slot and every rate would "
                          "pass. Give no --max-concurrency (replay --max-concurrency measures one closed loop)")
     if not slo.any:
-        raise UsageError("a capacity search needs a latency SLO: --slo-ttft, --slo-tpot and/or --slo-query-latency")
+        raise UsageError("a capacity search needs a latency SLO: --slo-ttft, --slo-tpot, --slo-itl and/or "
+                         "--slo-query-latency")
     try:
         return CapacitySearch(slo, target=attainment, tolerance=tolerance, burstiness=burstiness, **(options or {}))
     except ValueError as exc:

@@ -161,3 +161,39 @@ def test_two_capacities_inside_their_intervals_and_the_models_error_are_not_told
     assert plan.best.drafter == "ngram" and plan.within_error and "not told apart" in plan.reason
     apart = pl.DataFrame([_rows(2.0, 1.95, 2.05), _rows(3.0, 2.95, 3.05, drafter="ngram")])
     assert not plan_capacity(apart, prices=prices)[0].within_error
+
+
+def test_itl_is_the_gap_between_streamed_chunks_and_an_itl_slo_judges_the_longest():
+    """vllm bench serve's ITL: one value per chunk after the first, the time since the previous chunk of the same
+    request; a speculative step streams its accepted tokens as one chunk, so its gaps are longer than TPOT."""
+    from agentspec_sim.metrics import summarize
+    from agentspec_sim.slo import attainment, inter_token_latencies
+
+    rng = np.random.default_rng(2)
+    wl = workload(*[agent_query(rng, f"q{i}", 2, out_len=40, vocab=4, think_s=0.1) for i in range(12)])
+    result = simulate(wl, "ngram", config(max_num_seqs=4, arrival="request-rate", rate=5.0, check_invariants=False),
+                      ConstantCost(per_token_s=1e-3))
+    gaps, longest = inter_token_latencies(result)
+    e = result.emissions
+    chunks = e.group_by("call").len()["len"].to_numpy()
+    assert gaps.size == int((chunks - 1).sum()) and (gaps > 0).all()
+    s = summarize(result)
+    assert s.itl.mean == pytest.approx(gaps.mean()) and s.itl.std == pytest.approx(gaps.std())
+    assert s.itl.mean > s.tpot.mean  # bursts: more than one token per chunk
+    assert s.e2el.p50 is not None and s.ttft.mean is not None
+    cut = float(np.nanmedian(longest))
+    a = attainment(result, LatencySLO(itl_s=cut))
+    finished = (result.calls["status"] == "finished").to_numpy()
+    assert a["calls_itl"] == pytest.approx(float((np.nan_to_num(longest[finished]) <= cut).mean()))
+    assert a["calls"] == a["calls_itl"] and 0 < a["met"] < 1
+
+
+def test_an_eagle3_capacity_band_widens_what_the_plan_cannot_tell_apart():
+    """A capacity searched at the acceptance model's low and high bound carries the model's uncertainty: the
+    same gap that two bare intervals tell apart is not told apart with the band."""
+    prices = Prices({"h100-80g": 3.0}, "test")
+    rows = [_rows(2.0, 1.95, 2.05), _rows(2.3, 2.25, 2.35, drafter="eagle3")]
+    assert not plan_capacity(pl.DataFrame(rows), prices=prices)[0].within_error
+    rows[1] = {**rows[1], "capacity_band_low": 1.8, "capacity_band_high": 2.8}
+    plan = plan_capacity(pl.DataFrame(rows), prices=prices)[0]
+    assert plan.best.drafter == "eagle3" and plan.best.band == (1.8, 2.8) and plan.within_error

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from agentspec_sim.engine.result import RunResult
-from agentspec_sim.slo import LatencySLO
+from agentspec_sim.slo import ATTAINMENT_KEYS, LatencySLO, inter_token_latencies
 
 Criterion = Literal["calls", "queries"]
 CRITERIA = ("calls", "queries")
@@ -79,33 +79,29 @@ def steady_state(result: RunResult, slo: LatencySLO, warmup: float, stability: f
 
     arrival = calls["arrival_s"].to_numpy().astype(np.float64)  # NaN: never sent (after a refusal)
     in_window_c = (arrival >= start) & (arrival <= end)
-    window_calls = calls.filter(pl.Series(in_window_c))
-    good_call = _good_calls(window_calls, slo)
-    refused = int((window_calls["status"] == "refused").sum())
-    out: dict[str, float | None] = dict.fromkeys(("calls", "calls_ttft", "calls_tpot", "queries", "met"))
-    if window_calls.height and (slo.ttft_s is not None or slo.tpot_s is not None):
-        for name, good in good_call.items():
-            out[name] = float(good.mean())
+    gaps = inter_token_latencies(result)[1] if slo.itl_s is not None else None
+    good = _good_calls(calls, slo, gaps)  # per call of the run, every status
+    refused = int(((calls["status"] == "refused").to_numpy() & in_window_c).sum())
+    out: dict[str, float | None] = dict.fromkeys(ATTAINMENT_KEYS)
+    if in_window_c.any() and slo.per_call:
+        for name, flags in good.items():
+            out[name] = float(flags[in_window_c].mean())
+    queries_ok = None
+    if slo.query_latency_s is not None and window_queries.height:
+        lat = np.nan_to_num(window_queries["latency_s"].to_numpy().astype(np.float64), nan=np.inf)
+        queries_ok = window_queries["completed"].to_numpy() & (lat <= slo.query_latency_s)
     if criterion == "queries" and window_queries.height:
-        good_q = np.ones(window_queries.height, dtype=bool)
-        if slo.ttft_s is not None or slo.tpot_s is not None:
-            every = _every_call_good(calls, good_call_all=_good_calls(calls, slo)["calls"] if calls.height
-                                     else np.zeros(0, dtype=bool), queries=window_queries.select(key))
-            good_q &= every
-        if slo.query_latency_s is not None:
-            lat = window_queries["latency_s"].to_numpy().astype(np.float64)
-            good_q &= window_queries["completed"].to_numpy() & (np.nan_to_num(lat, nan=np.inf) <= slo.query_latency_s)
-        out["queries"] = float(good_q.mean())
+        every = (_every_call_good(calls, good["calls"], window_queries.select(key)) if slo.per_call
+                 else np.ones(window_queries.height, dtype=bool))
+        out["queries"] = float((every if queries_ok is None else every & queries_ok).mean())
         out["met"] = out["queries"]
     else:
-        if slo.query_latency_s is not None and window_queries.height:
-            lat = window_queries["latency_s"].to_numpy().astype(np.float64)
-            ok = window_queries["completed"].to_numpy() & (np.nan_to_num(lat, nan=np.inf) <= slo.query_latency_s)
-            out["queries"] = float(ok.mean())
+        if queries_ok is not None:
+            out["queries"] = float(queries_ok.mean())
         shares = [v for v in (out["calls"], out["queries"]) if v is not None]
         out["met"] = min(shares) if shares else None
     stable = offered <= 0 or served >= (1.0 - stability) * offered
-    return SteadyState(start, end, offered, served, window_calls.height, window_queries.height, refused, out,
+    return SteadyState(start, end, offered, served, int(in_window_c.sum()), window_queries.height, refused, out,
                        stable)
 
 
@@ -125,9 +121,12 @@ def _tokens_between(calls: pl.DataFrame, start: float, end: float) -> float:
     return float((tokens + (n - 1) * rest).sum())
 
 
-def _good_calls(calls: pl.DataFrame, slo: LatencySLO) -> dict[str, np.ndarray]:
-    """Per call (every status): meets TTFT, TPOT, both — vLLM's good-request rule (TPOT 0 for a one-token output);
-    a call that did not finish (refused) meets none."""
+def _good_calls(result_calls: pl.DataFrame, slo: LatencySLO, longest_gap: np.ndarray | None = None
+                ) -> dict[str, np.ndarray]:
+    """Per call (every status): meets TTFT, TPOT, ITL, all of them — vLLM's good-request rule (TPOT 0 for a
+    one-token output; ITL: the call's longest gap between chunks, slo.py); a call that did not finish
+    (refused) meets none."""
+    calls = result_calls
     finished = (calls["status"] == "finished").to_numpy()
     first = calls["first_token_s"].to_numpy().astype(np.float64)
     ttft = first - calls["arrival_s"].to_numpy().astype(np.float64)
@@ -136,19 +135,19 @@ def _good_calls(calls: pl.DataFrame, slo: LatencySLO) -> dict[str, np.ndarray]:
     tpot = np.where(n >= 2, decode / np.maximum(n - 1, 1), 0.0)
     out: dict[str, np.ndarray] = {}
     ok = finished.copy()
-    if slo.ttft_s is not None:
-        good = finished & (np.nan_to_num(ttft, nan=np.inf) <= slo.ttft_s)
-        out["calls_ttft"] = good
-        ok &= good
-    if slo.tpot_s is not None:
-        good = finished & (np.nan_to_num(tpot, nan=np.inf) <= slo.tpot_s)
-        out["calls_tpot"] = good
+    for name, value, limit in (("calls_ttft", ttft, slo.ttft_s), ("calls_tpot", tpot, slo.tpot_s),
+                               ("calls_itl", longest_gap, slo.itl_s)):
+        if limit is None:
+            continue
+        good = finished & (np.nan_to_num(value, nan=0.0 if name == "calls_itl" else np.inf) <= limit)
+        out[name] = good
         ok &= good
     out["calls"] = ok
     return out
 
 
 def _every_call_good(calls: pl.DataFrame, good_call_all: np.ndarray, queries: pl.DataFrame) -> np.ndarray:
+    # A query's calls after a refusal were never sent: they neither pass nor fail it (the refusal failed it).
     """Per row of `queries` (query_id, tenant): whether every call of it that was sent met the call SLOs."""
     flags = calls.select("query_id", "tenant").with_columns(
         bad=pl.Series(~good_call_all & calls["arrival_s"].is_not_null().to_numpy()))

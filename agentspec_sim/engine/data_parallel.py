@@ -228,7 +228,8 @@ class DataParallelSimulator:
         return RunResult(first.config, first.limits, first.spec, first.drafter, engine, calls, queries,
                          num_preemptions=sum(r.num_preemptions for r in results), wall_s=wall_s,
                          preemptions=preemptions, extra=extra,
-                         steps_source=partial(_steps_of_ranks, results))
+                         steps_source=partial(_steps_of_ranks, results),
+                         emissions_source=partial(_emissions_of_ranks, results))
 
     def _check_run(self, result: RunResult) -> None:
         """The whole-run invariants (engine/invariants.py): CLOCK and WORK per rank, CAUSALITY and DONE over the
@@ -264,6 +265,11 @@ class DataParallelSimulator:
 
 def _steps_of_ranks(results: list[RunResult]) -> pl.DataFrame:
     return _with_ranks([r.steps for r in results])
+
+
+def _emissions_of_ranks(results: list[RunResult]) -> pl.DataFrame:
+    """The ranks' emissions by time (a rank's call rows are the same calls as the routed calls frame's)."""
+    return pl.concat([r.emissions for r in results]).sort("time_s", maintain_order=True)
 
 
 def _with_ranks(frames: list[pl.DataFrame]) -> pl.DataFrame:

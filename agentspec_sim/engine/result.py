@@ -62,12 +62,23 @@ class RunResult:
     preemptions: pl.DataFrame | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     steps_source: pl.DataFrame | Callable[[], pl.DataFrame] | None = field(default=None, repr=False, compare=False)
+    emissions_source: pl.DataFrame | Callable[[], pl.DataFrame] | None = field(default=None, repr=False,
+                                                                             compare=False)
 
     @property
     def steps(self) -> pl.DataFrame:
         if callable(self.steps_source):
             self.steps_source = self.steps_source()
         return self.steps_source
+
+    @property
+    def emissions(self) -> pl.DataFrame:
+        """One row per call-step that emitted tokens, in step order: `call` (the call's row in `calls`), `time_s`
+        (the step's end, when its tokens reach the client as one streamed chunk), `tokens`. Built on first read
+        from the log's rows (a fraction of `steps`: no drafts, no step columns)."""
+        if callable(self.emissions_source):
+            self.emissions_source = self.emissions_source()
+        return self.emissions_source
 
 
 # The step log's records (numba reads field f of record array a as `a.f[i]`).
@@ -197,6 +208,16 @@ class StepLogBuilder:
             "budget": col.budget,
             "bound": pl.Series(_BOUND_NAMES, dtype=pl.Utf8).gather(col.bound),
         }).with_columns(pl.col("rho", "t_A", "t_V", "t_D").fill_nan(None))
+
+    def emissions_frame(self, engine: pl.DataFrame) -> pl.DataFrame:
+        """`RunResult.emissions`: the log's call-steps that emitted tokens, each at its engine step's end."""
+        rows = self.buf.rows[:int(self.buf.ctr[LG_ROWS])]
+        step = np.repeat(np.arange(engine.height, dtype=np.int64), engine["batch_size"].to_numpy())
+        end = (engine["time_s"] + engine["step_time_s"]).to_numpy()
+        emitted = np.ascontiguousarray(rows["emitted"])
+        keep = emitted > 0
+        return pl.DataFrame({"call": np.ascontiguousarray(rows["call"])[keep].astype(np.int64),
+                             "time_s": end[step[keep]], "tokens": emitted[keep].astype(np.int64)})
 
     def steps_frame(self, engine: pl.DataFrame, drafter: str, call_ids: list[str]) -> pl.DataFrame:
         """One row per call-step: the rows of the log with their engine step's columns."""

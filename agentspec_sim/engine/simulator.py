@@ -712,7 +712,8 @@ class Simulator:
         return RunResult(self.config, self.limits, self.spec, self.spec.name, engine_steps, calls, queries,
                          num_preemptions=self.scheduler.num_preemptions, wall_s=wall_s, preemptions=preemptions,
                          extra={"history_evictions": evicted} if evicted else {},
-                         steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids))
+                         steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids),
+                         emissions_source=partial(self.log.emissions_frame, engine_steps))
 
 
 def _no_drafting(sim: Simulator, n_rows: int) -> None:

@@ -8,10 +8,11 @@ Rules (docs/sweep-and-plan.md, "Capacity"):
 - Seeds: the search states its interval over its own seeds; rows of several sweep seeds plan by the least.
 - Per drafter configuration: the max_num_seqs of highest capacity per GPU (capacity ÷ the layout's GPUs);
   beside it the smallest max_num_seqs that cannot be told apart from it (less KV memory, shorter latencies).
-- Told apart: two capacities differ when their gap exceeds their intervals' half-widths combined (root sum
-  of squares) plus the step-cost model's stated error carried into capacity (`cost_model_error`: its
-  bundled calibration's held-out median, else 5 %; to first order a step-time error e moves a capacity by
-  e). The reason names the runner-up and says when the two are not told apart.
+- Told apart: two capacities differ when their gap exceeds their uncertainties combined (root sum of squares:
+  each interval's half-width and, for eagle3/mtp, half the span of the capacities searched at the acceptance
+  model's low and high bound) plus the step-cost model's stated error carried into capacity
+  (`cost_model_error`: its bundled calibration's held-out median, else 5 %; to first order a step-time error
+  e moves a capacity by e). The reason names the runner-up and says when the two are not told apart.
 - Overall: the highest capacity per GPU; ties to `normal`, then the smaller batch.
 - Replicas for `target_rate`: ⌈target ÷ (capacity's lower bound × `UTILISATION`)⌉ deployments of the layout's
   GPUs each, each replica taking whole queries from a balancer that spreads them evenly (no router is
@@ -128,6 +129,7 @@ class CapacityChoice:
     usd_per_million_tokens: float | None = None
     usd_per_query: float | None = None
     replicas: int | None = None  # for the target rate
+    band: tuple[float, float] | None = None  # eagle3/mtp: the capacity at the acceptance model's low and high bound
 
     @property
     def k(self) -> int:
@@ -140,10 +142,13 @@ class CapacityChoice:
 
     @property
     def relative_half_width(self) -> float:
-        """Half the interval over the capacity (0 without an interval)."""
+        """Half the interval over the capacity (0 without an interval), combined (root sum of squares) with half
+        the acceptance band's span where the drafter has one."""
         if not self.feasible or self.capacity_low is None or self.capacity_high is None:
             return 0.0
-        return (self.capacity_high - self.capacity_low) / 2 / self.capacity_rate
+        seeds = (self.capacity_high - self.capacity_low) / 2 / self.capacity_rate
+        band = abs(self.band[1] - self.band[0]) / 2 / self.capacity_rate if self.band else 0.0
+        return math.hypot(seeds, band)
 
     def rank_key(self) -> float:
         return self.capacity_per_gpu or 0.0 if self.feasible else -1.0
@@ -247,7 +252,9 @@ def _choices(group: pl.DataFrame) -> list[CapacityChoice]:
             output_tok_s=None if rate is None else rate * per_query, output_tokens_per_query=per_query, gpus=gpus,
             ttft_p99_s=worst.get("ttft_p99"), tpot_p99_s=worst.get("tpot_p99"),
             query_latency_p99_s=worst.get("query_latency_p99"), attainment=worst.get("attainment_met"),
-            stopped=worst["capacity_stopped"]))
+            stopped=worst["capacity_stopped"],
+            band=(None if worst.get("capacity_band_low") is None or worst.get("capacity_band_high") is None
+                  else (float(worst["capacity_band_low"]), float(worst["capacity_band_high"])))))
     return out
 
 

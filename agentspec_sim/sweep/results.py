@@ -76,6 +76,7 @@ _FIXED_DTYPES: dict[str, pl.DataType] = {
     "capacity_bracket_low": pl.Float64(), "capacity_bracket_high": pl.Float64(), "capacity_low": pl.Float64(),
     "capacity_high": pl.Float64(), "capacity_at_least": pl.Float64(), "capacity_inconclusive": pl.Utf8(),
     "capacity_output_tok_s": pl.Float64(), "capacity_seed_rates": pl.List(pl.Float64()),
+    "capacity_band_low": pl.Float64(), "capacity_band_high": pl.Float64(),
     **{name: pl.List(pl.Float64()) for name in PROBE_COLUMNS}, "probe_stable": pl.List(pl.Boolean()),
 }
 Row = dict[str, Any]

@@ -81,18 +81,23 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     return row
 
 
-def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) -> Row:
+def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch, band: bool = True) -> Row:
     """One cell's capacity search (agentspec_sim/capacity), all its probes in this worker on one cost model;
     its row: key columns, the capacity columns (the steady-state rate, its interval, each seed's, whether it is
     inconclusive), `RunSummary.to_row()` of the run at capacity (of the isolated probe where no rate passes),
     the engine settings, every probe as list columns (`probe_rate` 0.0: each query alone), and the latencies
-    of the queries of the run at capacity."""
+    of the queries of the run at capacity. With `band`, an eagle3/mtp cell whose acceptance model has an
+    uncertainty band is searched again at the band's low and high bound (`capacity_band_low` / `_high`: the
+    model's own uncertainty carried into capacity, which the plan weighs when it tells drafters apart)."""
     from agentspec_sim.capacity import find_capacity
     from agentspec_sim.cost import cost_model_for
+    from agentspec_sim.run.band import bound_configs
 
     config = cell.config
     cost = cost_model_for(config)
     cap = find_capacity(workload, cell.spec, config, search, cost)
+    bounds = bound_configs(cell.spec, config.model) if band and cap.conclusive and cap.rate > 0 else None
+    edges = {bound: find_capacity(workload, spec, config, search, cost) for bound, spec in (bounds or {}).items()}
     row = cell.key_columns()
     gpus = config.tensor_parallel_size * config.data_parallel_size
     rate = cap.rate if cap.conclusive else None
@@ -106,6 +111,7 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch) ->
                 "capacity_request_throughput": cap.request_throughput,
                 "capacity_bracket_low": _finite(cap.bracket[0]), "capacity_bracket_high": _finite(cap.bracket[1]),
                 "capacity_seed_rates": [s.rate for s in cap.seeds], "capacity_tenants": cap.tenants,
+                **{f"capacity_band_{bound}": edge.rate if edge.conclusive else None for bound, edge in edges.items()},
                 "capacity_stopped": cap.stopped, "capacity_probes": len(cap.probes),
                 "capacity_search": cell.search})
     summary = cap.at_capacity if cap.at_capacity is not None else cap.isolated
@@ -241,7 +247,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         jobs = min(jobs or os.cpu_count() or 1, max(1, len(todo)))  # no idle workers to start
     try:
         task = (functools.partial(run_cell, band=band) if capacity is None else
-                functools.partial(run_capacity_cell, search=capacity))
+                functools.partial(run_capacity_cell, search=capacity, band=band))
         with make_executor(executor, jobs, source, task, address) as pool:
             # Loaded here, not before: local workers start (~1 s each, imports and their own load) meanwhile.
             loaded = source.load()
