@@ -547,10 +547,11 @@ SECTIONS = {"engine": section_engine, "scale": section_scale, "sweep": section_s
 
 
 def probe_costs(trace: str | None, drafter: str, seqs: int, slo_args: str, hardware: str) -> dict:
-    """One capacity search (agentspec_sim/capacity.py) in this process, each probe's simulation timed: CPU seconds
+    """One capacity search (agentspec_sim/capacity) in this process, each probe's simulation timed: CPU seconds
     of the search, of each probe (the first reads or builds the drafter's tables; the rest are what one more
     probe costs), and of the search outside its probes."""
     from agentspec_sim import capacity
+    from agentspec_sim.capacity import search as capacity_search
     from agentspec_sim.engine.config import EngineConfig
     from agentspec_sim.slo import LatencySLO
     from agentspec_sim.trace.bundled import default_trace_path
@@ -561,7 +562,7 @@ def probe_costs(trace: str | None, drafter: str, seqs: int, slo_args: str, hardw
                         for w, v in zip(words[::2], words[1::2], strict=True)})
     workload = load_trace(trace or default_trace_path())
     config = EngineConfig(max_num_seqs=seqs, hardware=hardware)
-    simulate, times = capacity.simulate, []
+    simulate, times = capacity_search.simulate, []
 
     def timed(*args, **kwargs):
         t0 = time.process_time()
@@ -569,7 +570,7 @@ def probe_costs(trace: str | None, drafter: str, seqs: int, slo_args: str, hardw
         times.append(time.process_time() - t0)
         return result
 
-    capacity.simulate = timed
+    capacity_search.simulate = timed
     capacity.find_capacity(replace(workload, queries=workload.queries[:1]), drafter, config,
                            capacity.CapacitySearch(slo))  # compiles the kernels (and builds a query's tables): untimed
     times.clear()

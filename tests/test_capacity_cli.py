@@ -38,6 +38,8 @@ def trace(tmp_path):
     (["--request-rate", "2", "--burstiness", "inf"], "request rate 2/s (evenly spaced)"),
     (["--request-rate", "2", "--burstiness", "0.5"], "gamma, burstiness 0.5"),
     (["--max-concurrency", "3"], "max concurrency 3"),
+    (["--request-rate", "2"], "shuffled"),  # vllm bench serve shuffles its dataset by default
+    (["--request-rate", "2", "--disable-shuffle"], "in trace order"),
     (["--copies", "4"], "copies 4"),
     (["--rate", "2"], "request rate 2/s"),
 ])
@@ -49,7 +51,7 @@ def test_replay_names_the_protocol_and_reports_attainment(trace, load, shown, mo
     for run in doc["runs"]:
         assert shown in run["protocol"]
         assert 0 <= run["attainment"]["met"] <= 1 and run["request_throughput"] > 0
-    assert doc["slo"] == {"ttft_s": 0.5, "tpot_s": 0.05, "query_latency_s": None}
+    assert doc["slo"] == {"ttft_s": 0.5, "tpot_s": 0.05, "query_latency_s": None, "itl_s": None}
     per_query = [r["speedup_mean_per_query"] for r in doc["runs"]]
     assert (per_query[1] is not None) == ("--copies" in load)
 
@@ -109,6 +111,12 @@ def test_sweep_capacity_then_plan_and_report_from_its_results(trace, tmp_path, m
     (["replay", "--slo-tpot", "-1"], "--slo-tpot must be > 0"),
     (["plan", "--capacity", *SLO, "--slo-attainment", "1.5"], "--slo-attainment"),
     (["plan", "--capacity", *SLO, "--target-rate", "0"], "--target-rate must be > 0"),
+    (["plan", "--capacity", *SLO, "--max-concurrency", "8"], "clocks latency from each query's send"),
+    (["sweep", "--capacity", *SLO, "--max-concurrency", "8", "-o", "x.parquet"], "clocks latency from each"),
+    (["plan", "--capacity", *SLO, "--capacity-criterion", "tokens"], "criterion must be one of calls, queries"),
+    (["plan", "--capacity", *SLO, "--capacity-seeds", "0"], "seeds must be between 1 and 1000"),
+    (["plan", "--goodput", "--slo-itl", "0.1"], "not with --goodput"),
+    (["replay", "--slo-itl", "0"], "--slo-itl must be > 0"),
 ])
 def test_bad_load_and_slo_options_are_one_line(trace, tmp_path, args, says, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -9,9 +9,9 @@ shuffles it) and is judged on its steady window (capacity/steady.py): it passes 
 with the offered load and the attainment there (`met`) reaches `target`.
 
 1. Isolated probe: every query alone (max concurrency 1). If even then attainment misses the target, no
-   rate can meet it (more load only adds queueing): capacity 0 after one probe. Its p90 query latency L
-   sets how long a probe must send for.
-2. Lengthening: a probe at rate R sends for at least `min_window` × L seconds and at least `min_queries`
+   rate can meet it (more load only adds queueing): capacity 0 after one probe.
+2. Lengthening: a probe at rate R sends for at least `min_window` × L seconds (L: `normal`'s isolated p90
+   query latency, the same for every drafter, so drafters meet the same sends) and at least `min_queries`
    queries, so its steady window holds many query lifetimes; where the trace is shorter, it is sent as
    that many independent tenants (`replicate`, each tenant a fresh instance of every query, its own drafter
    state), said in the answer (`tenants`). A probe that would need more than `max_tenants` is not run:
@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import polars as pl
 from scipy import stats
 
 from agentspec_sim.capacity.steady import CRITERIA, Criterion, steady_state
@@ -184,11 +185,12 @@ def probe_config(config: EngineConfig, rate: float | None, burstiness: float, se
 
 def search_capacity(config: EngineConfig, search: CapacitySearch, run: ProbeRun, queries: int,
                     ceiling: Callable[[Any], float | None] | None = None,
-                    output_tokens_per_query: float = 0.0) -> Capacity:
+                    output_tokens_per_query: float = 0.0, reference_s: float | None = None) -> Capacity:
     """The capacity of one configuration (module docstring). `run(config)` replays the trace on `config` and
     returns (its Probe, its RunSummary, its completed queries' latencies); `queries` is the number of query
     instances one sending of the trace holds; `ceiling(isolated summary)`, an estimate of the most queries/s
-    the engine can serve (`throughput_ceiling`), caps the first guess."""
+    the engine can serve (`throughput_ceiling`), caps the first guess; `reference_s`, the query lifetime the
+    lengthening counts in (default: this configuration's isolated p90 query latency)."""
     if config.max_concurrency is not None:
         raise ValueError("a capacity search varies the request rate and clocks latency from each query's send; "
                          "under max concurrency a query's latency starts when it gets a slot, so every rate "
@@ -210,9 +212,10 @@ def search_capacity(config: EngineConfig, search: CapacitySearch, run: ProbeRun,
         return Capacity(0.0, 0.0, 0.0, 0.0, 0.0, (0.0, 0.0), "misses the SLO with each query alone (no load can "
                         "meet it)", probes, None, isolated, alone_latencies,
                         output_tokens_per_query=output_tokens_per_query)
-    lifetimes = np.array(alone_latencies, dtype=np.float64)
-    reference = float(np.percentile(lifetimes, 90)) if lifetimes.size else 1.0
-    reference = max(reference, 1e-9)
+    if reference_s is None:
+        lifetimes = np.array(alone_latencies, dtype=np.float64)
+        reference_s = float(np.percentile(lifetimes, 90)) if lifetimes.size else 1.0
+    reference = max(reference_s, 1e-9)
 
     def tenants_for(rate: float) -> int:
         need = max(search.min_window * reference * rate, float(search.min_queries))
@@ -369,10 +372,18 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
 
     out = np.array([c.output_len for q in workload.queries for c in q.calls], dtype=np.float64)
     per_query = float(out.sum() / len(workload.queries)) if workload.queries else 0.0
+    # The lengthening counts in `normal`'s isolated p90 query latency, whatever the drafter: every drafter (and
+    # every max_num_seqs) then sends the same number of tenants at a given rate, so they meet the same queries
+    # at the same times seed for seed (common random numbers), not windows scaled by their own speed.
+    reference = None  # `normal` itself: its own isolated probe
+    if not (drafter == "normal" or getattr(drafter, "method", None) == "normal"):
+        isolated = simulate(workload, "normal", probe_config(config, None, search.burstiness), cost_model)
+        lifetimes = isolated.queries.filter(pl.col("completed"))["latency_s"].to_numpy().astype(np.float64)
+        reference = float(np.percentile(lifetimes, 90)) if lifetimes.size else None
     # What no probe's load changes is made once for the search: the cost model (above, with its per-shape
     # tables), the drafter's workload tables (held in memory, not read from disk again), compiled code (once
     # per process). Each probe builds its engine state: what it does depends on the arrival times.
     with held_in_memory():
         return search_capacity(config, search, run, len(workload.queries) * config.replicate,
                                lambda isolated: throughput_ceiling(workload, config, cost_model, isolated),
-                               per_query)
+                               per_query, reference)
