@@ -32,8 +32,11 @@ def plan(
                                         "running a sweep."),
     slo_p99_latency: float | None = typer.Option(None, "--slo-p99-latency", help="Most seconds for a query's "
                                                  "latency at p99."),
-    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="Most seconds to first token at p99."),
-    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="Most seconds per output token at p99."),
+    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="Most seconds to first token: each call's, met "
+                                          "by --slo-attainment of them at capacity; with --goodput, the p99."),
+    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="Most seconds per output token after the first: "
+                                          "each call's, met by --slo-attainment of them at capacity; with "
+                                          "--goodput, the p99."),
     min_goodput: float | None = typer.Option(None, "--min-goodput", help="Least goodput, output tokens/s."),
     allow_preemption: bool = typer.Option(False, "--allow-preemption", help="Accept batch sizes at which the KV "
                                           "cache fills and vLLM preempts."),
@@ -169,6 +172,9 @@ def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_tt
     if not capacity:
         if slo_query_latency is not None or slo_itl is not None or target_rate is not None:
             raise UsageError("--slo-query-latency, --slo-itl and --target-rate plan by capacity: not with --goodput")
+        if options != sweep_cli.CAPACITY_DEFAULTS:
+            raise UsageError("--capacity-seeds, --capacity-criterion, --capacity-max-tenants: settings of a capacity "
+                             "search, not of the batch job's plan (--goodput)")
         return None
     if slo_p99_latency is not None or min_goodput is not None:
         raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
@@ -309,16 +315,17 @@ def _render_hardware(model: dict) -> None:
     rows = model["hardware"]
     table = Table(title=f"GPUs · {Path(model['trace']).name} · {model['model']}", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
-                  caption=f"each GPU's best layout, drafter and max_num_seqs · {rows[0]['unit']} · $/Mtok where the "
-                          "GPU has a price (--prices)")
-    for name in ("GPU", "layout", "drafter", "batch", "per GPU", "$/Mtok"):
+                  caption=f"each GPU's best layout, drafter and max_num_seqs · {rows[0]['unit']} · $/Mtok and $ per "
+                          "thousand queries where the GPU has a price (--prices); least $ per query first when every "
+                          "GPU has one")
+    for name in ("GPU", "layout", "drafter", "batch", "per GPU", "$/Mtok", "$/kq"):
         table.add_column(name, justify="left" if name in ("GPU", "layout", "drafter") else "right", no_wrap=True)
     for r in rows:
-        value, usd = r["per_gpu"], r["usd_per_million_tokens"]
+        value, usd, per_query = r["per_gpu"], r["usd_per_million_tokens"], r.get("usd_per_query")
         shown = "—" if value is None else f"{value:.4g}"
         table.add_row(r["hardware"], r["layout"], r["drafter"] or "none",
                       "—" if r["max_num_seqs"] is None else str(r["max_num_seqs"]), shown,
-                      "—" if usd is None else f"{usd:.3f}")
+                      "—" if usd is None else f"{usd:.3f}", "—" if per_query is None else f"{1000 * per_query:.3g}")
     console.print(table)
     top = rows[0]
     if top["per_gpu"] is not None:

@@ -193,19 +193,27 @@ def capacity_tolerance_option():
     return typer.Option(0.05, "--capacity-tolerance", help="Relative precision of a capacity search's rate.")
 
 
+# CapacitySearch's defaults (agentspec_sim/capacity/search.py; tests/test_capacity_cli.py holds them equal), here so
+# the command line's help needs no import of the library.
+CAPACITY_DEFAULTS = {"seeds": 5, "criterion": "calls", "max_tenants": 64}
+
+
 def capacity_seeds_option():
-    return typer.Option(5, "--capacity-seeds", help="Seeds a capacity search runs (each its own send times and "
+    return typer.Option(CAPACITY_DEFAULTS["seeds"], "--capacity-seeds", help="Seeds a capacity search runs (each its "
+                        "own send times and "
                         "order, the same for every drafter): the capacity is their mean, with its 95 % interval.")
 
 
 def capacity_criterion_option():
-    return typer.Option("calls", "--capacity-criterion", help="What attainment counts: 'calls' (pooled calls, "
+    return typer.Option(CAPACITY_DEFAULTS["criterion"], "--capacity-criterion", help="What attainment counts: "
+                        "'calls' (pooled calls, "
                         "each by vLLM's good-request rule) or 'queries' (a query is good when every call of it met "
                         "the call SLOs).")
 
 
 def capacity_max_tenants_option():
-    return typer.Option(64, "--capacity-max-tenants", help="Most independent tenants a capacity probe may send "
+    return typer.Option(CAPACITY_DEFAULTS["max_tenants"], "--capacity-max-tenants",
+                        help="Most independent tenants a capacity probe may send "
                         "the trace as to reach a steady window; past it the capacity is inconclusive.")
 
 

@@ -58,7 +58,7 @@ def test_replay_names_the_protocol_and_reports_attainment(trace, load, shown, mo
 
 def test_plan_capacity_ranks_per_gpu_and_reruns_identically(trace, tmp_path, monkeypatch, capsys):
     args = ["plan", str(trace), "--capacity", *SLO, "--drafter", "ngram,suffix", "--max-num-seqs", "1,2",
-            "-j", "1", "--target-rate", "3", "--json"]
+            "-j", "1", "--target-rate", "3", "--json", "--capacity-seeds", "2"]
     code, out, err = run_cli(args, monkeypatch, capsys)
     assert code == 0, err
     again = run_cli(args, monkeypatch, capsys)[1]
@@ -79,7 +79,7 @@ def test_plan_capacity_ranks_per_gpu_and_reruns_identically(trace, tmp_path, mon
 def test_sweep_capacity_then_plan_and_report_from_its_results(trace, tmp_path, monkeypatch, capsys):
     out = tmp_path / "cap.parquet"
     code, text, err = run_cli(["sweep", str(trace), "--capacity", *SLO, "--drafter", "ngram", "--max-num-seqs", "1,4",
-                               "-j", "1", "-o", str(out)], monkeypatch, capsys)
+                               "-j", "1", "-o", str(out), "--capacity-seeds", "2"], monkeypatch, capsys)
     assert code == 0, err
     assert "capacity ·" in text
     frame = pl.read_parquet(out)
@@ -116,6 +116,7 @@ def test_sweep_capacity_then_plan_and_report_from_its_results(trace, tmp_path, m
     (["plan", "--capacity", *SLO, "--capacity-criterion", "tokens"], "criterion must be one of calls, queries"),
     (["plan", "--capacity", *SLO, "--capacity-seeds", "0"], "seeds must be between 1 and 1000"),
     (["plan", "--goodput", "--slo-itl", "0.1"], "not with --goodput"),
+    (["plan", "--goodput", "--capacity-seeds", "3"], "not of the batch job's plan"),
     (["replay", "--slo-itl", "0"], "--slo-itl must be > 0"),
 ])
 def test_bad_load_and_slo_options_are_one_line(trace, tmp_path, args, says, monkeypatch, capsys):
@@ -172,7 +173,8 @@ def test_malformed_capacity_results_are_one_line(trace, tmp_path, monkeypatch, c
 
 def test_a_capacity_sweep_resumes_and_a_changed_slo_is_a_new_search(trace, tmp_path, monkeypatch, capsys):
     out = tmp_path / "cap.parquet"
-    base = ["sweep", str(trace), "--capacity", "--drafter", "ngram", "-j", "1", "-o", str(out), "-q"]
+    base = ["sweep", str(trace), "--capacity", "--drafter", "ngram", "-j", "1", "-o", str(out), "-q",
+            "--capacity-seeds", "2"]
     code, _, err = run_cli([*base, *SLO, "--max-num-seqs", "1"], monkeypatch, capsys)
     assert code == 0, err
     first = pl.read_parquet(out)
@@ -190,11 +192,12 @@ def test_a_capacity_sweep_resumes_and_a_changed_slo_is_a_new_search(trace, tmp_p
 
 def test_plan_of_a_trace_under_per_request_slos_is_a_capacity_plan(trace, monkeypatch, capsys):
     """`plan TRACE --slo-ttft S --slo-tpot S` ranks by capacity unless --goodput asks for the batch job's plan."""
-    base = ["plan", str(trace), *SLO, "--drafter", "ngram", "--max-num-seqs", "1", "-j", "1", "--json"]
+    base = ["plan", str(trace), *SLO, "--drafter", "ngram", "--max-num-seqs", "1", "-j", "1", "--json",
+            "--capacity-seeds", "2"]
     code, out, err = run_cli(base, monkeypatch, capsys)
     assert code == 0, err
     assert "search" in json.loads(out)[0]
-    code, out, err = run_cli([*base, "--goodput"], monkeypatch, capsys)
+    code, out, err = run_cli([*base[:-2], "--goodput"], monkeypatch, capsys)
     assert code == 0, err
     assert "search" not in json.loads(out)[0] and "slo" in json.loads(out)[0]
 
@@ -205,3 +208,12 @@ def test_the_step_cost_error_is_the_pairs_held_out_median():
     error, source = cost_model_error("a100-80g", "qwen3-8b")
     assert 0 < error < COST_MODEL_ERROR and "held-out" in source  # its bundled AIConfigurator calibration
     assert cost_model_error("a100-80g", "gpt-oss-20b") == (COST_MODEL_ERROR, cost_model_error("x", "y")[1])
+
+
+def test_the_command_lines_capacity_defaults_are_the_librarys():
+    from agentspec_sim.capacity import CapacitySearch
+    from agentspec_sim.cli.sweep_options import CAPACITY_DEFAULTS
+    from agentspec_sim.slo import LatencySLO
+
+    search = CapacitySearch(LatencySLO(ttft_s=1.0))
+    assert {key: getattr(search, key) for key in CAPACITY_DEFAULTS} == CAPACITY_DEFAULTS

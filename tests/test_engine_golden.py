@@ -83,145 +83,145 @@ CASES: dict[str, tuple] = {
 
 # Computed with the reference engine (see the module docstring).
 EXPECTED: dict[str, dict[str, str]] = {
-    "maxlen-suffix": {
-        "steps": "99f16f555755e03d8c619e9f3e285988",
-        "engine_steps": "66ac9ae2024373b5100202dd5b029b89",
-        "calls": "a8d8a75c01447e0b7ef3c74cd92d7302",
-        "queries": "cd9d8c6fb4731714565f5afa1399183e",
-        "summary": "fc16fc0cf408819d2ea1b3b4f97e9d03"
-    },
-    "tinykv-suffix": {
-        "steps": "1323946567bf7945c29f6fb9fd17433c",
-        "engine_steps": "029d99095a9554a51c62335f2bf34899",
-        "calls": "cf3a593b29185ef27b468752e6a55403",
-        "queries": "f921a34977ec04130e707f6cfa8789be",
-        "summary": "c0f331b775eb7e36bdb4b99ccab5ee1e"
-    },
     "q12-normal-256": {
         "steps": "460954c7be9a1918e7fb626dc5decbc9",
         "engine_steps": "a117f4fe99da725ec087c4831b5b287e",
         "calls": "ddef10fdc148f37ea3db25b712550e14",
         "queries": "cb24696ac3801127f62189929420e10b",
-        "summary": "a75b32024bbb296c4d0d4f40eae5678c"
+        "summary": "6a9ea4a307f3174d74131c833e8ef11a"
     },
     "q12-ngram-256": {
         "steps": "ab2e34fa3a2e20722895f3403e346daa",
         "engine_steps": "f437bc27c2abc074d9dd2ab98ff967f4",
         "calls": "263cb39435c56dc0d7c212954b41c615",
         "queries": "546a7b54e68964103b509347389afd1f",
-        "summary": "003e64af76a472683be857ae22b55466"
+        "summary": "755c57cbac246e5148f0dedcfd92d4d4"
     },
     "q12-normal-8": {
         "steps": "84018b9d6881352c07eccc08f0828a43",
         "engine_steps": "5403c1c3e5999b75e1441f22fdc54227",
         "calls": "6b92049f08e2b3160a459199790f7def",
         "queries": "37d7ab4edcb6f5089c11c902125f09de",
-        "summary": "17972d733997b6a5539d53c3240c4383"
+        "summary": "33e6a0a57f3123d9555dc0a4a9293c5b"
     },
     "q12-ngram-8": {
         "steps": "b4fe86fe336fe97df8d54fe1a9b9e6e5",
         "engine_steps": "f095bc8ffe434a19fb54ff330ef84bed",
         "calls": "1a1499b67d91a4b0344116ed98874c2c",
         "queries": "cd91aa3eaa46e64d6090e0c75265b748",
-        "summary": "ede2c2f39bb417529e9f2e4439f13d09"
+        "summary": "fa1687abb697e1bbbed3f27210e57a4c"
     },
     "q3-normal-1": {
         "steps": "344671249729ef51dd55a7ee31d9eb3e",
         "engine_steps": "a6753dcf2bc0a23c58c2d23b9286ed6c",
         "calls": "701e9ea351f62e562348360599109893",
         "queries": "3c47f4bfa1aca8b4d26b700803271546",
-        "summary": "b190dffc30ad6a2b37fb2471ac760dba"
+        "summary": "223edbcbe9acb2da8a05438d082b73d9"
     },
     "q3-ngram-1": {
         "steps": "7b53731e90196b65b2c2da446c719de4",
         "engine_steps": "1f0736f3479e2167facbca33a7cb61f3",
         "calls": "9f14a3b53ba9898f87c36913666a2b80",
         "queries": "94c558335696fe0ab72a9922ddb3eb43",
-        "summary": "865ee8100bc7e3404a4abd77bd51f414"
+        "summary": "b2e40ca71d33cfe6e918e6588ca585dc"
     },
     "tinykv-normal": {
         "steps": "239adc7f446141bc0788bf19c213a788",
         "engine_steps": "bee0be4e0d51729ce46508a4c067981b",
         "calls": "4f8b29f386549bb67cb5060a1062a9b7",
         "queries": "f7da827ffb74a7e8109d2522d64ce94b",
-        "summary": "a776784959b1b9a0a5af19e63cd92eee"
+        "summary": "7c1a514f04674afbe8861828b0d4164c"
     },
     "tinykv-ngram": {
         "steps": "849185c3fe67369503279aa8951987be",
         "engine_steps": "173a43da9ed5c74d502eb3cd03cbe271",
         "calls": "358b2ae80c86b3fe3839c471ce57583a",
         "queries": "8151bd7c571f5cbd4336aacc5e4ef70c",
-        "summary": "b79621aeac1bba1c9b3518dfdd40e3ca"
+        "summary": "d4e774761e0a7365311876a50d2538f1"
     },
     "poisson-rep2-normal": {
         "steps": "b23de5109b44fab1ed12384a78c21df2",
         "engine_steps": "09867a137f1a4dcd28824ad083f3ac23",
         "calls": "c09f54a795137af513afb1dc744606bc",
         "queries": "0cb005bcbc5d93b7cc499f5eba612ec9",
-        "summary": "a0da5439a40ca21cb6c5a2cf6cae2bb2"
+        "summary": "f64dabb606023e7cf145f2c4c0670dcc"
     },
     "poisson-rep2-ngram": {
         "steps": "2c446d8cf9b280094e3c5d71eafc4713",
         "engine_steps": "b9eab8f6e64528b3134f4ae44d0f2db3",
         "calls": "e41bcc01a5f14bca2e79d5f0f4574ac0",
         "queries": "04a2d6e2c9bb3eafaecfeb12bf7bfe03",
-        "summary": "c2f8ee1336f48af9c796aba077ad565f"
+        "summary": "98b1d3299fc053c76a8b5f6c347c1777"
     },
     "nocache-normal": {
         "steps": "3736e486363346cc9e434e7a0778d810",
         "engine_steps": "5ac0cd2a948a5b646db5383c1f62d07e",
         "calls": "a14893d8448ac396b1597c83f611c2d1",
         "queries": "db678843a992d59f9e286a5d05a956b1",
-        "summary": "91b40b4bfbd5f45e4ad15b7945b78f40"
+        "summary": "7ae0629bf1da06407664c675c69c6355"
     },
     "nocache-ngram": {
         "steps": "748c9db8c0871496dc47e8d09b1127cb",
         "engine_steps": "548e62c4104880b032dfd851c1dda918",
         "calls": "e2d26ed9649a343d347e76e8e0ed993f",
         "queries": "af659bc7b0aada6a7c24ea954fd6b5a3",
-        "summary": "528e9045c9d6c254a73b5b16cf765ca8"
+        "summary": "e09c3ac0aea262e239fccd8129d67896"
     },
     "budget48-normal": {
         "steps": "dbce283046df2db2b605685b337d5682",
         "engine_steps": "ecfd592441d77b261971a3bca3437831",
         "calls": "2f2cddd02f0d3e8ce0d0205d1d2f3f9a",
         "queries": "6f975adf9fefce59dd5d72ea26218ab8",
-        "summary": "d7a42158b13148b172b87518a51f288b"
+        "summary": "6aa20f503d38a8279c8b150b0ed1bb9d"
     },
     "budget48-ngram": {
         "steps": "7a2eeaedf9faaf3307ec5a92d2ed8a4d",
         "engine_steps": "f01fdb763475dc868a28603ef58685ab",
         "calls": "325008c2e346f030a75c6238881ff7bf",
         "queries": "3493acd7661cb8687192a80c6d3ea2a1",
-        "summary": "aa6b852e6f1e1f1a4c24495c5a6f3643"
+        "summary": "8b2ea0edd5b90feb4cd93d52d6167892"
     },
     "maxlen-ngram": {
         "steps": "1ecfebc2ddbe1b7cd9c3bc239e589ab0",
         "engine_steps": "7bd118b0c4264cdc8e4590c1c2ce92bf",
         "calls": "fa1106c009d42a239455ac3a33e49df1",
         "queries": "e7f4ba98e6a2f4a1cd88fa06e4fd2654",
-        "summary": "e173a7d25df0fa993504917ab83e37f0"
+        "summary": "9f487a9b5bf39d5c44d6c49341d42cc5"
     },
     "schedule-ngram": {
         "steps": "f7091d7aac009c15c52424dd5c08c462",
         "engine_steps": "7d7948c1bdd2365ee085eb97590494fc",
         "calls": "9eca9e4ebf54f16e04b2d856de6beb71",
         "queries": "ef4b94516b9fce7529942e61910003e6",
-        "summary": "c16e98df7502b5dc3a475ee8f14f1b1d"
+        "summary": "cf1549b9460166cddadcfec60c6fb8ed"
+    },
+    "maxlen-suffix": {
+        "steps": "99f16f555755e03d8c619e9f3e285988",
+        "engine_steps": "66ac9ae2024373b5100202dd5b029b89",
+        "calls": "a8d8a75c01447e0b7ef3c74cd92d7302",
+        "queries": "cd9d8c6fb4731714565f5afa1399183e",
+        "summary": "a4c3d3c366db679b400d12f4561e535f"
+    },
+    "tinykv-suffix": {
+        "steps": "1323946567bf7945c29f6fb9fd17433c",
+        "engine_steps": "029d99095a9554a51c62335f2bf34899",
+        "calls": "cf3a593b29185ef27b468752e6a55403",
+        "queries": "f921a34977ec04130e707f6cfa8789be",
+        "summary": "3d39cb8d05d414eddd9eaa79c0365e54"
     },
     "moe-tp2-normal": {
         "steps": "f32f3f75cfb70660e6cb404a58cee5c5",
         "engine_steps": "90114c38ab5ff77f448991d5bf2d5c85",
         "calls": "7ca26c6ca28d39173d778ebfb8ad03fa",
         "queries": "370d0ad16fa7fa47a6d72f1ca34e3b35",
-        "summary": "0685f86ea8baee6004426ac305dc1ea6"
+        "summary": "007d87f4c60489836e4b42679aecc5d1"
     },
     "moe-tp2-ngram": {
         "steps": "c0ab0cc9ee87019526fd4190b5b0e3d9",
         "engine_steps": "cd357bd8c117b27dfc41317daf8572b0",
         "calls": "a237714510415f12425db99d03d50c47",
         "queries": "2c02c605ffbc26fcd1fa480346ee3855",
-        "summary": "1d61a39bcca79f3c25eac324eb5b41d0"
+        "summary": "95532b04073a57f1af0d314e17421f9b"
     }
 }
 

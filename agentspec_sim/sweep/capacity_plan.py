@@ -130,6 +130,7 @@ class CapacityChoice:
     usd_per_query: float | None = None
     replicas: int | None = None  # for the target rate
     band: tuple[float, float] | None = None  # eagle3/mtp: the capacity at the acceptance model's low and high bound
+    bound_by: str | None = None  # what kept calls waiting in the run at capacity (max_num_seqs, kv_cache, …)
 
     @property
     def k(self) -> int:
@@ -252,7 +253,7 @@ def _choices(group: pl.DataFrame) -> list[CapacityChoice]:
             output_tok_s=None if rate is None else rate * per_query, output_tokens_per_query=per_query, gpus=gpus,
             ttft_p99_s=worst.get("ttft_p99"), tpot_p99_s=worst.get("tpot_p99"),
             query_latency_p99_s=worst.get("query_latency_p99"), attainment=worst.get("attainment_met"),
-            stopped=worst["capacity_stopped"],
+            stopped=worst["capacity_stopped"], bound_by=worst.get("bound_by"),
             band=(None if worst.get("capacity_band_low") is None or worst.get("capacity_band_high") is None
                   else (float(worst["capacity_band_low"]), float(worst["capacity_band_high"])))))
     return out
@@ -322,6 +323,9 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
         larger = [c for c in mine if c.max_num_seqs > best.max_num_seqs]
         why = ("the largest batch size swept" if not larger else
                f"max_num_seqs {larger[0].max_num_seqs} sustains {_describe_rate(larger[0])}")
+        if not larger and best.bound_by == "max_num_seqs":
+            why += (" — and at capacity calls waited mostly for a seat (max_num_seqs binds): a larger batch may "
+                    "sustain more")
         if smaller is not None:
             why += (f"; max_num_seqs {smaller.max_num_seqs} sustains {_describe_rate(smaller)}, not told apart "
                     "from it")
