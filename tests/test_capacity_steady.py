@@ -197,3 +197,25 @@ def test_an_eagle3_capacity_band_widens_what_the_plan_cannot_tell_apart():
     rows[1] = {**rows[1], "capacity_band_low": 1.8, "capacity_band_high": 2.8}
     plan = plan_capacity(pl.DataFrame(rows), prices=prices)[0]
     assert plan.best.drafter == "eagle3" and plan.best.band == (1.8, 2.8) and plan.within_error
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_every_emission_is_a_calls_token_at_its_step_end(dp):
+    """`RunResult.emissions` (what ITL is measured on) holds each call's output tokens once, the first at its
+    first_token_s and the last at its finish_s — with data parallelism too, the ranks' emissions merged."""
+    from pathlib import Path
+
+    from agentspec_sim.cost import cost_model_for
+    from agentspec_sim.engine.config import EngineConfig
+    from agentspec_sim.trace.io import load_trace
+
+    wl = load_trace(Path(__file__).parents[1] / "traces" / "swe-agent.jsonl.zst")
+    cfg = EngineConfig(max_num_seqs=8, data_parallel_size=dp, arrival="request-rate", rate=1.0)
+    result = simulate(wl, "ngram", cfg, cost_model_for(cfg))
+    per_call = result.emissions.group_by("call").agg(pl.col("tokens").sum(), pl.col("time_s").min().alias("first"),
+                                                     pl.col("time_s").max().alias("last"))
+    calls = result.calls.with_row_index("call").with_columns(pl.col("call").cast(pl.Int64)).join(per_call, on="call")
+    assert calls.height == result.calls.filter(pl.col("status") == "finished").height
+    assert (calls["output_len"] == calls["tokens"]).all()
+    np.testing.assert_allclose(calls["first"], calls["first_token_s"], atol=1e-9)
+    np.testing.assert_allclose(calls["last"], calls["finish_s"], atol=1e-9)
