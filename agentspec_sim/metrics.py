@@ -254,7 +254,7 @@ def summarize(result: RunResult, baseline: RunResult | None = None, slo: Latency
         request_throughput=done_queries.height / duration if duration > 0 else 0.0,
         call_throughput=finished.height / duration if duration > 0 else 0.0,
         output_throughput_tok_s=output_tokens / duration if duration > 0 else 0.0,
-        attainment=attainment(result, slo or LatencySLO(), (ttft, tpot), longest_gap),
+        attainment=attainment(result, slo or LatencySLO(), longest_gap),
         speedup_mean_per_query=per_query,
         wall_s=result.wall_s,
     )

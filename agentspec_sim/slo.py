@@ -12,8 +12,9 @@ Per-request SLOs as serving benchmarks count them:
 - a query (the agent's whole task: every call, think times included) meets the query SLO when its
   latency ≤ `query_latency_s`.
 
-Attainment is over the calls that ran and the queries that completed: a call refused at max_model_len
-(and the rest of its query) fails at every load and says nothing about capacity; it is counted apart
+Attainment is over the calls sent and the queries that completed: a call refused at max_model_len is not
+good, as `vllm bench serve` counts a failed request (its goodput counts only successful requests meeting every
+SLO); the later calls of its query are never sent. Refused calls are also counted apart
 (`RunSummary.refused_calls`). `met` is the smaller of the two shares that have an SLO (the capacity
 criterion, agentspec_sim/capacity.py: both must reach the target).
 """
@@ -99,32 +100,52 @@ def inter_token_latencies(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     return gaps, longest
 
 
-def attainment(result: RunResult, slo: LatencySLO, latencies: tuple[np.ndarray, np.ndarray] | None = None,
-               longest_gap: np.ndarray | None = None) -> dict[str, float | None]:
-    """Shares in [0, 1] (module docstring): `calls` (every call SLO), `calls_ttft`, `calls_tpot`, `queries`
-    (query latency), `met` (the least of `calls` and `queries` where each has an SLO); None where no SLO
-    applies or nothing ran. `latencies`, `longest_gap`: `call_latencies(result.calls)` and
-    `inter_token_latencies(result)[1]` when the caller has them already."""
+def good_calls(calls: pl.DataFrame, slo: LatencySLO, longest_gap: np.ndarray | None = None
+               ) -> dict[str, np.ndarray]:
+    """Per row of `calls` (every status): whether it meets TTFT (`calls_ttft`), TPOT (`calls_tpot`), ITL
+    (`calls_itl`, its longest gap between chunks: `inter_token_latencies(result)[1]`) and all the call SLOs set
+    (`calls`) — vLLM's good-request rule, TPOT 0 for a one-token output, no ITL for a one-chunk one; a call that
+    did not finish (refused at max_model_len) meets none, as vLLM's benchmark counts a failed request."""
+    finished = (calls["status"] == "finished").to_numpy()
+    first = calls["first_token_s"].to_numpy().astype(np.float64)
+    ttft = first - calls["arrival_s"].to_numpy().astype(np.float64)
+    n = calls["output_len"].to_numpy().astype(np.float64)
+    decode = calls["finish_s"].to_numpy().astype(np.float64) - first
+    tpot = np.where(n >= 2, decode / np.maximum(n - 1, 1), 0.0)
+    out: dict[str, np.ndarray] = {}
+    ok = finished.copy()
+    for name, value, limit in (("calls_ttft", ttft, slo.ttft_s), ("calls_tpot", tpot, slo.tpot_s),
+                               ("calls_itl", longest_gap, slo.itl_s)):
+        if limit is None:
+            continue
+        if value is None:
+            raise ValueError("an ITL SLO needs the calls' longest gaps (inter_token_latencies)")
+        good = finished & (np.nan_to_num(value, nan=0.0 if name == "calls_itl" else np.inf) <= limit)
+        out[name] = good
+        ok &= good
+    out["calls"] = ok
+    return out
+
+
+def sent_calls(calls: pl.DataFrame) -> np.ndarray:
+    """The calls that reached the server: finished or refused (a call after a refusal in its query never is)."""
+    return calls["status"].is_in(["finished", "refused"]).to_numpy()
+
+
+def attainment(result: RunResult, slo: LatencySLO, longest_gap: np.ndarray | None = None
+               ) -> dict[str, float | None]:
+    """Shares in [0, 1] (module docstring): `calls` (every call SLO), `calls_ttft`, `calls_tpot`, `calls_itl`
+    over the calls sent (a refused call is not good), `queries` (query latency, over completed queries), `met`
+    (the least of `calls` and `queries` where each has an SLO); None where no SLO applies or nothing ran.
+    `longest_gap`: `inter_token_latencies(result)[1]` when the caller has it already."""
     out: dict[str, float | None] = dict.fromkeys(ATTAINMENT_KEYS)
-    ttft, tpot = latencies if latencies is not None else call_latencies(result.calls)
-    if ttft.size:
-        ok = np.ones(ttft.size, dtype=bool)
-        if slo.ttft_s is not None:
-            good = ttft <= slo.ttft_s
-            out["calls_ttft"] = float(good.mean())
-            ok &= good
-        if slo.tpot_s is not None:
-            good = np.nan_to_num(tpot, nan=0.0) <= slo.tpot_s  # a one-token output meets any TPOT SLO
-            out["calls_tpot"] = float(good.mean())
-            ok &= good
-        if slo.itl_s is not None:
-            finished = (result.calls["status"] == "finished").to_numpy()
-            gaps = longest_gap if longest_gap is not None else inter_token_latencies(result)[1]
-            good = np.nan_to_num(gaps[finished], nan=0.0) <= slo.itl_s
-            out["calls_itl"] = float(good.mean())
-            ok &= good
-        if slo.per_call:
-            out["calls"] = float(ok.mean())
+    calls = result.calls
+    sent = sent_calls(calls)
+    if sent.any() and slo.per_call:
+        if slo.itl_s is not None and longest_gap is None:
+            longest_gap = inter_token_latencies(result)[1]
+        for name, flags in good_calls(calls, slo, longest_gap).items():
+            out[name] = float(flags[sent].mean())
     if slo.query_latency_s is not None:
         latency = result.queries.filter(pl.col("completed"))["latency_s"].to_numpy().astype(np.float64)
         if latency.size:

@@ -116,6 +116,10 @@ def test_refused_calls_count_as_not_good():
                                            check_invariants=False), ConstantCost())
     steady = steady_state(result, LatencySLO(ttft_s=10.0), 0.0, 0.1)
     assert steady.refused_calls == 10 and steady.met == pytest.approx(0.5)
+    from agentspec_sim.metrics import summarize
+
+    summary = summarize(result, slo=LatencySLO(ttft_s=10.0))  # replay's attainment counts them the same way
+    assert summary.attainment["calls"] == pytest.approx(0.5) and summary.refused_calls == 10
 
 
 def test_a_capacity_search_refuses_max_concurrency():

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from agentspec_sim.engine.result import RunResult
-from agentspec_sim.slo import ATTAINMENT_KEYS, LatencySLO, inter_token_latencies
+from agentspec_sim.slo import ATTAINMENT_KEYS, LatencySLO, good_calls, inter_token_latencies
 
 Criterion = Literal["calls", "queries"]
 CRITERIA = ("calls", "queries")
@@ -80,7 +80,7 @@ def steady_state(result: RunResult, slo: LatencySLO, warmup: float, stability: f
     arrival = calls["arrival_s"].to_numpy().astype(np.float64)  # NaN: never sent (after a refusal)
     in_window_c = (arrival >= start) & (arrival <= end)
     gaps = inter_token_latencies(result)[1] if slo.itl_s is not None else None
-    good = _good_calls(calls, slo, gaps)  # per call of the run, every status
+    good = good_calls(calls, slo, gaps)  # per call of the run, every status
     refused = int(((calls["status"] == "refused").to_numpy() & in_window_c).sum())
     out: dict[str, float | None] = dict.fromkeys(ATTAINMENT_KEYS)
     if in_window_c.any() and slo.per_call:
@@ -119,31 +119,6 @@ def _tokens_between(calls: pl.DataFrame, start: float, end: float) -> float:
     rest = np.where(span > 0, overlap / np.where(span > 0, span, 1.0),
                     ((finish > start) & (finish <= end)).astype(np.float64))
     return float((tokens + (n - 1) * rest).sum())
-
-
-def _good_calls(result_calls: pl.DataFrame, slo: LatencySLO, longest_gap: np.ndarray | None = None
-                ) -> dict[str, np.ndarray]:
-    """Per call (every status): meets TTFT, TPOT, ITL, all of them — vLLM's good-request rule (TPOT 0 for a
-    one-token output; ITL: the call's longest gap between chunks, slo.py); a call that did not finish
-    (refused) meets none."""
-    calls = result_calls
-    finished = (calls["status"] == "finished").to_numpy()
-    first = calls["first_token_s"].to_numpy().astype(np.float64)
-    ttft = first - calls["arrival_s"].to_numpy().astype(np.float64)
-    n = calls["output_len"].to_numpy().astype(np.float64)
-    decode = calls["finish_s"].to_numpy().astype(np.float64) - first
-    tpot = np.where(n >= 2, decode / np.maximum(n - 1, 1), 0.0)
-    out: dict[str, np.ndarray] = {}
-    ok = finished.copy()
-    for name, value, limit in (("calls_ttft", ttft, slo.ttft_s), ("calls_tpot", tpot, slo.tpot_s),
-                               ("calls_itl", longest_gap, slo.itl_s)):
-        if limit is None:
-            continue
-        good = finished & (np.nan_to_num(value, nan=0.0 if name == "calls_itl" else np.inf) <= limit)
-        out[name] = good
-        ok &= good
-    out["calls"] = ok
-    return out
 
 
 def _every_call_good(calls: pl.DataFrame, good_call_all: np.ndarray, queries: pl.DataFrame) -> np.ndarray:
