@@ -15,8 +15,7 @@ steady-state rate; here each probe is judged on its steady window [w·T, T]:
   the query SLO). A call refused at max_model_len counts as not good, as `vllm bench serve` counts a
   failed request (its goodput counts only successful requests meeting every SLO).
 
-Tokens are taken as emitted at a call's first token (one) and evenly between it and its finish (the rest):
-the window's edges cut at most one call's decode per call in flight, which the even spread apportions.
+Tokens are counted where the engine emitted them: each step's tokens at its end (`RunResult.emissions`).
 """
 
 from __future__ import annotations
@@ -75,7 +74,9 @@ def steady_state(result: RunResult, slo: LatencySLO, warmup: float, stability: f
 
     ran = calls.filter(pl.col("status") == "finished")
     offered = float(ran.join(window_queries.select(key), on=key, how="semi")["output_len"].sum() or 0)
-    served = _tokens_between(ran, start, end)
+    emitted = result.emissions  # each call-step's tokens at its step's end
+    when = emitted["time_s"].to_numpy()
+    served = float(emitted["tokens"].to_numpy()[(when >= start) & (when <= end)].sum())
 
     arrival = calls["arrival_s"].to_numpy().astype(np.float64)  # NaN: never sent (after a refusal)
     in_window_c = (arrival >= start) & (arrival <= end)
@@ -103,22 +104,6 @@ def steady_state(result: RunResult, slo: LatencySLO, warmup: float, stability: f
     stable = offered <= 0 or served >= (1.0 - stability) * offered
     return SteadyState(start, end, offered, served, int(in_window_c.sum()), window_queries.height, refused, out,
                        stable)
-
-
-def _tokens_between(calls: pl.DataFrame, start: float, end: float) -> float:
-    """Output tokens the finished `calls` emitted in [start, end]: the first at first_token_s, the rest evenly
-    over (first_token_s, finish_s]."""
-    if calls.height == 0:
-        return 0.0
-    first = calls["first_token_s"].to_numpy().astype(np.float64)
-    finish = calls["finish_s"].to_numpy().astype(np.float64)
-    n = calls["output_len"].to_numpy().astype(np.float64)
-    tokens = ((first >= start) & (first <= end)).astype(np.float64)
-    span = finish - first
-    overlap = np.clip(np.minimum(finish, end) - np.maximum(first, start), 0.0, None)
-    rest = np.where(span > 0, overlap / np.where(span > 0, span, 1.0),
-                    ((finish > start) & (finish <= end)).astype(np.float64))
-    return float((tokens + (n - 1) * rest).sum())
 
 
 def _every_call_good(calls: pl.DataFrame, good_call_all: np.ndarray, queries: pl.DataFrame) -> np.ndarray:
