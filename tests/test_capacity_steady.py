@@ -223,3 +223,13 @@ def test_every_emission_is_a_calls_token_at_its_step_end(dp):
     assert (calls["output_len"] == calls["tokens"]).all()
     np.testing.assert_allclose(calls["first"], calls["first_token_s"], atol=1e-9)
     np.testing.assert_allclose(calls["last"], calls["finish_s"], atol=1e-9)
+
+
+def test_results_of_the_finite_trace_search_are_refused_with_the_reason():
+    from agentspec_sim.sweep.cells import SweepError
+
+    old = pl.DataFrame([{k: v for k, v in _rows(2.0, 1.8, 2.2).items()
+                         if k not in ("capacity_low", "capacity_high", "capacity_at_least", "capacity_inconclusive")}
+                        | {"capacity_unbounded": False}])
+    with pytest.raises(SweepError, match="run sweep --capacity again"):
+        plan_capacity(old)

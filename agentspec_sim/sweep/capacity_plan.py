@@ -211,6 +211,10 @@ def plan_capacity(results: pl.DataFrame, target_rate: float | None = None,
     if results.height == 0:
         raise SweepError("no sweep results to plan from")
     missing = [c for c in CAPACITY_COLUMNS if c not in results.columns]
+    if missing and "capacity_unbounded" in results.columns:
+        raise SweepError("these capacity results were searched on the finite trace (capacity_unbounded, no "
+                         "interval), before capacities were steady-state rates with intervals: run sweep --capacity "
+                         "again to plan from them")
     if missing:
         raise SweepError(f"capacity results lack column(s) {', '.join(missing)} (written by sweep --capacity)")
     prices = prices or Prices.load()
