@@ -57,7 +57,7 @@ def test_replay_names_the_protocol_and_reports_attainment(trace, load, shown, mo
 
 
 def test_plan_capacity_ranks_per_gpu_and_reruns_identically(trace, tmp_path, monkeypatch, capsys):
-    args = ["plan", str(trace), "--capacity", *SLO, "--drafter", "ngram,suffix", "--max-num-seqs", "1,2",
+    args = ["plan", str(trace), "--capacity", *SLO, "--drafter", "ngram", "--max-num-seqs", "1,2",
             "-j", "1", "--target-rate", "3", "--json", "--capacity-seeds", "2"]
     code, out, err = run_cli(args, monkeypatch, capsys)
     assert code == 0, err
