@@ -41,7 +41,7 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from agentspec_sim.capacity.steady import CRITERIA, Criterion, steady_state
+from agentspec_sim.capacity.steady import CRITERIA, Criterion, FailureWatch, steady_state
 from agentspec_sim.cost import cost_model_for
 from agentspec_sim.cost.base import BatchShape
 from agentspec_sim.drafters.common.table_cache import held_in_memory
@@ -105,13 +105,15 @@ class CapacitySearch:
 @dataclass(frozen=True)
 class Probe:
     """One replay of the trace at one offered load. `rate` None: the isolated probe (each query alone).
-    `met`: attainment over the steady window; `stable`: the engine kept up there (capacity/steady.py)."""
+    `met`: attainment over the steady window; `stable`: the engine kept up there (capacity/steady.py).
+    `stopped_s`: the simulated second a probe was ended at once its failure was certain (`FailureWatch`; why in
+    `stopped_by`): it has no latencies or attainment of its own (None), only its verdict."""
 
     rate: float | None
     met: float | None
     attainment: dict[str, float | None]
-    request_throughput: float
-    output_throughput_tok_s: float
+    request_throughput: float | None
+    output_throughput_tok_s: float | None
     ttft_p50: float | None
     ttft_p99: float | None
     tpot_p50: float | None
@@ -120,12 +122,18 @@ class Probe:
     query_latency_p99: float | None
     seed: int = 0
     tenants: int = 1
-    stable: bool = True
+    stable: bool | None = True
     served_share: float | None = None
     window_s: tuple[float, float] = (0.0, 0.0)
+    stopped_s: float | None = None
+    stopped_by: str | None = None
 
     def passes(self, target: float) -> bool:
-        return self.stable and self.met is not None and self.met >= target
+        return self.stopped_s is None and bool(self.stable) and self.met is not None and self.met >= target
+
+    @property
+    def partial(self) -> bool:
+        return self.stopped_s is not None
 
 
 @dataclass(frozen=True)
@@ -354,15 +362,30 @@ def summary_probe(summary: Any, steady: Any = None) -> Probe:
                  **extra)
 
 
+def stopped_probe(result: Any, watch: FailureWatch) -> Probe:
+    """The Probe of a run `watch` ended once its failure was certain: its verdict, when and why, no statistics."""
+    return Probe(rate=None, met=None, attainment={}, request_throughput=None, output_throughput_tok_s=None,
+                 ttft_p50=None, ttft_p99=None, tpot_p50=None, tpot_p99=None, query_latency_p50=None,
+                 query_latency_p99=None, stable=False if watch.stopped_by == "stability" else None,
+                 window_s=(watch.start, watch.end), stopped_s=result.stopped_s, stopped_by=watch.stopped_by)
+
+
 def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: CapacitySearch,
-                  cost_model: Any = None) -> Capacity:
+                  cost_model: Any = None, shortcuts: bool = True) -> Capacity:
     """The capacity of `drafter` on `config` for `workload` (library entry point; probes run here, in order).
-    `cost_model` default: the config's roofline model, built once for every probe."""
+    `cost_model` default: the config's roofline model, built once for every probe. `shortcuts`: a probe under
+    load ends once its failure is certain (`FailureWatch`); False runs every probe to its end (the same
+    capacities: tests compare)."""
     if cost_model is None:
         cost_model = cost_model_for(config)
 
     def run(probe: EngineConfig) -> tuple[Probe, Any, tuple[float, ...]]:
-        result = simulate(workload, drafter, probe, cost_model)
+        watch = None
+        if shortcuts and probe.max_concurrency is None:
+            watch = FailureWatch(search.slo, search.target, search.warmup, search.stability, search.criterion)
+        result = simulate(workload, drafter, probe, cost_model, watch=watch)
+        if result.stopped_s is not None:
+            return stopped_probe(result, watch), None, ()
         summary = summarize(result, slo=search.slo)
         # The isolated probe sends every query as soon as the one before it ends: all of it is its window.
         steady = steady_state(result, search.slo, search.warmup, search.stability, search.criterion,

@@ -16,6 +16,11 @@ steady-state rate; here each probe is judged on its steady window [w·T, T]:
   failed request (its goodput counts only successful requests meeting every SLO).
 
 Tokens are counted where the engine emitted them: each step's tokens at its end (`RunResult.emissions`).
+
+`FailureWatch` is the same verdict in its early form: it ends a probe as soon as its failure is certain
+(engine/watch.py), so an overloaded probe does not serve its backlog — often several times its send window of
+simulated time, and most of a search's cost — only to be judged failing. It only ever stops a probe that
+`steady_state` would fail, so a search's verdicts, and with them its capacities, are those of whole runs.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
+from agentspec_sim.engine.request import S_FINISHED, S_REFUSED
 from agentspec_sim.engine.result import RunResult
+from agentspec_sim.engine.watch import RunSoFar
 from agentspec_sim.slo import ATTAINMENT_KEYS, LatencySLO, good_calls, inter_token_latencies
 
 Criterion = Literal["calls", "queries"]
@@ -114,3 +121,128 @@ def _every_call_good(calls: pl.DataFrame, good_call_all: np.ndarray, queries: pl
     per = flags.group_by("query_id", "tenant").agg(pl.col("bad").any())
     joined = queries.join(per, on=["query_id", "tenant"], how="left", maintain_order="left")
     return ~joined["bad"].fill_null(False).to_numpy()
+
+
+class FailureWatch:
+    """Ends a probe once `steady_state` would certainly fail it (module docstring), looking about `looks` times
+    over its send window and once more as the window closes. A look at time t (everything up to t settled)
+    counts the calls (queries) of the window that have already missed an SLO — a TTFT over its limit, or no
+    first token t − arrival after it; a TPOT over its limit, or a decode already longer than (output − 1) × the
+    limit; a refusal; a query latency over its limit, or still running that long after its send — against the
+    most the window can still hold (every call not yet arrived, until the window has closed): when even all the
+    rest meeting their SLOs would leave attainment under `target`, the probe has failed. Once the window has
+    closed its served output is final: short of (1 − `stability`) of the offered, the probe has failed. Streamed
+    chunks' gaps (an ITL SLO) are not watched: such a probe is only stopped for its other SLOs or stability.
+    `stopped_by`: "attainment" or "stability" once it stopped a run."""
+
+    def __init__(self, slo: LatencySLO, target: float, warmup: float, stability: float,
+                 criterion: Criterion = "calls", looks: int = 64) -> None:
+        self.slo, self.target, self.warmup, self.stability, self.criterion = slo, target, warmup, stability, criterion
+        self.looks = looks
+        self.next_s = 0.0
+        self.stopped_by: str | None = None
+        self._ready = False
+        self._served_checked = False
+
+    def _prepare(self, run: RunSoFar) -> None:
+        sends = run.query_sends()
+        self.sends = sends
+        self.end = float(sends.max()) if sends.size else 0.0
+        self.start = self.warmup * self.end
+        self.query_in = (sends >= self.start) & (sends <= self.end)
+        self.call_query = run.call_queries()
+        prompt, target = run.column("prompt_len"), run.column("target_len")
+        # A call runs unless a call of its query at or before it is refused (its rows ascend in call order).
+        refused = (prompt >= run.max_model_len).astype(np.int64)
+        order = np.argsort(self.call_query, kind="stable")
+        counted = np.cumsum(refused[order])
+        owner = self.call_query[order]
+        opens = np.ones(owner.shape[0], dtype=bool)
+        opens[1:] = owner[1:] != owner[:-1]
+        before = np.maximum.accumulate(np.where(opens, counted - refused[order], 0)) if owner.size else counted
+        runs = np.empty(owner.shape[0], dtype=bool)
+        runs[order] = counted - before == 0
+        self.offered = float(target[runs & self.query_in[self.call_query]].sum())
+        self.outputs = target
+        # The last call of each query: its finish is the query's.
+        self.last_call = np.full(sends.shape[0], -1, dtype=np.int64)
+        np.maximum.at(self.last_call, self.call_query, np.arange(self.call_query.shape[0]))
+        self.query_refused = np.zeros(sends.shape[0], dtype=bool)
+        self.query_refused[self.call_query[~runs]] = True
+        self.every = max(self.end, 1e-9) / self.looks
+        self._ready = True
+
+    def look(self, run: RunSoFar) -> bool:
+        if not self._ready:
+            self._prepare(run)
+            if not np.isfinite(self.end) or not self.query_in.any():
+                self.next_s = np.inf  # queries not all sent up front (a gated protocol): nothing to watch
+                return False
+        t = run.known_s
+        self.next_s = max(self.start, min(t + self.every, self.end if t < self.end else np.inf))
+        if t >= self.end and not self._served_checked:  # the window has closed: what it served is final
+            self._served_checked = True
+            served = float(run.emitted_between(self.start, self.end))
+            if not (self.offered <= 0 or served >= (1.0 - self.stability) * self.offered):
+                self.stopped_by = "stability"
+                return True
+        if t < self.start:
+            return False
+        if self._attainment_failed(run, t):
+            self.stopped_by = "attainment"
+            return True
+        return False
+
+    def _calls_missed(self, run: RunSoFar, t: float, arrival: np.ndarray) -> np.ndarray:
+        """Per call: it reached the server and has certainly missed a call SLO by t (`good_calls`' rule)."""
+        slo = self.slo
+        status = run.column("status")
+        first = run.column("first_token_s")
+        missed = status == S_REFUSED
+        started = ~np.isnan(first)
+        if slo.ttft_s is not None:
+            waited = np.where(started, first, t) - arrival
+            missed |= waited > slo.ttft_s
+        if slo.tpot_s is not None:
+            n = self.outputs.astype(np.float64)
+            done = status == S_FINISHED
+            end = np.where(done, run.column("finish_s"), t)
+            tpot = np.where(started & (n >= 2), (end - first) / np.maximum(n - 1, 1), 0.0)
+            missed |= np.nan_to_num(tpot, nan=0.0) > slo.tpot_s
+        return missed & ~np.isnan(arrival)
+
+    def _queries_missed(self, run: RunSoFar, t: float) -> np.ndarray:
+        """Per query: it has certainly missed the query-latency SLO by t (or will never complete: a refusal)."""
+        status = run.column("status")
+        last = self.last_call
+        done = (status[last] == S_FINISHED) & ~self.query_refused
+        latency = np.where(done, run.column("finish_s")[last], t) - self.sends
+        return self.query_refused | (latency > self.slo.query_latency_s)
+
+    def _attainment_failed(self, run: RunSoFar, t: float) -> bool:
+        slo, target = self.slo, self.target
+        arrival = run.column("arrival_s")
+        query_bad = self._queries_missed(run, t) if slo.query_latency_s is not None else None
+        if self.criterion == "queries":
+            bad = np.zeros(self.sends.shape[0], dtype=bool)
+            if slo.per_call:
+                np.logical_or.at(bad, self.call_query, self._calls_missed(run, t, arrival))
+            if query_bad is not None:
+                bad |= query_bad
+            return _short_of(int(self.query_in.sum()), int((bad & self.query_in).sum()), target)
+        if query_bad is not None and _short_of(int(self.query_in.sum()), int((query_bad & self.query_in).sum()),
+                                               target):
+            return True
+        if not slo.per_call:
+            return False
+        inside = (arrival >= self.start) & (arrival <= self.end)
+        most = int(inside.sum())
+        if t <= self.end:
+            most += int(np.isnan(arrival).sum())  # calls not yet arrived may still arrive inside the window
+        return _short_of(most, int((self._calls_missed(run, t, arrival) & inside).sum()), target)
+
+
+def _short_of(most: int, missed: int, target: float) -> bool:
+    """Whether attainment over a window of at most `most` items of which `missed` have failed is certainly under
+    `target`: even every other item good gives (most − missed) / most, and a window of fewer items no more."""
+    return most > 0 and (most - missed) / most < target

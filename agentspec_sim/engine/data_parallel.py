@@ -53,6 +53,7 @@ from agentspec_sim.engine.invariants import (
 from agentspec_sim.engine.result import RunResult
 from agentspec_sim.engine.scheduler import SimulationError
 from agentspec_sim.engine.simulator import ARRIVE, DONE, STEP, Simulator
+from agentspec_sim.engine.watch import RunWatch, emitted_between
 from agentspec_sim.trace.schema import Workload
 
 # vLLM's routing penalty on waiting requests under KV pressure (`get_core_engine_for_request`).
@@ -105,9 +106,11 @@ class DataParallelSimulator:
             self.progress(self.done_calls, self.total_calls)
 
     # -- the loop --------------------------------------------------------------------------------------
-    def run(self) -> RunResult:
+    def run(self, watch: RunWatch | None = None) -> RunResult:
+        """The whole run; with `watch` (engine/watch.py), until the watch stops it, asked after each DONE."""
         started = wallclock.perf_counter()
         ranks = self.ranks
+        so_far = DeploymentSoFar(self) if watch is not None else None
         while self.heap:
             t, _, kind, payload = heapq.heappop(self.heap)
             self.now = t
@@ -125,6 +128,10 @@ class DataParallelSimulator:
                     rank._on_step(payload)
                 else:
                     rank._on_done(payload)
+            if watch is not None and kind and not kind % 2 and t >= watch.next_s and watch.look(so_far):  # a DONE
+                result = self._result(wallclock.perf_counter() - started)
+                result.stopped_s = so_far.known_s
+                return result
         for rank in ranks:
             if rank.scheduler.has_work():
                 raise SimulationError(f"the event queue ran dry with calls still waiting or running on data-parallel "
@@ -261,6 +268,36 @@ class DataParallelSimulator:
             mine = owner == rank.rank
             out[mine] = rank.table.cols[name][:n][mine]
         return out
+
+
+class DeploymentSoFar:
+    """`RunSoFar` (engine/watch.py) of the deployment: each call's columns from the rank that holds it, settled
+    up to the earliest start of a run of steps still in flight on some rank."""
+
+    def __init__(self, front: DataParallelSimulator) -> None:
+        self.front = front
+        self._call_queries = np.array([s.query_index for s in front.ranks[0].states], dtype=np.int64)
+
+    @property
+    def known_s(self) -> float:
+        busy = [rank.now for rank in self.front.ranks if rank.step_pending]
+        return min([self.front.now, *busy])
+
+    @property
+    def max_model_len(self) -> int:
+        return self.front.limits.max_model_len
+
+    def column(self, name: str) -> np.ndarray:
+        return self.front._routed_column(name)
+
+    def query_sends(self) -> np.ndarray:
+        return np.array([q.arrival_s for q in self.front.ranks[0].queries], dtype=np.float64)
+
+    def call_queries(self) -> np.ndarray:
+        return self._call_queries
+
+    def emitted_between(self, start: float, end: float) -> int:
+        return sum(emitted_between(rank.log, start, end) for rank in self.front.ranks)
 
 
 def _steps_of_ranks(results: list[RunResult]) -> pl.DataFrame:

@@ -61,6 +61,8 @@ class RunResult:
     # One row per preemption, in order: the step whose scheduling preempted the call (recompute), call_id.
     preemptions: pl.DataFrame | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Where a watch ended the run early (engine/watch.py): the simulated second it stopped at; None: ran to the end.
+    stopped_s: float | None = None
     steps_source: pl.DataFrame | Callable[[], pl.DataFrame] | None = field(default=None, repr=False, compare=False)
     emissions_source: pl.DataFrame | Callable[[], pl.DataFrame] | None = field(default=None, repr=False,
                                                                              compare=False)

@@ -90,6 +90,7 @@ from agentspec_sim.engine.scheduler import (
     Scheduler,
     SimulationError,
 )
+from agentspec_sim.engine.watch import RunWatch, emitted_between
 from agentspec_sim.trace.schema import Workload
 
 ARRIVE, STEP, DONE = 0, 1, 2
@@ -360,12 +361,31 @@ class Simulator:
         heapq.heappush(self.heap, (t, next(self.seq), self.kinds[kind], payload))
 
     # -- the loop ------------------------------------------------------------------------------------
-    def run(self) -> RunResult:
+    def run(self, watch: RunWatch | None = None) -> RunResult:
+        """The whole run; with `watch` (engine/watch.py), until the watch stops it."""
         started = wallclock.perf_counter()
         handlers = {ARRIVE: self._on_arrive, STEP: self._on_step, DONE: self._on_done}
+        if watch is not None:
+            return self._run_watched(watch, handlers, started)
         while self.heap:
             self.now, _, kind, payload = heapq.heappop(self.heap)
             handlers[kind](payload)
+        return self._ended(started)
+
+    def _run_watched(self, watch: RunWatch, handlers: dict, started: float) -> RunResult:
+        """The loop of `run`, asking `watch` after each DONE at or past its `next_s` (every step run so far has
+        then ended): a separate loop, so a run nobody watches pays nothing for it."""
+        so_far = EngineSoFar(self)
+        while self.heap:
+            self.now, _, kind, payload = heapq.heappop(self.heap)
+            handlers[kind](payload)
+            if kind == DONE and self.now >= watch.next_s and watch.look(so_far):
+                result = self._result(wallclock.perf_counter() - started)
+                result.stopped_s = self.now
+                return result
+        return self._ended(started)
+
+    def _ended(self, started: float) -> RunResult:
         if self.scheduler.has_work():
             raise SimulationError("the event queue ran dry with calls still waiting or running")
         if self.fast is not None:
@@ -714,6 +734,35 @@ class Simulator:
                          extra={"history_evictions": evicted} if evicted else {},
                          steps_source=partial(self.log.steps_frame, engine_steps, self.spec.name, ids),
                          emissions_source=partial(self.log.emissions_frame, engine_steps))
+
+
+class EngineSoFar:
+    """`RunSoFar` of one engine (`Simulator` without data parallelism), looked at after a DONE: every step it
+    ran has ended by `now`."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self._call_queries = np.array([s.query_index for s in sim.states], dtype=np.int64)
+
+    @property
+    def known_s(self) -> float:
+        return self.sim.now
+
+    @property
+    def max_model_len(self) -> int:
+        return self.sim.limits.max_model_len
+
+    def column(self, name: str) -> np.ndarray:
+        return self.sim.table.cols[name][:self.sim.table.rows]
+
+    def query_sends(self) -> np.ndarray:
+        return np.array([q.arrival_s for q in self.sim.queries], dtype=np.float64)
+
+    def call_queries(self) -> np.ndarray:
+        return self._call_queries
+
+    def emitted_between(self, start: float, end: float) -> int:
+        return emitted_between(self.sim.log, start, end)
 
 
 def _no_drafting(sim: Simulator, n_rows: int) -> None:

@@ -250,7 +250,8 @@ def latency_vs_load(rows: Sequence[dict], style: Style, slo: dict, title: str, p
     rows with the probe_* list columns): TTFT, TPOT and query latency, p99 solid and p50 dashed; each SLO a
     horizontal line, each drafter's capacity a dotted vertical line in its colour. Probes at rate 0 (each query
     alone) have no place on a rate axis and are left out; of a search over several seeds, the first seed's probes
-    are drawn."""
+    are drawn. A probe ended once its failure was certain (`probe_stopped_s`) has no latencies: it is marked with
+    an x at the foot of each panel, at its rate, and the lines join the probes that ran to their end."""
     fig, axes = plt.subplots(1, 3, figsize=(13.0, 4.0))
     for ax, (key, name, slo_key) in zip(axes, _LATENCY_PANELS, strict=True):
         for row in rows:
@@ -261,6 +262,12 @@ def latency_vs_load(rows: Sequence[dict], style: Style, slo: dict, title: str, p
             if seeds:  # one seed's probes make one curve (each seed draws its own send times)
                 seeds = np.array([np.nan if x is None else x for x in seeds], dtype=float)
                 keep &= seeds == np.nanmin(seeds)
+            stopped = row.get("probe_stopped_s")
+            if stopped:
+                partial = np.isfinite(np.array([np.nan if x is None else x for x in stopped], dtype=float))
+                ax.plot(rates[keep & partial], np.full(int((keep & partial).sum()), 0.03), "x", color=color,
+                        markersize=5, transform=ax.get_xaxis_transform())
+                keep &= ~partial
             order = np.argsort(rates[keep])
             for pct, line in (("p99", "-"), ("p50", "--")):
                 values = np.array([np.nan if v is None else v for v in row[f"probe_{key}_{pct}"]], dtype=float)
@@ -284,7 +291,8 @@ def latency_vs_load(rows: Sequence[dict], style: Style, slo: dict, title: str, p
                 labels.append(label)
     fig.legend(handles, labels, fontsize="small", loc="lower center", ncol=min(4, len(labels)),
                bbox_to_anchor=(0.5, -0.02))
-    fig.suptitle(title + "\n(dotted verticals: each drafter's capacity)", fontsize="medium")
+    fig.suptitle(title + "\n(dotted verticals: each drafter's capacity; x at the foot: a probe stopped once it "
+                 "had certainly failed)", fontsize="medium")
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return _save(fig, path)
 

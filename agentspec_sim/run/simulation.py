@@ -16,6 +16,7 @@ from agentspec_sim.engine.drafting import SpecConfigError, SpeculativeConfig
 from agentspec_sim.engine.footprint import check_run_memory
 from agentspec_sim.engine.result import RunResult
 from agentspec_sim.engine.simulator import Simulator
+from agentspec_sim.engine.watch import RunWatch
 from agentspec_sim.host.kernel_cache import is_compiled
 from agentspec_sim.metrics import summarize
 from agentspec_sim.trace.schema import Workload
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str, Any] = "ngram",
              config: EngineConfig | None = None, cost_model: StepCostModel | None = None,
-             progress: Callable[[int, int], None] | None = None) -> RunResult:
+             progress: Callable[[int, int], None] | None = None, watch: RunWatch | None = None) -> RunResult:
     """Replay `workload` on the engine `config` describes, drafting with `drafter`.
 
     `drafter`: a shorthand name (`"normal"`, `"ngram"`), a `--speculative-config` dict or JSON
@@ -35,7 +36,7 @@ def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str,
     the config's hardware, model, tensor parallelism and calibration). `progress(done, total)` is
     called as calls complete. Deterministic: the same inputs and seed give identical results.
     Raises `ResourceError` before the run when its estimated memory (engine/footprint.py) exceeds what is
-    available.
+    available. `watch` (engine/watch.py) may end the run early; the result then says when (`stopped_s`).
     """
     config = config or EngineConfig()
     spec = bind_engine_context(parse_drafter(drafter), config, workload)
@@ -46,8 +47,8 @@ def simulate(workload: Workload, drafter: str | SpeculativeConfig | Mapping[str,
         from agentspec_sim.cost import load_model
 
         return DataParallelSimulator(workload, spec, config, limits, cost_model, progress,
-                                     moe=load_model(config.model).is_moe).run()
-    return Simulator(workload, spec, config, limits, cost_model, progress).run()
+                                     moe=load_model(config.model).is_moe).run(watch)
+    return Simulator(workload, spec, config, limits, cost_model, progress).run(watch)
 
 
 def bind_engine_context(spec: SpeculativeConfig, config: EngineConfig, workload: Workload) -> SpeculativeConfig:

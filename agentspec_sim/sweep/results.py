@@ -63,7 +63,7 @@ BATCH_TIMES = "query_batch_s"
 # A capacity search's probes, one list entry per probe (`sweep.run.run_capacity_cell`).
 PROBE_COLUMNS = ("probe_rate", "probe_met", "probe_output_tok_s", "probe_ttft_p50", "probe_ttft_p99",
                  "probe_tpot_p50", "probe_tpot_p99", "probe_query_latency_p50", "probe_query_latency_p99",
-                 "probe_seed", "probe_tenants", "probe_served_share")
+                 "probe_seed", "probe_tenants", "probe_served_share", "probe_stopped_s")
 # The engine settings the sweep's cells share, as JSON (`Cell.engine_config`); absent in files written before
 # it was recorded.
 ENGINE_CONFIG = "engine_config"

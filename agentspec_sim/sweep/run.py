@@ -122,7 +122,7 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch, ba
     row["probe_rate"] = [0.0 if p.rate is None else p.rate for p in probes]
     for column, attr in zip(PROBE_COLUMNS[1:], ("met", "output_throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_p50",
                                                 "tpot_p99", "query_latency_p50", "query_latency_p99", "seed",
-                                                "tenants", "served_share"), strict=True):
+                                                "tenants", "served_share", "stopped_s"), strict=True):
         row[column] = [None if getattr(p, attr) is None else float(getattr(p, attr)) for p in probes]
     row["probe_stable"] = [p.stable for p in probes]
     row[TRACE_FILE] = trace_file(cell.trace)
