@@ -1,7 +1,7 @@
 """The simulator's speed, in one script: prints tables and writes benchmarks/results.json.
 
 Usage: python benchmarks/run.py [--sections engine,scale,sweep,arctic,cold,proxy,capacity,parallel]
-                                [--trace PATH]… [--queries N]
+                                [--trace PATH]… [--queries N] [--replicate R]
                                 [--drafters normal,ngram,suffix,agentspec] [--seqs 1,32,256]
                                 [--scale reflexion:1M,3M,10M coding:1M] [--scale-drafter agentspec]
                                 [--sweep-jobs 1,2] [--sweep-repeats R] [--sweep-queries N]
@@ -13,7 +13,8 @@ engine and scale runs not repeated this time):
 
 - engine: every (trace, drafter, max_num_seqs) simulated in a fresh child process whose cache directory
   (AGENTSPEC_SIM_CACHE) holds the loaded trace and nothing else, all queries arriving at t = 0, after a
-  one-query warm-up (imports, numba). Per run: wall seconds of `simulate` and its CPU seconds
+  one-query warm-up (imports, numba); --replicate R sends the trace as R tenants. Per run: wall seconds of
+  `simulate` and its CPU seconds
   (steadier on a shared machine) — including the drafters' workload tables' build (suffix, agentspec,
   ngram, ngram-v2; eagle3's code(n) segments: drafters/agentspec/tables.py, suffix_tables.py,
   ngram_tables.py), which is also reported alone (`tables_cpu_s`; a
@@ -161,9 +162,10 @@ class TableClock:
 
 
 def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, hardware: str, model: str = "qwen3-8b",
-            layout: tuple[int, int, bool] = (1, 1, False)) -> dict:
+            layout: tuple[int, int, bool] = (1, 1, False), replicate: int = 1) -> dict:
     """One simulation in this process, with the drafter's hooks timed; returns its measurements. `layout`:
-    (tensor_parallel_size, data_parallel_size, enable_expert_parallel)."""
+    (tensor_parallel_size, data_parallel_size, enable_expert_parallel); `replicate`: the trace sent as that
+    many tenants (each with its own drafter)."""
     from agentspec_sim import EngineConfig, simulate
     from agentspec_sim.cost import build_cost_model
     from agentspec_sim.drafters.registry import make_drafter, parse_drafter
@@ -179,14 +181,15 @@ def run_one(trace: str | None, queries: int | None, drafter: str, seqs: int, har
     simulate(replace(workload, queries=workload.queries[:1]), drafter, EngineConfig(**engine), cost)
     tables.seconds = 0.0
     clock = DrafterClock(type(make_drafter(parse_drafter(drafter))))
-    config = EngineConfig(max_num_seqs=seqs, arrival="zero", **engine)
+    config = EngineConfig(max_num_seqs=seqs, arrival="zero", replicate=replicate, **engine)
     t0, c0 = time.perf_counter(), time.process_time()
     result = simulate(workload, drafter, config, cost)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = summarize(result)
     drafting = sum(clock.seconds.values())
     return {
-        "drafter": drafter, "max_num_seqs": seqs, "model": model, "tensor_parallel_size": tp, "data_parallel_size": dp,
+        "drafter": drafter, "max_num_seqs": seqs, "replicate": replicate, "model": model, "tensor_parallel_size": tp,
+        "data_parallel_size": dp,
         "expert_parallel": ep, "load_s": load_s, "wall_s": wall, "output_tokens": s.output_tokens,
         "tokens_per_s": s.output_tokens / wall, "cpu_s": cpu, "tokens_per_cpu_s": s.output_tokens / cpu,
         "tables_cpu_s": tables.seconds, "tokens_per_cpu_s_cached": s.output_tokens / (cpu - tables.seconds),
@@ -241,10 +244,12 @@ def section_engine(args, console) -> dict:
                     child += ["--trace", trace]
                 if args.queries:
                     child += ["--queries", str(args.queries)]
+                if args.replicate > 1:
+                    child += ["--replicate", str(args.replicate)]
                 r = _child(child, trace)
                 r["trace"] = Path(trace).name if trace else "default.jsonl.zst"
                 runs.append(r)
-                console.print(f"engine: {r['trace']} {drafter} @ {seqs}: {r['wall_s']:.1f} s wall, "
+                console.print(f"engine: {r['trace']} ×{args.replicate} {drafter} @ {seqs}: {r['wall_s']:.1f} s wall, "
                               f"{r['cpu_s']:.1f} s CPU, {r['tokens_per_cpu_s']:,.0f} tok / CPU s")
     table = Table(title="engine speed (all queries at t = 0; one child process per run)")
     for name in ("trace", "drafter", "seqs", "steps", "call-steps", "wall s", "CPU s", "tables CPU s",
@@ -259,7 +264,8 @@ def section_engine(args, console) -> dict:
         def cpu(value, spec, scale=scale):
             return _fmt(None if value is None else value * scale, spec)
 
-        table.add_row(r["trace"], r["drafter"], str(r["max_num_seqs"]), f"{r['engine_steps']:,}",
+        table.add_row(r["trace"] + (f" ×{r['replicate']}" if r.get("replicate", 1) > 1 else ""), r["drafter"],
+                      str(r["max_num_seqs"]), f"{r['engine_steps']:,}",
                       f"{r['call_steps']:,}", f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}",
                       _fmt(r.get("tables_cpu_s") or None, ".2f"), f"{r['tokens_per_cpu_s']:,.0f}",
                       _fmt(r.get("tokens_per_cpu_s_cached") if r.get("tables_cpu_s") else None, ",.0f"),
@@ -605,9 +611,11 @@ def child_main(argv: list[str]) -> None:
     parser.add_argument("--hardware", default="a100-80g")
     parser.add_argument("--model", default="qwen3-8b")
     parser.add_argument("--layout", default="1,1,0", help="tensor parallel, data parallel, expert parallel (0/1)")
+    parser.add_argument("--replicate", type=int, default=1)
     a = parser.parse_args(argv)
     tp, dp, ep = (int(x) for x in a.layout.split(","))
-    print(json.dumps(run_one(a.trace, a.queries, a.drafter, a.seqs, a.hardware, a.model, (tp, dp, bool(ep)))))
+    print(json.dumps(run_one(a.trace, a.queries, a.drafter, a.seqs, a.hardware, a.model, (tp, dp, bool(ep)),
+                             a.replicate)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -620,6 +628,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", action="append", default=[], help="trace for engine/sweep (repeatable; "
                         "default: the bundled default trace)")
     parser.add_argument("--queries", type=int, default=None, help="engine: keep only the first N queries")
+    parser.add_argument("--replicate", type=int, default=1, help="engine: send the trace as R tenants (each with "
+                        "its own drafter; their workload tables shared)")
     parser.add_argument("--drafters", default="normal,ngram,suffix,agentspec")
     parser.add_argument("--seqs", default="1,32,256", help="max_num_seqs values (comma-separated)")
     parser.add_argument("--hardware", default="a100-80g")
@@ -668,10 +678,13 @@ def main(argv: list[str] | None = None) -> None:
         if name in ("engine", "scale", "sweep") and previous:
             # Runs measured earlier and not this time are kept (one run's key: trace or source, drafter(s),
             # size; a sweep's: its trace, queries, drafters and -j).
-            key = ("trace", "source", "target_tokens", "drafter", "max_num_seqs", "drafters", "queries", "jobs")
-            fresh = {tuple(r.get(k) for k in key) for r in result["runs"]}
-            result["runs"] = [r for r in previous.get("runs", []) if tuple(r.get(k) for k in key) not in fresh] \
-                + result["runs"]
+            key = ("trace", "source", "target_tokens", "drafter", "max_num_seqs", "replicate", "drafters", "queries",
+                   "jobs")
+            def ident(r: dict, key: tuple = key) -> tuple:
+                return tuple(r.get(k, 1 if k == "replicate" else None) for k in key)
+
+            fresh = {ident(r) for r in result["runs"]}
+            result["runs"] = [r for r in previous.get("runs", []) if ident(r) not in fresh] + result["runs"]
         document["sections"][name] = result
         write_bytes_atomic(args.out, (json.dumps(document, indent=2) + "\n").encode("utf-8"))
 

@@ -79,6 +79,24 @@ def test_drafting_from_the_table_equals_the_live_history(spec, overrides):
         assert (from_table.calls["status"] == "refused").any()  # and the second calls cut at 100 tokens
 
 
+@pytest.mark.parametrize("spec", [{**AGENTSPEC, "budget": "alpha", "alpha": 8}, {**AGENTSPEC, "depth": "break_even"},
+                                  {"method": "agentspec-s", "num_speculative_tokens": 4, "min_match_len": 2}])
+@pytest.mark.parametrize("overrides", [{"replicate": 3}, {"replicate": 2, "arrival": "request-rate", "rate": 40.0},
+                                       {"copies": 2}, {"replicate": 2, "max_model_len": 100}])
+def test_tenants_draft_from_one_table_as_their_own_histories(spec, overrides):
+    """Tenants (replicate copies, each with its own drafter) read one tenant's table at their rows; each
+    tenant's drafter drafts its own rows with its share of the step's budget: the same run as every tenant's
+    live history."""
+    wl = _queries()
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 8, **overrides})
+    sim = _sim(wl, spec, cfg)
+    assert isinstance(sim.fast, TableDrafting) and len(sim.drafters) > 1
+    assert sim.fast.state.at.shape[0] == len(sim.states)
+    from_table = sim.run()
+    _same(from_table, _sim(wl, spec, cfg, tables=False).run())
+    assert int(from_table.steps["accepted"].sum()) > 0
+
+
 def test_a_real_trace_with_structure_equals_the_live_history():
     """The bundled coding trace: structures (several blocks per call, lead-ins), prompts that extend the
     last call's history; a max_model_len that refuses some calls and cuts others."""
@@ -263,7 +281,8 @@ NGRAM_SPECS = ["ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt
 @pytest.mark.parametrize("spec", NGRAM_SPECS)
 @pytest.mark.parametrize("overrides", [{}, {"max_model_len": 100}, {"max_num_batched_tokens": 16},
                                        {"num_kv_blocks": 40, "max_num_seqs": 6}, {"max_num_seqs": 1},
-                                       {"check_invariants": True}])
+                                       {"check_invariants": True}, {"replicate": 3},
+                                       {"replicate": 2, "arrival": "request-rate", "rate": 40.0}])
 def test_ngram_drafts_from_the_table_equal_the_index(spec, overrides):
     """The n-gram proposers drafting from the workload's table — inside runs and in the event loop — make
     every step the index makes: preemptions, refused and cut calls, chunked prefills, per-batch-size k."""

@@ -68,7 +68,7 @@ clear_if_changed(__file__, [*package_sources(__package__), suffix_tree.__file__,
 TABLE_DRAFTERS = (AgentSpecDrafter, AgentSpecSDrafter, AgentSpecNDrafter, AgentSpecPaperDrafter)
 HISTORY_DRAFTERS = (AgentSpecDrafter, AgentSpecPaperDrafter)
 # TableSteps.par and HistorySteps.par fields.
-TB_K, TB_BUDGETED, TB_CT_MIN, TB_SINGLE_CT = range(4)
+TB_K, TB_BUDGETED, TB_CT_MIN, TB_SINGLE_CT, TB_TENANTS = range(5)
 AH_MAX_N, AH_MAX_CAND, AH_MAX_SCAN, AH_MIN_SUPPORT, AH_K, AH_BUDGETED, AH_CT_MIN, AH_SINGLE_CT = range(8)
 
 
@@ -81,7 +81,7 @@ class TableSteps(NamedTuple):
     meta: np.ndarray  # int32 [positions, 5]: n, c, |CT*|, |P|, match length
     path: np.ndarray  # int64 [positions]: where P starts in `pool`
     pool: np.ndarray  # int32
-    par: np.ndarray  # int64: [k, budgeted, ct_min_match, single_ct_only]
+    par: np.ndarray  # int64: [k, budgeted, ct_min_match, single_ct_only, tenants]
     g_min: np.ndarray  # float64 [1]
     budget_of: np.ndarray  # int64 [max_num_seqs + 1]: B_t for that many drafting calls
     lookups: np.ndarray  # int64 [max_num_seqs, 5] work space: the drafting calls' meta rows
@@ -89,6 +89,7 @@ class TableSteps(NamedTuple):
     fwork: np.ndarray  # float64 [2, max_num_seqs]: the budget's work space (`capped_lengths`)
     iwork: np.ndarray  # int64 [4, max_num_seqs]
     break_even: np.ndarray  # float64: the drafter's τ grid (cost/break_even.py); [1, 1] when drafting ignores τ
+    group: np.ndarray  # int64 [2, max_num_seqs] work space: one tenant's drafting calls and their draft limits
 
 
 class History(NamedTuple):
@@ -133,33 +134,57 @@ class HistorySteps(NamedTuple):
 
 
 @kernel
-def _step_break_even(c, rows, grid):
-    """τ for a step whose drafting calls are `rows` (their mean context), or −1 when `grid` is off."""
+def _step_break_even(c, rows, grid, bz):
+    """τ for a step of `bz` drafting calls, from the mean context of `rows` (the calls one drafter drafts), or −1
+    when `grid` is off."""
     m = rows.shape[0]
     if grid.shape[0] < 2 or m == 0:
         return -1.0
     ctx = 0
     for i in range(m):
         ctx += c.calls.prompt_len[rows[i]] + c.calls.num_emitted[rows[i]]
-    return break_even_at(grid, float(m), ctx / m)
+    return break_even_at(grid, float(bz), ctx / m)
 
 
 @kernel
 def propose_table_rows(c, rows, max_lens, tb):
     """AgentSpec's drafts of calls rows[i] (draft limits max_lens[i]) from the workload's lookup table, as
-    the drafter's propose makes them from its live history: each call's lookup at its position, the
+    the drafters' propose makes them from their live histories: each call's lookup at its position, the
     budget over these rows and the caps (`capped_lengths`), the draft P[:L], verified; returns the
-    drafting seconds."""
+    drafting seconds. With tenants (replicate copies, a drafter each) each tenant's drafter drafts its own
+    rows, in their order, with its share of the step's budget (`_AgentSpecBase.batch_share`)."""
     m = rows.shape[0]
     if m == 0:
         return 0.0
+    tenants = tb.par[TB_TENANTS]
+    if tenants <= 1:
+        _draft_rows(c, rows, max_lens, tb, tb.budget_of[m], _step_break_even(c, rows, tb.break_even, m))
+        return tb.ds.draft_s[m]
+    for t in range(tenants):
+        g = 0
+        for i in range(m):
+            if c.calls.tenant[rows[i]] == t:
+                tb.group[0, g] = rows[i]
+                tb.group[1, g] = max_lens[i]
+                g += 1
+        if g == 0:
+            continue
+        budget = tb.budget_of[m] if g == m else tb.budget_of[m] * g // m
+        mine = tb.group[0, :g]
+        _draft_rows(c, mine, tb.group[1, :g], tb, budget, _step_break_even(c, mine, tb.break_even, m))
+    return tb.ds.draft_s[m]
+
+
+@kernel
+def _draft_rows(c, rows, max_lens, tb, budget, tau):
+    """One drafter's drafts of `rows` from the table, its budget `budget` and τ given."""
+    m = rows.shape[0]
     for i in range(m):
         j = tb.at[rows[i]] + c.calls.num_emitted[rows[i]]
         for f in range(5):
             tb.lookups[i, f] = tb.meta[j, f]
-    capped_lengths(tb.lookups[:m], max_lens, tb.budget_of[m], tb.g_min[0], tb.par[TB_K], tb.par[TB_BUDGETED] != 0,
-                   tb.par[TB_CT_MIN], tb.par[TB_SINGLE_CT] != 0, _step_break_even(c, rows, tb.break_even), tb.lens[:m],
-                   tb.fwork, tb.iwork)
+    capped_lengths(tb.lookups[:m], max_lens, budget, tb.g_min[0], tb.par[TB_K], tb.par[TB_BUDGETED] != 0,
+                   tb.par[TB_CT_MIN], tb.par[TB_SINGLE_CT] != 0, tau, tb.lens[:m], tb.fwork, tb.iwork)
     for i in range(m):
         r = rows[i]
         start = tb.path[tb.at[r] + c.calls.num_emitted[r]]
@@ -168,7 +193,6 @@ def propose_table_rows(c, rows, max_lens, tb):
         for t in range(length):
             c.slot_drafts[slot, t] = tb.pool[start + t]
         set_verified(c, r, slot, length)
-    return tb.ds.draft_s[m]
 
 
 @kernel
@@ -298,7 +322,7 @@ def history_step(c, sb, pb, state, max_model_len):
     if m == 0:
         return 0.0
     capped_lengths(ah.meta[:m], dr.max_lens[:m], ah.budget_of[m], ah.g_min[0], ah.par[AH_K], ah.par[AH_BUDGETED] != 0,
-                   ah.par[AH_CT_MIN], ah.par[AH_SINGLE_CT] != 0, _step_break_even(c, dr.rows[:m], ah.break_even),
+                   ah.par[AH_CT_MIN], ah.par[AH_SINGLE_CT] != 0, _step_break_even(c, dr.rows[:m], ah.break_even, m),
                    ah.lens[:m], ah.fwork, ah.iwork)
     drafts_from_out(c, dr.rows, ah.out, ah.lens, m)
     return dr.draft_s[m]
@@ -321,31 +345,40 @@ class TableDrafting(EngineDrafting):
 
     def __init__(self, drafter: agentspec._AgentSpecBase, run: RunView) -> None:
         self.run = run
-        tables = self._tables(drafter)
+        tenants = len(run.drafters)
+        per_tenant = len(run.states) // tenants
+        tables = self._tables(drafter, per_tenant)
         seqs, k = run.max_num_seqs, drafter.k
         budgeted = bool(drafter.budgeted)
-        n = len(run.states)
         run.table.reserve_draft_width(max(k, 1))
+        # Tenants are copies of the trace, tenant-major (engine/layout.py): row i of tenant t is row i of
+        # tenant 0, and its drafter's history holds its own tenant's calls exactly as tenant 0's holds
+        # tenant 0's — one table, read at every tenant's rows.
+        at = np.tile(tables.at[:per_tenant], tenants)
         self.state = TableSteps(
-            DraftSlots.model_free(run), at=tables.at[:n].copy(), meta=tables.meta, path=tables.path, pool=tables.pool,
-            par=np.array([k, int(budgeted), drafter.ct_min_match, int(drafter.single_ct_only)], dtype=np.int64),
+            DraftSlots.model_free(run), at=at, meta=tables.meta, path=tables.path, pool=tables.pool,
+            par=np.array([k, int(budgeted), drafter.ct_min_match, int(drafter.single_ct_only), tenants],
+                         dtype=np.int64),
             g_min=np.array([drafter.g_min if budgeted else 0.0]), budget_of=_budget_of(drafter, seqs),
             lookups=np.zeros((seqs, 5), dtype=np.int64), lens=np.zeros(seqs, dtype=np.int64),
-            fwork=np.zeros((2, seqs)), iwork=np.zeros((4, seqs), dtype=np.int64), break_even=_grid(drafter, seqs))
+            fwork=np.zeros((2, seqs)), iwork=np.zeros((4, seqs), dtype=np.int64), break_even=_grid(drafter, seqs),
+            group=np.zeros((2, seqs), dtype=np.int64))
         self._buffered = FastCall(propose_table_buffered, containers=(0, 1))
 
-    def _tables(self, drafter: agentspec._AgentSpecBase) -> history_tables.HistoryTables:
-        """The lookup table of this run's calls (each query's calls up to the first one refused), from the
-        disk cache when a run with the same calls and options made it."""
+    def _tables(self, drafter: agentspec._AgentSpecBase, rows: int) -> history_tables.HistoryTables:
+        """The lookup table of this run's first `rows` calls (one tenant's; each query's calls up to the first
+        one refused), from the disk cache when a run with the same calls and options made it."""
         run = self.run
-        calls = [state.call for state in run.states]
+        states = run.states[:rows]
+        calls = [state.call for state in states]
         prompts, outputs, lengths = run.runnable()
-        cols, n = run.table.cols, len(run.states)
-        key = history_tables.table_key(drafter.history, run.tokens_digest, cols["hist_off"][:n],
-                                       cols["prompt_len"][:n], lengths, calls)
+        prompts, outputs, lengths = prompts[:rows], outputs[:rows], lengths[:rows]
+        cols = run.table.cols
+        key = history_tables.table_key(drafter.history, run.tokens_digest, cols["hist_off"][:rows],
+                                       cols["prompt_len"][:rows], lengths, calls)
         fresh = drafter.history.empty_copy()
         return history_tables.cached_tables(key, lambda: history_tables.build_tables(
-            fresh, calls, prompts, outputs, [s.last_in_query for s in run.states]))
+            fresh, calls, prompts, outputs, [s.last_in_query for s in states]))
 
     def run_state(self) -> TableSteps:
         return self.state
@@ -437,11 +470,11 @@ class HistoryDrafting(EngineDrafting):
 def engine_drafting(drafter: agentspec._AgentSpecBase, run: RunView) -> EngineDrafting | None:
     """The table where it is exact for this run (one drafter, a fixed draft length), else the live history's
     compiled steps (`agentspec`, `agentspec-paper`), else None (the drafter's hooks and propose)."""
-    if len(run.drafters) > 1 or run.spec.num_speculative_tokens <= 0 or not run.fixed_k:
+    if run.spec.num_speculative_tokens <= 0 or not run.fixed_k:
         return None
     # The table replays the history of every call in order: a data-parallel rank's history holds its own calls.
     if run.use_tables and run.sees_every_call and type(drafter) in TABLE_DRAFTERS:
         return TableDrafting(drafter, run)
-    if type(drafter) in HISTORY_DRAFTERS:
+    if len(run.drafters) == 1 and type(drafter) in HISTORY_DRAFTERS:
         return HistoryDrafting(drafter, run)
     return None

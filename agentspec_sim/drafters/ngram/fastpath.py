@@ -169,10 +169,13 @@ def ngram_v2_index_step(c, sb, pb, state, max_model_len):
     return ds.draft_s[m]
 
 
-def workload_table(run: RunView, min_n: int, max_n: int, rightmost: bool) -> ngram_tables.NgramTable:
-    """Where every call of `run` has its n-gram draft at every position (drafters/ngram/tables.py), from the
-    disk cache when a run over the same calls with the same n-gram range made it."""
-    cols, n = run.table.cols, len(run.states)
+def workload_table(run: RunView, min_n: int, max_n: int, rightmost: bool, n: int | None = None
+                   ) -> ngram_tables.NgramTable:
+    """Where each of the first `n` calls of `run` (default: all) has its n-gram draft at every position
+    (drafters/ngram/tables.py), from the disk cache when a run over the same calls with the same n-gram range
+    made it."""
+    cols = run.table.cols
+    n = len(run.states) if n is None else n
     args = (run.table.tokens, cols["hist_off"][:n], cols["prompt_len"][:n], cols["target_len"][:n])
     key = ngram_tables.table_key(min_n, max_n, rightmost, run.tokens_digest, *args[1:])
     return ngram_tables.cached_ngram_table(key, lambda: ngram_tables.build_ngram_table(*args, min_n, max_n,
@@ -188,10 +191,14 @@ class NgramDrafting(EngineDrafting):
         self.state: NgramTableSteps | NgramIndexSteps | None = None
         if drafter.max_n <= MAX_INDEXED_N and run.spec.num_speculative_tokens > 0 and run.k_of_batch is not None:
             ds = DraftSlots.model_free(run)
-            if run.use_tables and len(run.drafters) == 1:
-                table = workload_table(run, drafter.min_n, drafter.max_n, self.rightmost)
+            if run.use_tables:
+                # Tenants are copies of the trace, tenant-major (engine/layout.py), and an n-gram draft reads only
+                # its own call's tokens: one tenant's table, read at every tenant's rows.
+                tenants = len(run.drafters)
+                per_tenant = len(run.states) // tenants
+                table = workload_table(run, drafter.min_n, drafter.max_n, self.rightmost, per_tenant)
                 kind = NgramV2TableSteps if self.rightmost else NgramTableSteps
-                self.state = kind(ds, table.at[:len(run.states)].copy(), table.match)
+                self.state = kind(ds, np.tile(table.at[:per_tenant], tenants), table.match)
             else:
                 kind = NgramV2IndexSteps if self.rightmost else NgramIndexSteps
                 self.state = kind(ds, np.array([drafter.min_n, drafter.max_n], dtype=np.int64),
