@@ -80,3 +80,28 @@ def test_a_stopped_probe_says_when_and_why_and_claims_no_statistics():
         assert not p.passes(0.9) and p.met is None and p.ttft_p99 is None and p.stopped_by in ("attainment",
                                                                                                "stability")
         assert p.stopped_s > 0
+
+
+def test_a_workers_searches_on_one_config_share_normals_isolated_run(monkeypatch):
+    """The lengthening reference (`normal`'s isolated p90) runs once per engine config in a worker, whatever the
+    drafters searched there, and the answers are the searches' own."""
+    import agentspec_sim.capacity.search as capacity_search
+    from agentspec_sim.drafters.registry import parse_drafter
+    from agentspec_sim.sweep.cells import Cell
+    from agentspec_sim.sweep.run import run_capacity_cell
+
+    wl = agents(30)
+    cfg = config(max_num_seqs=4, check_invariants=False)
+    search = CapacitySearch(LatencySLO(ttft_s=2.0, tpot_s=0.1), seeds=2, min_queries=40)
+    calls = []
+    real = capacity_search.isolated_p90
+    monkeypatch.setattr(capacity_search, "isolated_p90", lambda *a: calls.append(1) or real(*a))
+    rows = [run_capacity_cell(wl, Cell("t", parse_drafter(name), cfg), search, band=False)
+            for name in ("ngram", "ngram-v2", "agentspec-s")]
+    assert len(calls) == 1
+    for name, row in zip(("ngram", "ngram-v2", "agentspec-s"), rows, strict=True):
+        alone = find_capacity(wl, name, cfg, search, shortcuts=False)
+        assert row["capacity_rate"] > 0
+        assert (row["capacity_rate"], row["capacity_low"], row["capacity_high"]) == (alone.rate, alone.low,
+                                                                                     alone.high)
+        assert len(calls) == 1 + ["ngram", "ngram-v2", "agentspec-s"].index(name) + 1  # find_capacity runs its own

@@ -65,6 +65,22 @@ def test_runs_of_steps_equal_one_step_per_event(drafter, overrides, seed):
         _same(_run(wl, drafter, cfg, cost), _run(wl, drafter, cfg, cost, max_run_steps=1))
 
 
+def test_the_invariant_checks_run_on_the_multi_step_path_users_run():
+    """`check_invariants` no longer forces one step per event: the checks (and every property test, which turns
+    them on) see the runs of steps production takes, and the run still passes them."""
+    rng = np.random.default_rng(5)
+    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=30, out_len=25, vocab=5) for i in range(5)])
+    cfg = config(arrival="zero")
+    assert cfg.check_invariants
+    sim = Simulator(wl, parse_drafter("ngram"), cfg, resolve(cfg), ConstantCost(per_token_s=1e-4, draft_s=1e-3))
+    assert sim.max_run_steps > 1
+    events = []
+    step = sim._on_step
+    sim._on_step = lambda payload: events.append(1) or step(payload)
+    result = sim.run()
+    assert len(events) < result.engine_steps.height  # runs of several steps, checked
+
+
 LOADED = [
     {"arrival": "request-rate", "rate": 4.0},
     {"arrival": "request-rate", "rate": 20.0, "burstiness": 0.3, "think_time": 0.05},

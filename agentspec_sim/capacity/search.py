@@ -370,12 +370,22 @@ def stopped_probe(result: Any, watch: FailureWatch) -> Probe:
                  window_s=(watch.start, watch.end), stopped_s=result.stopped_s, stopped_by=watch.stopped_by)
 
 
+def isolated_p90(workload: Any, config: EngineConfig, search: CapacitySearch, cost_model: Any) -> float | None:
+    """`normal`'s p90 query latency with each query alone on `config` (None: no query completes): the query
+    lifetime a search's lengthening counts in, the same for every drafter on this config."""
+    isolated = simulate(workload, "normal", probe_config(config, None, search.burstiness), cost_model)
+    lifetimes = isolated.queries.filter(pl.col("completed"))["latency_s"].to_numpy().astype(np.float64)
+    return float(np.percentile(lifetimes, 90)) if lifetimes.size else None
+
+
 def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: CapacitySearch,
-                  cost_model: Any = None, shortcuts: bool = True) -> Capacity:
+                  cost_model: Any = None, shortcuts: bool = True,
+                  normal_reference: Callable[[], float | None] | None = None) -> Capacity:
     """The capacity of `drafter` on `config` for `workload` (library entry point; probes run here, in order).
     `cost_model` default: the config's roofline model, built once for every probe. `shortcuts`: a probe under
     load ends once its failure is certain (`FailureWatch`); False runs every probe to its end (the same
-    capacities: tests compare)."""
+    capacities: tests compare). `normal_reference()`: `isolated_p90` of this workload, config and cost model
+    where the caller has it already (a plan's other drafters on the same config); default: run it."""
     if cost_model is None:
         cost_model = cost_model_for(config)
 
@@ -400,9 +410,7 @@ def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: Cap
     # at the same times seed for seed (common random numbers), not windows scaled by their own speed.
     reference = None  # `normal` itself: its own isolated probe
     if not (drafter == "normal" or getattr(drafter, "method", None) == "normal"):
-        isolated = simulate(workload, "normal", probe_config(config, None, search.burstiness), cost_model)
-        lifetimes = isolated.queries.filter(pl.col("completed"))["latency_s"].to_numpy().astype(np.float64)
-        reference = float(np.percentile(lifetimes, 90)) if lifetimes.size else None
+        reference = (normal_reference or (lambda: isolated_p90(workload, config, search, cost_model)))()
     # What no probe's load changes is made once for the search: the cost model (above, with its per-shape
     # tables), the drafter's workload tables (held in memory, not read from disk again), compiled code (once
     # per process). Each probe builds its engine state: what it does depends on the arrival times.

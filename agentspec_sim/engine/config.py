@@ -55,7 +55,8 @@ class EngineConfig:
     `LLM.generate([prompt] * B)` protocol of published per-request speedups), disable_shuffle (`vllm bench
     serve --disable-shuffle`: under a request rate or max concurrency the queries go out in trace order;
     by default in the order `random.seed(seed); random.shuffle(dataset)` gives, as vLLM's datasets do).
-    seed: all randomness; check_invariants: run the engine's runtime checks every step.
+    seed: all randomness; check_invariants: run the engine's runtime checks after every run of steps and over
+    the whole log at the end.
     """
 
     max_num_seqs: int | None = None

@@ -95,9 +95,11 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch, ba
 
     config = cell.config
     cost = cost_model_for(config)
-    cap = find_capacity(workload, cell.spec, config, search, cost)
+    reference = functools.partial(_normal_reference, workload, config, search, cost)
+    cap = find_capacity(workload, cell.spec, config, search, cost, normal_reference=reference)
     bounds = bound_configs(cell.spec, config.model) if band and cap.conclusive and cap.rate > 0 else None
-    edges = {bound: find_capacity(workload, spec, config, search, cost) for bound, spec in (bounds or {}).items()}
+    edges = {bound: find_capacity(workload, spec, config, search, cost, normal_reference=reference)
+             for bound, spec in (bounds or {}).items()}
     row = cell.key_columns()
     gpus = config.tensor_parallel_size * config.data_parallel_size
     rate = cap.rate if cap.conclusive else None
@@ -128,6 +130,23 @@ def run_capacity_cell(workload: Workload, cell: Cell, search: CapacitySearch, ba
     row[TRACE_FILE] = trace_file(cell.trace)
     row[LATENCIES] = list(cap.latencies)
     return row
+
+
+# The last workload's `normal` isolated p90 per engine config (capacity/search.py `isolated_p90`): the lengthening
+# reference every drafter's search on that config shares, run once per worker instead of once per cell.
+_REFERENCES: dict[str, Any] = {"workload": None, "by_config": {}}
+
+
+def _normal_reference(workload: Workload, config: EngineConfig, search: CapacitySearch, cost: Any) -> float | None:
+    from agentspec_sim.capacity.search import isolated_p90
+
+    if _REFERENCES["workload"] is not workload:
+        _REFERENCES["workload"], _REFERENCES["by_config"] = workload, {}
+    key = (config, search.burstiness)  # the cost model is the config's own (`cost_model_for`)
+    memo = _REFERENCES["by_config"]
+    if key not in memo:
+        memo[key] = isolated_p90(workload, config, search, cost)
+    return memo[key]
 
 
 def _finite(value: float) -> float | None:
