@@ -95,8 +95,10 @@ def inter_token_latencies(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     gaps = np.diff(t)[same]
     longest = np.full(result.calls.height, np.nan)
     if gaps.size:
+        # Each call's gaps are contiguous (sorted by call): one reduction per call, not one scatter per gap.
         owners = call[1:][same]
-        np.fmax.at(longest, owners, gaps)
+        starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+        longest[owners[starts]] = np.maximum.reduceat(gaps, starts)
     return gaps, longest
 
 

@@ -16,6 +16,7 @@ from agentspec_sim.drafters.agentspec_plus.rule import AgentSpecPlusDrafter
 from agentspec_sim.drafters.registry import make_drafter, parse_drafter
 from agentspec_sim.engine.drafting import SpecConfigError
 from agentspec_sim.engine.request import CallState
+from agentspec_sim.engine.simulator import Simulator
 from agentspec_sim.trace.schema import Call, WorkspaceFile
 from agentspec_sim.trace.tokenizer import load_tokenizer
 
@@ -252,6 +253,9 @@ def test_replicate_budget_uses_the_whole_steps_drafting_batch(method, monkeypatc
         return share
 
     monkeypatch.setattr(BatchBudget, "batch_share", spy)
+    # The drafters' own propose (tests/test_draft_tables.py holds the compiled table path, which splits the budget
+    # the same way, to it).
+    monkeypatch.setattr(Simulator, "draft_tables", False)
     spec = parse_drafter({"method": method, "budget": "alpha", "alpha": 240})
     result = simulate(small_workload(4), spec, config(replicate=3, max_num_seqs=12), ConstantCost())
     assert (result.calls["status"] == "finished").all()

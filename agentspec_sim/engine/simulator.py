@@ -153,6 +153,8 @@ class Simulator:
         self.heap: list[tuple[float, int, int, object]] = front.heap if front is not None else []
         self.gate_groups: list[list[QueryRun]] | None = None  # gated protocols (engine/load.py)
         self._k_bound: int | object | None = _UNKNOWN  # the policy's longest draft (`_draft_len_bound`), once
+        # `_step_bound` of the calls in the engine, kept until a call joins them (`_UNKNOWN`: to compute).
+        self._bound: float | object | None = _UNKNOWN
         self.seq = front.seq if front is not None else itertools.count()  # event order among equal times
         # This engine's event kinds: a rank's own STEP / DONE (ARRIVE goes to whoever routes the calls).
         self.kinds = (ARRIVE, STEP + 2 * rank, DONE + 2 * rank)
@@ -416,6 +418,7 @@ class Simulator:
             self._query_ended(query, self.now)
             return
         self.scheduler.add_row(state._r)
+        self._bound = _UNKNOWN
         if not self.step_pending:
             self.step_pending = True
             self._push(self.now, STEP, None)
@@ -477,7 +480,16 @@ class Simulator:
         those calls, each with the most tokens one can schedule in a step: 1 + the longest draft the budget
         policy allows, or its prefill left (capped by the token budget); any call's whole context when the
         KV cache could run out (a preempted call is recomputed) — plus the drafter's bound on one proposal
-        over those rows. None where that cannot be bounded (a policy or drafter with no stated maximum)."""
+        over those rows. None where that cannot be bounded (a policy or drafter with no stated maximum).
+
+        Kept until a call joins the engine: it still bounds the steps of any subset of the calls it was made
+        for (fewer calls, each with no more context; no more tokens left to prefill, and none recomputed where
+        all fit without preemption), so computing it once per arrival gives the same runs, only fewer bounds."""
+        if self._bound is _UNKNOWN:
+            self._bound = self._new_step_bound()
+        return self._bound
+
+    def _new_step_bound(self) -> float | None:
         qu = self.scheduler.qu
         running, waiting = int(qu.q[Q_RUNNING]), int(qu.q[Q_WAITING])
         rows = qu.running[:running] if not waiting else np.concatenate([qu.running[:running],
@@ -535,6 +547,7 @@ class Simulator:
                     self.preempted.append((k0 + j, r))
                 else:  # EV_ARRIVE
                     col["arrival_s"][r] = ends[j]
+                    self._bound = _UNKNOWN
         self._draft_after_run(self, int(self.scheduler.sb.sc[SC_ROWS]))  # the run's last step: in the step buffer
         if self.config.check_invariants:
             check_step(self.scheduler, self.kv.pool, self.table, self.states, self.limits.max_num_seqs,
