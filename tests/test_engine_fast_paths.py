@@ -368,6 +368,39 @@ def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_fore
     _same(compiled, _run(wl, spec, cfg, cost))
 
 
+@pytest.mark.parametrize("spec", [SUFFIX, {**SUFFIX, "suffix_decoding_max_cached_requests": 3},
+                                  {**SUFFIX, "suffix_decoding_max_cached_requests": 0}])
+@pytest.mark.parametrize("overrides", [{"replicate": 3}, {"replicate": 2, "max_num_seqs": 6},
+                                       {"replicate": 2, "arrival": "request-rate", "rate": 30.0},
+                                       {"replicate": 2, "num_kv_blocks": 60, "max_num_seqs": 6},
+                                       {"copies": 2, "max_model_len": 120}])
+@pytest.mark.parametrize("tiny_forest", [False, True])
+def test_suffix_tenants_in_one_arena_equal_their_own_drafters(spec, overrides, tiny_forest, monkeypatch):
+    """Tenants that are copies draft through one compiled forest (each tenant's global tree in one arena,
+    `SuffixDrafter.share_arena`) exactly as each tenant's drafter alone, driven by the event loop after every
+    step: FIFO evictions per tenant, preemptions, a forest too small for most steps."""
+    from agentspec_sim.drafters.suffix.tree import SuffixForest
+
+    if tiny_forest:
+        monkeypatch.setattr(SuffixForest.__init__, "__defaults__", (4, 16))
+    rng = np.random.default_rng(8)
+    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
+    assert sim.fast is not None and len(sim.drafters) > 1
+    assert all(d.forest is sim.drafters[0].forest for d in sim.drafters)
+    by_python = []
+    step = sim._per_step_drafts
+    monkeypatch.setattr(sim, "_per_step_drafts", lambda *args: by_python.append(1) or step(*args))
+    compiled = sim.run()
+    if not tiny_forest and "num_kv_blocks" not in overrides:
+        assert len(by_python) < compiled.engine_steps.height / 3  # most steps driven inside runs
+    assert int(compiled.calls["accepted"].sum()) > 0
+    _without_fast_path(monkeypatch, SuffixDrafter)
+    _same(compiled, _run(wl, spec, cfg, cost))
+
+
 def test_batched_ngram_equals_propose():
     rng = np.random.default_rng(3)
     for spec in ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,

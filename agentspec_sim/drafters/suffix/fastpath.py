@@ -68,7 +68,7 @@ class Forest(NamedTuple):
     meta: np.ndarray
     seq_len: np.ndarray
     row_state: np.ndarray  # SuffixDrafter.row_state / n_active
-    n_active: np.ndarray
+    n_active: np.ndarray  # int64 [tenants]: each tenant's drafter's active calls
     ops: np.ndarray  # int64 [max_num_seqs, 10] work space: the step's `suffix_tree.run_ops` batch
     out: np.ndarray  # int32 [max_num_seqs, k]
     out_n: np.ndarray  # int32 [max_num_seqs]
@@ -81,8 +81,13 @@ class Forest(NamedTuple):
     kernel_fresh: np.ndarray  # int8 [rows]: the row may be started here (never started before)
     events: np.ndarray  # int64 [., 2]: (KERNEL_START | KERNEL_FINISH, row) made here, for `sync`
     n_events: np.ndarray  # int64 [1]
-    n_cached: np.ndarray  # int64 [1]: cached responses
+    n_cached: np.ndarray  # int64 [tenants]: each tenant's cached responses
     marks: np.ndarray  # int64 [max_num_seqs, 2] work space: each op's row and whether it starts / finishes
+    # Tenants that are copies (`SuffixDrafter.share_arena`): each tenant's global tree in the one arena, and work
+    # space for its ops (a tenant's rows only touch its own trees: its ops run together, in batch order).
+    roots: np.ndarray  # int64 [tenants]
+    tally: np.ndarray  # int64 [tenants, 2] work space: each tenant's ops and fresh starts in the step
+    group: np.ndarray  # int64 [max_num_seqs, 10] work space: one tenant's ops
 
 
 class SuffixSteps(NamedTuple):
@@ -127,7 +132,8 @@ def suffix_step(c, sb, pb, state, max_model_len):
     need = 0
     m = 0
     nops = 0
-    starts = 0
+    tenants = sx.roots.shape[0]
+    sx.tally[:, :] = 0
     max_cached = sx.par[SX_MAX_CACHED]
     for row in range(n):
         i = pb.order[row] if pb.par[PB_ON] else row
@@ -135,16 +141,18 @@ def suffix_step(c, sb, pb, state, max_model_len):
         if e == 0:
             continue
         r = sb.rows.call[i]
+        t = c.calls.tenant[r] if tenants > 1 else 0
         flags = 0
         if r < sx.row_state.shape[0] and sx.row_state[r, 3] == 1 and (event_loop or not sb.rows.started[i]):
             local, glob, tabled = sx.row_state[r, 1], sx.row_state[r, 2], sx.row_state[r, 4]
         elif (not event_loop and sb.rows.started[i] and r < sx.kernel_fresh.shape[0] and sx.kernel_fresh[r]
-              and (max_cached == 0 or sx.n_cached[0] + starts < max_cached)):
+              and (max_cached == 0 or sx.n_cached[t] + sx.tally[t, 1] < max_cached)):
             local, glob, tabled = -1, sx.response_seq[r], sx.table_at[r]
             flags = 1
-            starts += 1
+            sx.tally[t, 1] += 1
         else:
             return -1.0
+        sx.tally[t, 0] += 1
         if c.calls.status[r] == S_FINISHED and not event_loop:
             if tabled < 0:  # its own prompt tree: the drafter keeps or frees it
                 return -1.0
@@ -181,35 +189,52 @@ def suffix_step(c, sb, pb, state, max_model_len):
             dr.rows[m] = r
             m += 1
         nops += 1
-    if nops != sx.n_active[0] + starts or not room(sx.nd, sx.ht, sx.meta, need):
+    for t in range(tenants):  # every tenant's active calls emitted (none stops) — each drafter's own rule
+        if sx.tally[t, 0] != sx.n_active[t] + sx.tally[t, 1]:
+            return -1.0
+    if not room(sx.nd, sx.ht, sx.meta, need):
         return -1.0
     if nops == 0:
         return 0.0
     for j in range(nops):  # fresh starts: an active call with its (empty) response
         if sx.marks[j, 1] & 1:
             r = sx.marks[j, 0]
+            t = c.calls.tenant[r] if tenants > 1 else 0
             sx.row_state[r, 0] = -1
             sx.row_state[r, 1] = -1
             sx.row_state[r, 2] = ops[j, 3]
             sx.row_state[r, 3] = 1
             sx.row_state[r, 4] = sx.table_at[r]
             sx.kernel_fresh[r] = 0
-            sx.n_active[0] += 1
+            sx.n_active[t] += 1
             if ops[j, 3] >= 0:
-                sx.n_cached[0] += 1
+                sx.n_cached[t] += 1
             _suffix_event(sx, KERNEL_START, r)
     for j in range(nops):  # the sequences' lengths as `SuffixForest.reserve` keeps them
         if ops[j, 0] == OP_STEP:
             sx.seq_len[ops[j, 2]] += ops[j, 5]
         if ops[j, 3] >= 0:
             sx.seq_len[ops[j, 3]] += ops[j, 5]
-    run_ops_into(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.par[SX_GLOBAL_ROOT], ops[:nops], c.tokens,
-                 sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work, sx.local, sx.score)
+    if tenants == 1:
+        run_ops_into(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.roots[0], ops[:nops], c.tokens,
+                     sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work, sx.local, sx.score)
+    else:
+        for t in range(tenants):  # each tenant's ops in batch order, against its own global tree
+            g = 0
+            for j in range(nops):
+                if c.calls.tenant[sx.marks[j, 0]] == t:
+                    for f in range(10):
+                        sx.group[g, f] = ops[j, f]
+                    g += 1
+            if g:
+                run_ops_into(sx.nd, sx.gp, sx.sq, sx.act, sx.pool, sx.ht, sx.meta, sx.roots[t], sx.group[:g],
+                             c.tokens, sx.fpar[0], sx.fpar[1], sx.fpar[2], sx.out, sx.out_n, 0, 0, sx.work, sx.local,
+                             sx.score)
     for j in range(nops):  # finishes (inside a run): no longer active
         if sx.marks[j, 1] & 2:
             r = sx.marks[j, 0]
             sx.row_state[r, 3] = 0
-            sx.n_active[0] -= 1
+            sx.n_active[c.calls.tenant[r] if tenants > 1 else 0] -= 1
             _suffix_event(sx, KERNEL_FINISH, r)
     drafts_from_out(c, dr.rows, sx.out, sx.out_n, m)
     return dr.draft_s[m]
@@ -223,12 +248,23 @@ class SuffixDrafting(EngineDrafting):
 
     def __init__(self, drafter: SuffixDrafter, run: RunView) -> None:
         self.drafter, self.run = drafter, run
+        # Tenants that are copies: every tenant's drafter in the first's arena (`SuffixDrafter.share_arena`).
+        self.drafters: list[SuffixDrafter] = list(run.drafters)  # type: ignore[arg-type]
+        tenants = len(self.drafters)
+        self.counts = np.zeros((2, tenants), dtype=np.int64)  # each tenant's active calls and cached responses
         run.table.reserve_draft_width(max(drafter.k, 1))
         self._size_key: str | None = None
         self._noted_nodes: int | None = None
         if run.use_tables:
-            table, at, key = self._table()
+            table, at, key = self._table(len(run.states) // tenants, tenants)
             drafter.use_local_table(table, at, run.states, run.table.cols["target_len"][:len(run.states)])
+            if tenants > 1:
+                drafter.row_tenant = run.table.cols["tenant"][:len(run.states)].copy()
+                drafter.peers = self.drafters
+                drafter.n_active, drafter.n_cached = self.counts[0, 0:1], self.counts[1, 0:1]
+                for tenant, other in enumerate(self.drafters[1:], start=1):
+                    other.share_arena(drafter, tenant, self.counts)
+                key = f"{key}|{tenants} tenants"
             # The response tree ends each run of this workload about as large: a noted size from an earlier
             # run sizes the forest now, instead of doubling it a dozen times on the way (`finish_run`).
             # (Noted for a whole workload's run: a data-parallel rank grows its own share of the forest.)
@@ -250,20 +286,22 @@ class SuffixDrafting(EngineDrafting):
         if self._noted_nodes is None or abs(self._noted_nodes - nodes) > nodes // 10:
             table_cache.write_note(FOREST_SIZES, self._size_key, {"nodes": np.array([nodes], dtype=np.int64)})
 
-    def _table(self) -> tuple[LocalTable, np.ndarray, str]:
-        """The prompt-tree drafts of this run's calls (drafters/suffix/tables.py), each table row's first
-        position, and the table's key; from the disk cache when a run with the same calls, options and
-        max_model_len made them."""
+    def _table(self, n: int, tenants: int) -> tuple[LocalTable, np.ndarray, str]:
+        """The prompt-tree drafts of this run's first `n` calls (one tenant's; drafters/suffix/tables.py), each
+        table row's first position — one tenant's, read at every tenant's rows (copies, tenant-major:
+        engine/layout.py) —, and the table's key; from the disk cache when a run with the same calls, options
+        and max_model_len made them."""
         run, drafter = self.run, self.drafter
         prompts, outputs, lengths = run.runnable()
-        cols, n = run.table.cols, len(run.states)
+        prompts, outputs, lengths = prompts[:n], outputs[:n], lengths[:n]
+        cols = run.table.cols
         options = {"depth": drafter.depth, "k": drafter.k, "factor": drafter.factor, "min_prob": drafter.min_prob,
                    "offset": drafter.offset, "max_model_len": run.max_model_len}
         key = suffix_tables.table_key(options, run.tokens_digest, cols["hist_off"][:n], cols["prompt_len"][:n],
                                       lengths)
         table, at = suffix_tables.cached_local_table(key, lambda: suffix_tables.build_local_table(
             drafter.depth, drafter.k, drafter.factor, drafter.min_prob, run.max_model_len, prompts, outputs))
-        return table, at[:n].copy(), key
+        return table, np.tile(at[:n], tenants), key
 
     def run_state(self) -> SuffixSteps:
         """The forest's current arrays (a new tuple only when an array was replaced: the scheduler's FastCall
@@ -275,21 +313,26 @@ class SuffixDrafting(EngineDrafting):
                    "ht": forest.ht, "meta": forest.meta, "seq_len": forest.seq_len, "row_state": drafter.row_state}
         if self.state is None:
             seqs, k = self.run.max_num_seqs, max(drafter.k, 1)
+            tenants = len(self.drafters)
+            if tenants == 1:
+                self.counts = np.stack([drafter.n_active, drafter.n_cached])  # views would not follow: copy back
+                drafter.n_active, drafter.n_cached = self.counts[0, 0:1], self.counts[1, 0:1]
             sx = Forest(
                 par=np.array([drafter.depth, drafter.k, drafter.global_root, 0, drafter.max_cached, 0], dtype=np.int64),
                 fpar=np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32),
-                n_active=drafter.n_active, ops=np.zeros((seqs, 10), dtype=np.int64),
+                n_active=self.counts[0], ops=np.zeros((seqs, 10), dtype=np.int64),
                 out=np.zeros((seqs, k), dtype=np.int32), out_n=np.zeros(seqs, dtype=np.int32),
                 work=np.zeros((3, k), dtype=np.int32), local=forest.local_table,
                 score=np.zeros(seqs, dtype=np.float32),
                 table_at=drafter.table_at if drafter.table_at is not None else np.zeros(1, dtype=np.int64),
                 response_seq=drafter.response_seq, kernel_fresh=drafter.kernel_fresh, events=drafter.events,
-                n_events=drafter.n_events, n_cached=drafter.n_cached, marks=np.zeros((seqs, 2), dtype=np.int64),
-                **current)
+                n_events=drafter.n_events, n_cached=self.counts[1], marks=np.zeros((seqs, 2), dtype=np.int64),
+                roots=np.array([d.global_root for d in self.drafters], dtype=np.int64),
+                tally=np.zeros((tenants, 2), dtype=np.int64), group=np.zeros((seqs, 10), dtype=np.int64), **current)
             self.state = SuffixSteps(self.ds, sx)
         elif (sx := refreshed(self.state.sx, current)) is not self.state.sx:
             self.state = SuffixSteps(self.ds, sx)
-        self.state.sx.par[SX_ON] = 0 if drafter.queue or drafter.touched else 1
+        self.state.sx.par[SX_ON] = 0 if any(d.queue or d.touched for d in self.drafters) else 1
         return self.state
 
     def sync(self) -> None:
@@ -301,16 +344,21 @@ class SuffixDrafting(EngineDrafting):
         `SuffixDrafter.finish_rows`): the drafting seconds, or None when the step needs the drafter's own
         `propose` (a stop, a restart, an eviction, a call at max_model_len), before anything changed or,
         should the kernel decline, after the fresh starts."""
-        drafter, run = self.drafter, self.run
+        drafter, run, drafters = self.drafter, self.run, self.drafters
         emitting = emitted.nonzero()[0]
         if (num_tokens[emitting] >= run.max_model_len).any():
             return None
         fresh = [state for state in (rows[i] for i in emitting.tolist())
                  if state.drafter_state is None or not state.drafter_state.active]
-        if len(drafter.active) + len(fresh) != emitting.shape[0]:  # an active call did not emit: it stops
+        # An active call did not emit: it stops.
+        if sum(len(d.active) for d in drafters) + len(fresh) != emitting.shape[0]:
             return None
-        if fresh and not drafter.start_fresh(fresh):
-            return None
+        if fresh:
+            by_tenant = _by_tenant(fresh, len(drafters))
+            if not all(drafters[t].can_start_fresh(states) for t, states in by_tenant.items()):
+                return None
+            for t, states in by_tenant.items():
+                drafters[t].start_fresh(states)
         drafter.make_step_room(calls[emitting], emitted[emitting])
         st = self.run_state()
         run.table.reserve_draft_width(int(st.ds.par[DS_K_MAX]))
@@ -323,14 +371,26 @@ class SuffixDrafting(EngineDrafting):
             return None
         finished = emitting[run.table.cols["status"][calls[emitting]] == S_FINISHED]
         if finished.shape[0]:
-            drafter.finish_rows([rows[i] for i in finished.tolist()])
+            for t, states in _by_tenant([rows[i] for i in finished.tolist()], len(drafters)).items():
+                drafters[t].finish_rows(states)
         return seconds
+
+
+def _by_tenant(states: Sequence[CallState], tenants: int) -> dict[int, list[CallState]]:
+    """`states` by tenant, each tenant's in their order."""
+    if tenants == 1:
+        return {0: list(states)}
+    out: dict[int, list[CallState]] = {}
+    for state in states:
+        out.setdefault(state.tenant, []).append(state)
+    return out
 
 
 @fast_path_for(SuffixDrafter)
 def engine_drafting(drafter: SuffixDrafter, run: RunView) -> SuffixDrafting | None:
-    """The fast path of exactly `suffix` with one drafter and a fixed k (else its own `propose` every step)."""
-    if (type(drafter) is not SuffixDrafter or len(run.drafters) > 1 or run.spec.num_speculative_tokens <= 0
-            or not run.fixed_k):
+    """The fast path of exactly `suffix` with a fixed k, with one drafter or (with the workload's table) one per
+    tenant in one arena (else its own `propose` every step)."""
+    if (type(drafter) is not SuffixDrafter or run.spec.num_speculative_tokens <= 0 or not run.fixed_k
+            or (len(run.drafters) > 1 and not run.use_tables)):
         return None
     return SuffixDrafting(drafter, run)

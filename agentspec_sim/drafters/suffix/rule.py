@@ -149,6 +149,10 @@ class SuffixDrafter(BaseDrafter):
         self.n_events = np.zeros(1, dtype=np.int64)
         self.states: Sequence[CallState] = ()
         self.touched: list[_Slot] = []  # slots whose row_state changed since the last `propose`
+        # Tenants that are copies share the first tenant's arena and per-row arrays (`share_arena`): each
+        # tenant's drafter, by tenant, and the engine's row → tenant.
+        self.peers: list[SuffixDrafter] = [self]
+        self.row_tenant: np.ndarray | None = None
 
     @classmethod
     def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
@@ -193,28 +197,45 @@ class SuffixDrafter(BaseDrafter):
         self.kernel_fresh = np.append(output_lens > 0, False).astype(np.int8)
         self.events = np.zeros((2 * n + 2, 2), dtype=np.int64)
 
+    def share_arena(self, first: SuffixDrafter, tenant: int, counts: np.ndarray) -> None:
+        """Be tenant `tenant`'s drafter of a run whose tenants are copies, in `first`'s arena: its own global
+        tree there (a tree is its node set: sharing the arena shares no tokens between tenants), `first`'s
+        per-row arrays (each tenant's drafter writes only its own rows) and its counts of active calls and
+        cached responses at counts[:, tenant] (first's made a view of counts[:, 0] likewise). Before the run's
+        first step, after `first.use_local_table`."""
+        self.forest = first.forest
+        self.global_root = self.forest.new_tree()
+        for name in ("row_state", "table_at", "states", "response_seq", "kernel_fresh", "events", "n_events",
+                     "row_tenant"):
+            setattr(self, name, getattr(first, name))
+        self.n_active, self.n_cached = counts[0, tenant:tenant + 1], counts[1, tenant:tenant + 1]
+        self.peers = first.peers
+
     def sync(self) -> None:
         """Apply the starts and finishes the compiled steps made (in their order) to the calls' slots, the
-        active calls and the FIFO of cached responses — before anything in Python reads them."""
+        active calls and the FIFO of cached responses — before anything in Python reads them — each by the
+        drafter of the call's tenant."""
         m = int(self.n_events[0])
         if not m:
             return
+        tenant = self.row_tenant
         for kind, r in self.events[:m].tolist():
-            state = self.states[r]
+            owner = self.peers[int(tenant[r])] if tenant is not None else self
+            state = owner.states[r]
             if kind == KERNEL_START:
                 slot = state.drafter_state
                 if slot is None:
                     slot = state.drafter_state = _Slot(state)
                 slot.active = slot.started = True
-                self.active[slot] = None
-                slot.table_at = int(self.table_at[r])
-                slot.global_seq = int(self.response_seq[r])
+                owner.active[slot] = None
+                slot.table_at = int(owner.table_at[r])
+                slot.global_seq = int(owner.response_seq[r])
                 if slot.global_seq >= 0:
-                    self.cached[slot.global_seq] = slot
+                    owner.cached[slot.global_seq] = slot
             else:  # _FINISH: a call drafting from the table keeps no prompt tree
                 slot = state.drafter_state
                 slot.active = False
-                del self.active[slot]
+                del owner.active[slot]
                 slot.state = None
         self.n_events[0] = 0
 
@@ -309,19 +330,24 @@ class SuffixDrafter(BaseDrafter):
     # start touches only its own prompt tree (and opens an empty response), so starting it before the
     # rows ahead of it in the batch changes nothing they see; a finish comes after its row's tokens.
 
-    def start_fresh(self, states: Sequence[CallState]) -> bool:
-        """Start calls that were never active (`_start`: prompt tree, empty response), or do nothing and
-        return False when one needs more than that: a restart (a cached response to drop) or FIFO eviction."""
+    def can_start_fresh(self, states: Sequence[CallState]) -> bool:
+        """Whether `start_fresh(states)` would start them (no restart, no FIFO eviction, nothing queued)."""
         if self.queue or self.touched:
             return False
         if self.max_cached and len(self.cached) + len(states) > self.max_cached:
             return False
-        slots = []
         for state in states:
             slot = state.drafter_state
             if slot is not None and (slot.active or slot.global_seq >= 0 or slot.local_root >= 0):
                 return False
-            slots.append(slot if slot is not None else _Slot(state))
+        return True
+
+    def start_fresh(self, states: Sequence[CallState]) -> bool:
+        """Start calls that were never active (`_start`: prompt tree, empty response), or do nothing and
+        return False when one needs more than that: a restart (a cached response to drop) or FIFO eviction."""
+        if not self.can_start_fresh(states):
+            return False
+        slots = [state.drafter_state if state.drafter_state is not None else _Slot(state) for state in states]
         batch = _Batch(self, 0, np.zeros(0, dtype=np.int64))
         for state, slot in zip(states, slots, strict=True):
             state.drafter_state = slot
