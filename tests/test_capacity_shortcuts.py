@@ -105,3 +105,32 @@ def test_a_workers_searches_on_one_config_share_normals_isolated_run(monkeypatch
         assert (row["capacity_rate"], row["capacity_low"], row["capacity_high"]) == (alone.rate, alone.low,
                                                                                      alone.high)
         assert len(calls) == 1 + ["ngram", "ngram-v2", "agentspec-s"].index(name) + 1  # find_capacity runs its own
+
+
+def test_a_plan_with_the_shortcuts_picks_what_it_picks_without(monkeypatch):
+    """A whole capacity sweep (three drafters × two max_num_seqs, tenants sharing tables, normal's isolated run
+    shared) with and without the shortcuts: the same capacities, intervals, plan and pick."""
+    import agentspec_sim.capacity.search as capacity_search
+    from agentspec_sim.sweep.capacity_plan import plan_capacity
+    from agentspec_sim.sweep.run import run_sweep
+
+    wl = agents(40)
+    search = CapacitySearch(LatencySLO(ttft_s=1.5, tpot_s=0.08), seeds=2, min_queries=60)
+    engine = config(check_invariants=False)
+
+    def sweep():
+        return run_sweep(workload=wl, drafters=("ngram", "agentspec-s"), max_num_seqs=(2, 6), engine=engine,
+                         capacity=search, executor="inline", band=False)
+
+    fast = sweep()
+    monkeypatch.setattr(capacity_search, "SHORTCUTS", False)
+    full = sweep()
+    keys = ["drafter", "max_num_seqs", "capacity_rate", "capacity_low", "capacity_high", "capacity_seed_rates",
+            "capacity_bracket_low", "capacity_bracket_high", "capacity_probes", "capacity_tenants"]
+    assert fast.select(keys).equals(full.select(keys))
+    assert fast["capacity_rate"].min() > 0 and fast["capacity_tenants"].max() > 1
+    assert any(x is not None for xs in fast["probe_stopped_s"].to_list() for x in xs)
+    assert all(x is None for xs in full["probe_stopped_s"].to_list() for x in xs)
+    a, b = plan_capacity(fast)[0], plan_capacity(full)[0]
+    assert a.best is not None and a.best == b.best and [d.to_dict() if hasattr(d, "to_dict") else d for d in a.drafters] == \
+        [d.to_dict() if hasattr(d, "to_dict") else d for d in b.drafters]

@@ -378,16 +378,23 @@ def isolated_p90(workload: Any, config: EngineConfig, search: CapacitySearch, co
     return float(np.percentile(lifetimes, 90)) if lifetimes.size else None
 
 
+# Whether searches take their shortcuts (`find_capacity`'s default): tests turn them off to compare whole sweeps.
+SHORTCUTS = True
+
+
 def find_capacity(workload: Any, drafter: Any, config: EngineConfig, search: CapacitySearch,
-                  cost_model: Any = None, shortcuts: bool = True,
+                  cost_model: Any = None, shortcuts: bool | None = None,
                   normal_reference: Callable[[], float | None] | None = None) -> Capacity:
     """The capacity of `drafter` on `config` for `workload` (library entry point; probes run here, in order).
     `cost_model` default: the config's roofline model, built once for every probe. `shortcuts`: a probe under
     load ends once its failure is certain (`FailureWatch`); False runs every probe to its end (the same
-    capacities: tests compare). `normal_reference()`: `isolated_p90` of this workload, config and cost model
-    where the caller has it already (a plan's other drafters on the same config); default: run it."""
+    capacities: tests compare; None: `SHORTCUTS`). `normal_reference()`: `isolated_p90` of this workload,
+    config and cost model where the caller has it already (a plan's other drafters on the same config); default:
+    run it."""
     if cost_model is None:
         cost_model = cost_model_for(config)
+    if shortcuts is None:
+        shortcuts = SHORTCUTS
 
     def run(probe: EngineConfig) -> tuple[Probe, Any, tuple[float, ...]]:
         watch = None
