@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 from simhelpers import agent_query
 
+from agentspec_sim.drafters.registry import parse_drafter
 from agentspec_sim.engine.config import EngineConfig
 from agentspec_sim.metrics import summarize
 from agentspec_sim.run.simulation import simulate
@@ -79,6 +80,11 @@ def test_cell_ids_and_order():
     cost = {(s.name, b): estimated_cost(Cell("t", s, EngineConfig(max_num_seqs=b)), 10_000, 64)
             for s in specs for b in (1, 64)}
     assert cost[("ngram", 1)] > cost[("ngram", 64)] and cost[("ngram", 1)] > cost[("normal", 1)]
+    # A drafter with an acceptance band runs (or searches) three times: at its point and at the band's bounds.
+    eagle = parse_drafter("eagle3")
+    point = estimated_cost(Cell("t", eagle, EngineConfig(max_num_seqs=8)), 10_000, 64)
+    plain = estimated_cost(Cell("t", drafter_configs(["normal"])[0], EngineConfig(max_num_seqs=8)), 10_000, 64)
+    assert point > 2.5 * plain
 
 
 def test_cells_that_build_a_table_start_one_per_table_first():

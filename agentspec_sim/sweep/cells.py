@@ -315,8 +315,13 @@ def start_order(cells: Sequence[Cell], output_tokens: int, num_queries: int) -> 
 
 def estimated_cost(cell: Cell, output_tokens: int, num_queries: int) -> float:
     """A relative wall-time estimate, only to start the slowest cells first: the method's cost per
-    output token, times (1 + a per-method factor ÷ the calls decoding at once, ≤ max_num_seqs)."""
+    output token, times (1 + a per-method factor ÷ the calls decoding at once, ≤ max_num_seqs), three times
+    over for a drafter with an acceptance band (`run.band.has_band`: its cell runs, or searches, again at the
+    band's two bounds; the last cells of a default-trace capacity plan were its eagle3 searches, three each)."""
+    from agentspec_sim.run.band import has_band
+
     method = cell.spec.method
     concurrency = max(1, min(cell.config.max_num_seqs or 256, num_queries * cell.config.tenants))
     per_token = _SECONDS_PER_MTOK.get(method, _DEFAULT_SECONDS_PER_MTOK) * (8 if cell.search else 1)
+    per_token *= 3 if has_band(cell.spec, cell.config.model) else 1
     return per_token * output_tokens * cell.config.tenants * (1 + _SMALL_BATCH_FACTOR.get(method, 0.7) / concurrency)
