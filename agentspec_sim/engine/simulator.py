@@ -153,7 +153,8 @@ class Simulator:
         self.heap: list[tuple[float, int, int, object]] = front.heap if front is not None else []
         self.gate_groups: list[list[QueryRun]] | None = None  # gated protocols (engine/load.py)
         self._k_bound: int | object | None = _UNKNOWN  # the policy's longest draft (`_draft_len_bound`), once
-        # `_step_bound` of the calls in the engine, kept until a call joins them (`_UNKNOWN`: to compute).
+        # `_step_bound` of the calls in the engine, kept until a call joins them or ends its prefill (`_UNKNOWN`:
+        # to compute).
         self._bound: float | object | None = _UNKNOWN
         self.seq = front.seq if front is not None else itertools.count()  # event order among equal times
         # This engine's event kinds: a rank's own STEP / DONE (ARRIVE goes to whoever routes the calls).
@@ -482,9 +483,11 @@ class Simulator:
         KV cache could run out (a preempted call is recomputed) — plus the drafter's bound on one proposal
         over those rows. None where that cannot be bounded (a policy or drafter with no stated maximum).
 
-        Kept until a call joins the engine: it still bounds the steps of any subset of the calls it was made
-        for (fewer calls, each with no more context; no more tokens left to prefill, and none recomputed where
-        all fit without preemption), so computing it once per arrival gives the same runs, only fewer bounds."""
+        Kept until a call joins the engine or ends its prefill: it still bounds the steps of any subset of the
+        calls it was made for (fewer calls, each with no more context; no more tokens left to prefill, and none
+        recomputed where all fit without preemption), so the steps are the same (HORIZON), with fewer bounds made. (Kept
+        past a prefill's end it would still be a bound, but a prefill chunk's: the runs after it, all decodes,
+        would be cut far shorter than they need be.)"""
         if self._bound is _UNKNOWN:
             self._bound = self._new_step_bound()
         return self._bound
@@ -541,6 +544,7 @@ class Simulator:
             for kind, r, j in zip(kinds, rows, at, strict=True):
                 if kind == EV_FIRST:
                     col["first_token_s"][r] = ends[j]
+                    self._bound = _UNKNOWN  # its prefill is over: the steps ahead are decodes, far shorter
                 elif kind == EV_FINISH:
                     self._finish(self.states[r], ends[j], chained)
                 elif kind == EV_PREEMPT:
