@@ -251,7 +251,10 @@ class SuffixDrafting(EngineDrafting):
         # Tenants that are copies: every tenant's drafter in the first's arena (`SuffixDrafter.share_arena`).
         self.drafters: list[SuffixDrafter] = list(run.drafters)  # type: ignore[arg-type]
         tenants = len(self.drafters)
-        self.counts = np.zeros((2, tenants), dtype=np.int64)  # each tenant's active calls and cached responses
+        # Each tenant's active calls and cached responses, which the kernel reads: the drafters' counts are views.
+        self.counts = np.zeros((2, tenants), dtype=np.int64)
+        self.counts[:, 0] = drafter.n_active[0], drafter.n_cached[0]
+        drafter.n_active, drafter.n_cached = self.counts[0, 0:1], self.counts[1, 0:1]
         run.table.reserve_draft_width(max(drafter.k, 1))
         self._size_key: str | None = None
         self._noted_nodes: int | None = None
@@ -261,7 +264,6 @@ class SuffixDrafting(EngineDrafting):
             if tenants > 1:
                 drafter.row_tenant = run.table.cols["tenant"][:len(run.states)].copy()
                 drafter.peers = self.drafters
-                drafter.n_active, drafter.n_cached = self.counts[0, 0:1], self.counts[1, 0:1]
                 for tenant, other in enumerate(self.drafters[1:], start=1):
                     other.share_arena(drafter, tenant, self.counts)
                 key = f"{key}|{tenants} tenants"
@@ -314,9 +316,6 @@ class SuffixDrafting(EngineDrafting):
         if self.state is None:
             seqs, k = self.run.max_num_seqs, max(drafter.k, 1)
             tenants = len(self.drafters)
-            if tenants == 1:
-                self.counts = np.stack([drafter.n_active, drafter.n_cached])  # views would not follow: copy back
-                drafter.n_active, drafter.n_cached = self.counts[0, 0:1], self.counts[1, 0:1]
             sx = Forest(
                 par=np.array([drafter.depth, drafter.k, drafter.global_root, 0, drafter.max_cached, 0], dtype=np.int64),
                 fpar=np.array([drafter.factor, drafter.offset, drafter.min_prob], dtype=np.float32),
