@@ -30,6 +30,9 @@ class ConstantCost:
     def model_free_draft_time(self, num_calls: int) -> float:
         return self.draft_s if num_calls else 0.0
 
+    def frontend_time(self, prompt_lens: np.ndarray) -> np.ndarray:
+        return np.zeros(np.shape(prompt_lens))
+
     def draft_model_time(self, num_calls: int, draft_len: int, context_lens: np.ndarray) -> float:
         return 0.0
 

@@ -486,8 +486,10 @@ def _same_except_last_verify(vllm: tuple[list[int], list[int]], sim: tuple[list[
 
 
 def sim_config_for(run: VllmRun, config: Any) -> Any:
-    """`config` with every limit the built engine reported (block size, token budget, KV blocks, …)."""
-    return dataclasses.replace(config, **run.limits)
+    """`config` with every limit the built engine reported (block size, token budget, KV blocks, …), scheduled as
+    the harness drives it: one `LLMEngine.step` at a time, calls added between steps (each joins the next
+    step's schedule: synchronous, no client round trip)."""
+    return dataclasses.replace(config, **run.limits, async_scheduling=False, in_process_client=True)
 
 
 def compare(workload: Workload, run: VllmRun, method: Method, config: Any) -> Comparison:

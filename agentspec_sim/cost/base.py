@@ -134,6 +134,15 @@ class StepCostModel(Protocol):
         """
         ...
 
+    def frontend_time(self, prompt_lens: np.ndarray) -> np.ndarray:
+        """Seconds each request of `prompt_lens` tokens spends outside the engine core on the way to the client's
+        first token (the API server's tokenization and hand-off, the first chunk's way back), added to its first
+        token and finish times as a client measures them (`vllm bench serve`'s TTFT and E2EL).
+
+        Post: ≥ 0, one per request, non-decreasing in the prompt length.
+        """
+        ...
+
     def model_free_draft_time(self, num_calls: int) -> float:
         """Seconds of CPU drafting (ngram / suffix / agentspec) per step for `num_calls` rows.
 

@@ -91,6 +91,8 @@ class Calibration:
     moe_layer_floor_s: float = 0.0
     moe_combine_p: float | None = None
     moe_routing_spread: float = 1.0
+    frontend_request_s: float = 21.4e-3
+    frontend_prompt_token_s: float = 2.0e-6
     ridge_tokens: float | None = None
     source: str = "defaults"
 
@@ -188,6 +190,16 @@ class Calibration:
             "how fast a step's tokens spread over the experts: E·(1 − (1 − k/E)^(spread·T)) experts touched; "
             "1 is uniform independent routing, below 1 a skewed router (fewer experts touched at small T); "
             "used only when experts are priced on their own"),
+        "frontend_request_s": (
+            "per request, outside the engine core, on the way to the client's first token: the API server's "
+            "request handling and input processing, the hand-off to the core, and the first chunk's way back "
+            "(output processor, detokenizer, SSE stream). Fitted on AIConfigurator's measured vLLM 0.18 serving "
+            "rows of gpt-oss-120b (H100 TP 2/4/8, H200 TP 1-8; reports/serving_ttft.py), with the engine's async "
+            "one-step lag and the tokenizer term below in place; Qwen3-32B's rows held out"),
+        "frontend_prompt_token_s": (
+            "per prompt token: the API server tokenizes the prompt text (`vllm bench serve` sends text). Measured: "
+            "HF tokenizers on Qwen3's tokenizer, random-token text as vLLM's random dataset makes it, 1.7-2.4 us a "
+            "token for 1k-8k tokens on one core (reports/serving_ttft.py --tokenizer)"),
         "ridge_tokens": (
             "None: AI is computed from the hardware's spec sheet (peak FLOP/s ÷ bandwidth) and the "
             "model; a number overrides it (e.g. 256, the value the AgentSpec paper quotes for A100)"),
@@ -895,6 +907,12 @@ class RooflineCostModel:
                              for n in range(max_calls + 1)], dtype=np.float64)
         return per_pass, np.array([d.kv_bytes, self._inv_attn_bw, cal.draft_model_efficiency,
                                    cal.draft_pass_overhead_s], dtype=np.float64)
+
+    def frontend_time(self, prompt_lens: np.ndarray) -> np.ndarray:
+        """Seconds each request spends outside the engine core before the client has its first token (and again
+        none after: the same offset moves its finish): `frontend_request_s` + `frontend_prompt_token_s` × prompt."""
+        cal = self.calibration
+        return cal.frontend_request_s + cal.frontend_prompt_token_s * np.asarray(prompt_lens, dtype=np.float64)
 
     def model_free_draft_time(self, num_calls: int) -> float:
         """CPU drafting per step: a fixed part plus a per-call part (0 for no calls)."""

@@ -38,6 +38,9 @@ class StepClockCost:
     def model_free_draft_time(self, num_calls: int) -> float:
         return _DRAFT_PER_CALL * num_calls
 
+    def frontend_time(self, prompt_lens: np.ndarray) -> np.ndarray:
+        return np.zeros(np.shape(prompt_lens))  # engine steps only: the harness has no front end
+
     @property
     def ridge_tokens(self) -> float:
         # Verifying more tokens costs nothing on this clock: no finite ridge, no finite budget.

@@ -57,6 +57,13 @@ class EngineConfig:
     by default in the order `random.seed(seed); random.shuffle(dataset)` gives, as vLLM's datasets do).
     seed: all randomness; check_invariants: run the engine's runtime checks after every run of steps and over
     the whole log at the end.
+    Host: async_scheduling (vLLM's `--async-scheduling`; None: vLLM 0.33's default for the speculative method —
+    on for no speculation and the Model Runner V2 methods (ngram-v2, eagle3, mtp, draft models), off for the V1
+    runner's CPU proposers (ngram, suffix and the proposers built like them); the scheduler then makes each step
+    one step ahead, engine/scheduler.py); in_process_client (calls are added between steps by the process that
+    steps the engine, as the validation harness's `LLMEngine.step` loop does, so a finished call's successor can
+    join the very next step; by default a client sends it over HTTP once it has read the finish, after the core
+    has scheduled the next step).
     """
 
     max_num_seqs: int | None = None
@@ -83,6 +90,8 @@ class EngineConfig:
     copies: int = 1
     disable_shuffle: bool = False
     check_invariants: bool = False
+    async_scheduling: bool | None = None
+    in_process_client: bool = False
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "block_size",

@@ -15,6 +15,7 @@ Q_RUNNING = 0  # running calls
 Q_WAITING_HEAD = 1  # the waiting ring's head
 Q_WAITING = 2  # waiting calls
 Q_PREEMPTIONS = 3  # preemptions so far
+Q_ADMIT_LAG = 4  # steps scheduled between a step's end and the first its finished call's successor can join
 
 # StepLog.ctr (engine/result.py): what the log holds.
 LG_ROWS = 0  # call-steps

@@ -196,6 +196,7 @@ class DataParallelSimulator:
             col = rank.log.buf.steps
             col.forward_s[rank.step_count] = end - self.now - col.draft_s[rank.step_count]
             rank.pending_draft_s = 0.0
+            rank._in_flight = (rank.step_count, end)  # what an arrival meanwhile waits behind (Simulator)
         self.in_step = True
         heapq.heappush(self.heap, (end, next(self.seq), DONE, stepped))
 

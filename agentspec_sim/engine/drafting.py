@@ -239,6 +239,7 @@ class BaseDrafter(ABC):
     budget_policy: ClassVar[str | None] = None
     driven_per_step: ClassVar[bool] = False
     v1_runner: ClassVar[bool] = True
+    async_scheduling: ClassVar[bool] = False
     bytes_per_token: ClassVar[tuple[float, float]] = (170.0, 170.0)
     uses_draft_network: ClassVar[bool] = False
 

@@ -55,6 +55,7 @@ CALL_COLUMNS: tuple[tuple[str, type, Any], ...] = (
     ("draft_acc", np.int64, -1),  # how many of them the recording accepts (`Scheduler.set_drafts`), −1 unknown
     ("slot", np.int64, -1),  # row of `slot_blocks` holding its block ids, −1 when it holds none
     ("first_step", np.int64, -1),  # engine step that emitted its first token
+    ("not_before", np.int64, 0),  # the first engine step whose schedule may admit it (the scheduler's lag)
     ("arrival_s", np.float64, np.nan),
     ("first_token_s", np.float64, np.nan),
     ("finish_s", np.float64, np.nan),

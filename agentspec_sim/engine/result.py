@@ -32,7 +32,7 @@ import polars as pl
 from agentspec_sim.engine.config import EngineConfig, ResolvedLimits
 from agentspec_sim.engine.counters import LG_DRAFT_TOKENS, LG_ROWS, LG_STEPS
 from agentspec_sim.engine.drafting import SpeculativeConfig
-from agentspec_sim.engine.request import S_FINISHED, S_REFUSED, CallState, CallTable, QueryRun, zeros
+from agentspec_sim.engine.request import S_FINISHED, S_REFUSED, S_SKIPPED, CallState, CallTable, QueryRun, zeros
 
 STEP_COLUMNS = (
     "step", "time_s", "drafter", "call_id", "phase", "position", "context_len", "scheduled_tokens", "draft",
@@ -267,11 +267,17 @@ def _list_column(values: np.ndarray, lengths: np.ndarray) -> pl.Series:
             .with_columns(pl.col("draft").fill_null(empty)))["draft"]
 
 
-def calls_frame(t: CallTable, states: Sequence[CallState], query_ids: Sequence[str]) -> pl.DataFrame:
-    """A run's calls, one row each (RunResult.calls): the call table's columns at the run's end."""
+def calls_frame(t: CallTable, states: Sequence[CallState], query_ids: Sequence[str],
+                frontend_s: np.ndarray | None = None) -> pl.DataFrame:
+    """A run's calls, one row each (RunResult.calls): the call table's columns at the run's end. `frontend_s` (by
+    table row): each call's time outside the engine core (the cost model's `frontend_time`), which moves its
+    first-token and finish times to when the client has them (TTFT and E2EL as `vllm bench serve` measures)."""
     st, n = states, t.rows
     ids = [s.call_id for s in st]
     col = {k: v[:n].copy() for k, v in t.cols.items()}
+    if frontend_s is not None:
+        col["first_token_s"] += frontend_s[:n]
+        col["finish_s"] += frontend_s[:n]
     status = t.status_names()
     finished = col["status"] == S_FINISHED
     return pl.DataFrame({
@@ -298,14 +304,20 @@ def calls_frame(t: CallTable, states: Sequence[CallState], query_ids: Sequence[s
     }).with_columns(pl.col("arrival_s", "first_token_s", "finish_s").fill_nan(None))
 
 
-def queries_frame(qs: Sequence[QueryRun], emitted: np.ndarray) -> pl.DataFrame:
-    """A run's query instances, one row each (RunResult.queries); `emitted`: each call's tokens, by table row."""
+def queries_frame(qs: Sequence[QueryRun], emitted: np.ndarray, frontend_s: np.ndarray | None = None,
+                  status: np.ndarray | None = None) -> pl.DataFrame:
+    """A run's query instances, one row each (RunResult.queries); `emitted`: each call's tokens, by table row.
+    `frontend_s` / `status` (by table row): a query ends when the client has its last call's answer (`calls_frame`)."""
+    finish = np.fromiter((q.finish_s for q in qs), dtype=np.float64, count=len(qs))
+    if frontend_s is not None and status is not None:
+        finish += np.fromiter((frontend_s[[s.index for s in q.calls if status[s.index] != S_SKIPPED][-1]]
+                               for q in qs), dtype=np.float64, count=len(qs))
     return pl.DataFrame({
         "query_id": [q.query_id for q in qs],
         "tenant": np.fromiter((q.tenant for q in qs), dtype=np.int64, count=len(qs)),
         "calls": np.fromiter((len(q.calls) for q in qs), dtype=np.int64, count=len(qs)),
         "arrival_s": np.fromiter((q.arrival_s for q in qs), dtype=np.float64, count=len(qs)),
-        "finish_s": np.fromiter((q.finish_s for q in qs), dtype=np.float64, count=len(qs)),
+        "finish_s": finish,
         "completed": [q.completed for q in qs],
         "output_tokens": np.fromiter((int(emitted[[s.index for s in q.calls]].sum()) for q in qs), dtype=np.int64,
                                      count=len(qs)),

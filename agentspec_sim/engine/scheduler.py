@@ -13,6 +13,12 @@ schedule():
    than max_num_seqs run. A request with nothing computed looks up the prefix cache (hit ≤
    num_tokens − 1, whole blocks); it is admitted only if its whole sequence fits in free KV, with a
    chunk of whatever budget is left; the first one that does not fit stops admission (head of line).
+   A waiting request the scheduler has not seen yet stops admission too (its `not_before` step is
+   later): vLLM's engine core reads new requests between steps (`EngineCore._process_input_queue`), and
+   with async scheduling (`step_with_batch_queue`, two batches in flight) step t + 1 is scheduled
+   before step t runs, so a request that reaches the core while step t runs joins step t + 2 at the
+   earliest (t + 1 synchronously); a query's next call, sent when the client has read the finish of
+   step t, joins t + 3 (t + 2). An engine with nothing else to run admits it at once.
 update_from_output(): greedy verification against the recording (see `verify`), then each request
 rolls num_computed back by its rejected drafts, as vLLM does. Finished requests leave the running
 list and free their KV blocks (their full blocks stay cached).
@@ -46,6 +52,7 @@ from agentspec_sim.engine.counters import (
     PB_ON,
     PB_ROWS,
     PB_TICK,
+    Q_ADMIT_LAG,
     Q_PREEMPTIONS,
     Q_RUNNING,
     Q_WAITING,
@@ -258,7 +265,7 @@ def _record(sb, i, r, n, context, decode, spec, position, slot):
 
 
 @internal_kernel
-def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len):
+def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len, step):
     """Steps 1 and 2 of the module docstring; the batch goes to `sb`, num_computed advances."""
     bs = p.params[0]
     budget = max_num_batched_tokens
@@ -305,6 +312,10 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
                 bound = B_SEQS
                 break
             r = qu.waiting[qu.q[Q_WAITING_HEAD]]
+            if c.calls.not_before[r] > step and rows > 0:
+                # Not yet seen by this schedule (async scheduling made it a step ahead, module docstring); an
+                # engine that would otherwise idle sees it now.
+                break
             nhits = lookup(p, c, r, sb.hits) if c.calls.num_computed[r] == 0 else 0
             computed = c.calls.num_computed[r] + nhits * bs
             n = min(c.calls.prompt_len[r] + c.calls.num_emitted[r] - computed, budget)
@@ -468,8 +479,8 @@ def _log_full(lg, c, max_num_seqs):
 # Python's way into the internal kernels the compiled loop calls (engine/kv.py "Python API": why), for
 # `Scheduler`'s step-at-a-time path.
 @kernel
-def schedule_step_from_python(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len):
-    schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
+def schedule_step_from_python(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len, step):
+    schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len, step)
 
 
 @kernel
@@ -507,7 +518,7 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
             return s, RUN_IDLE
         if _log_full(lg, c, max_num_seqs):
             return s, RUN_FULL
-        schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len)
+        schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_len, step0 + s)
         rows = sb.sc[SC_ROWS]
         if pb.par[PB_ON]:
             persistent_batch_update(pb, sb.rows.call[:rows])
@@ -546,6 +557,9 @@ def run_steps(p, c, qu, sb, lg, max_num_batched_tokens, max_num_seqs, max_model_
                 nxt = c.calls.chain_next[r]
                 if at_once and nxt >= 0:
                     c.calls.status[nxt] = S_WAITING
+                    # Sent once the client has read this finish, it reaches a scheduler that has already made
+                    # the next step (and, async, the one after): the step after those is its first.
+                    c.calls.not_before[nxt] = step + 1 + qu.q[Q_ADMIT_LAG]
                     qu.waiting[(qu.q[Q_WAITING_HEAD] + qu.q[Q_WAITING]) % cap] = nxt
                     qu.q[Q_WAITING] += 1
                     _event(lg, EV_ARRIVE, nxt, step)
@@ -658,7 +672,7 @@ class Scheduler:
         self._drafts_from = FastCall(drafts_from_rows, containers=(0, 1, 2))
         self.table.reserve_slots(max_num_seqs, kv.blocks_per_call)
         self.qu = Queues(zeros(max_num_seqs, dtype=np.int64), zeros(max(self.table.capacity, 1), dtype=np.int64),
-                         zeros(4, dtype=np.int64))
+                         zeros(5, dtype=np.int64))
         self.sb = StepBuf(zeros(max_num_seqs, dtype=ROW), zeros(max_num_seqs, dtype=LISTS),
                           zeros(kv.blocks_per_call, dtype=np.int64), zeros(7, dtype=np.int64))
         self.pb = PersistentBatch.off()  # vLLM's persistent-batch rows, followed once `track_batch_rows` asks
@@ -724,10 +738,12 @@ class Scheduler:
         return int(self.qu.q[Q_PREEMPTIONS])
 
     # -- one step ------------------------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, step: int = 1 << 62) -> ScheduledBatch:
+        """Schedule step `step` (calls with a later `not_before` stay waiting while others run; by default every
+        waiting call is seen)."""
         sb = self.sb
         schedule_step_from_python(self.kv.pool.p, self.table.nt, self.qu, sb, self.max_num_batched_tokens,
-                                  self.max_num_seqs, self.max_model_len)
+                                  self.max_num_seqs, self.max_model_len, step)
         n, npre = int(sb.sc[SC_ROWS]), int(sb.sc[SC_PREEMPTED])
         if self.pb.par[PB_ON]:
             persistent_batch_update_from_python(self.pb, sb.rows["call"][:n])

@@ -61,7 +61,7 @@ import polars as pl
 from agentspec_sim.cost.base import BatchShape, StepCostModel
 from agentspec_sim.engine.budget import make_budget_policy
 from agentspec_sim.engine.config import MAX_CLOCK_S, EngineConfig, ResolvedLimits
-from agentspec_sim.engine.counters import LG_EVENTS, Q_RUNNING, Q_WAITING, SC_ROWS, SC_SAMPLED, SC_TOP
+from agentspec_sim.engine.counters import LG_EVENTS, Q_ADMIT_LAG, Q_RUNNING, Q_WAITING, SC_ROWS, SC_SAMPLED, SC_TOP
 from agentspec_sim.engine.drafting import BaseDrafter, RunView, SpeculativeConfig, new_drafter
 from agentspec_sim.engine.invariants import check_run, check_step
 from agentspec_sim.engine.kv import KVCacheManager, cdiv
@@ -172,6 +172,13 @@ class Simulator:
         self.max_run_steps = 1 if self.per_step else 1 << 40
         self.pricer = StepPricer(cost, limits.max_num_batched_tokens, config.check_invariants)
         self._build(workload)
+        # vLLM's async scheduling (engine/scheduler.py): steps the scheduler makes before it reads a call that
+        # reaches the core while a step runs (1 async, 0 synchronous), and one more for a call a client sends on
+        # reading a step's output (none where the process stepping the engine adds calls between steps).
+        self.async_scheduling = kind.async_scheduling if config.async_scheduling is None else config.async_scheduling
+        self._core_lag = 1 if self.async_scheduling else 0
+        self.scheduler.qu.q[Q_ADMIT_LAG] = self._core_lag + (0 if config.in_process_client else 1)
+        self._in_flight = (-1, -np.inf)
         if progress is not None:
             progress(0, len(self.states))  # started (the drafters' workload tables may take a while to build)
         # The drafter's fast path for this run (engine/drafting.py), if it has one (tests turn it off to compare).
@@ -418,11 +425,24 @@ class Simulator:
             self._count_done(len(query.calls) - k)
             self._query_ended(query, self.now)
             return
+        self.table.cols["not_before"][state._r] = self._first_step_for_arrival()
         self.scheduler.add_row(state._r)
         self._bound = _UNKNOWN
         if not self.step_pending:
             self.step_pending = True
             self._push(self.now, STEP, None)
+
+    def _first_step_for_arrival(self) -> int:
+        """The first step whose schedule sees a call reaching the engine now (engine/scheduler.py): the one after
+        the step in flight plus the lag. A call sent the instant a step ends (the client read a finish, or a send
+        time that falls there) arrives while the next step runs, where the engine goes on; an idle engine
+        sees it at once."""
+        last, end = self._in_flight
+        if self.now < end:
+            return last + 1 + self._core_lag
+        if self.now == end and self.scheduler.has_work():
+            return last + 1 + int(self.scheduler.qu.q[Q_ADMIT_LAG])
+        return 0
 
     def _on_step(self, _: object) -> None:
         """Run the scheduler (`Scheduler.run`) for as many steps as nothing outside it can change
@@ -435,6 +455,7 @@ class Simulator:
             return
         end = self.pricer.price(self.log, self.step_count, self.step_count + steps, self.now, self.pending_draft_s)
         self.pending_draft_s = 0.0
+        self._in_flight = (self.step_count + steps - 1, end)
         self._push(end, DONE, (self.step_count, self.step_count + steps))
 
     def _schedule_run(self, room: int, chain: bool) -> int:
@@ -740,8 +761,9 @@ class Simulator:
         engine_steps = self.log.engine_frame()
         st, t = self.states, self.table
         n = t.rows
-        calls = calls_frame(t, st, [self.queries[s.query_index].query_id for s in st])
-        queries = queries_frame(self.queries, t.cols["num_emitted"][:n])
+        frontend = self.cost.frontend_time(t.cols["prompt_len"][:n])
+        calls = calls_frame(t, st, [self.queries[s.query_index].query_id for s in st], frontend)
+        queries = queries_frame(self.queries, t.cols["num_emitted"][:n], frontend, t.cols["status"][:n])
         # A live AgentSpec history over the simulator's memory bound dropped idle queries' histories: say so.
         evicted = sum(d.evictions() for d in self.drafters)
         preemptions = pl.DataFrame({"step": [k for k, _ in self.preempted],

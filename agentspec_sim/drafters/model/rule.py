@@ -540,6 +540,7 @@ class ModelBasedDrafter(BaseDrafter):
     # Memory per token of the trace (its workload table, one tenant; its live state, per tenant).
     bytes_per_token = (26.0, 8.0)
     uses_draft_network = True
+    async_scheduling = True  # eagle*, mtp and draft models keep vLLM 0.33's async scheduling
 
     config_keys: ClassVar[frozenset[str]] = SIMULATOR_KEYS
     supports_batch_size_schedule: ClassVar[bool] = True

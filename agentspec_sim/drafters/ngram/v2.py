@@ -110,6 +110,7 @@ class NgramV2Drafter(NgramDrafter):
     # Model Runner V2, not V1: the V1 runner's proposer skip near max_model_len (engine/simulator.py
     # `_propose`) does not apply; what MRV2 does there is not modelled.
     v1_runner = False
+    async_scheduling = True
 
     def propose(self, rows: Sequence[CallState], max_lens: np.ndarray) -> list[np.ndarray]:
         """Exactly `max_lens[i]` tokens for row i (the kernel always writes every slot)."""

@@ -20,6 +20,7 @@ class NormalDrafter(BaseDrafter):
     # Memory per token of the trace (its workload table, one tenant; its live state, per tenant).
     bytes_per_token = (0.0, 0.0)
     shorthand: ClassVar[dict] = {"method": "normal"}
+    async_scheduling = True  # no proposer: Model Runner V2 and async scheduling, vLLM 0.33's defaults
 
     @classmethod
     def configure(cls, spec: SpeculativeConfig) -> SpeculativeConfig:
