@@ -212,11 +212,11 @@ EXPECTED: dict[str, dict[str, str]] = {
         "summary": "001e0d4d75bb97fae402049e51f26bdc"
     },
     "moe-tp2-normal": {
-        "steps": "0c7c108e115ebbcc6d2b7a5b4a7fe72a",
-        "engine_steps": "e45e01209fcef503ba0a37949b0545b7",
-        "calls": "29156c15a6667af0b9e090a7bdf690f6",
-        "queries": "b38bc8453be95c50c4af24271c256d03",
-        "summary": "159d21404bfb75044a07fffd4d03a516"
+        "steps": "b9aed9e3caaf62c4f0dad443c6635663",
+        "engine_steps": "8fdd337f69ae89544f91abcf40bd3a26",
+        "calls": "a81b7bfec8555d5f25199569889929cf",
+        "queries": "617645049840325ea58a483441732075",
+        "summary": "0332589c006b1782fbab47a49f9b7d32"
     },
     "moe-tp2-ngram": {
         "steps": "5735027d986a0741db8321eab8484f0e",

@@ -304,6 +304,7 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
         bound = B_KV
     else:
         cap = qu.waiting.shape[0]
+        busy = rows > 0  # the step runs anyway: calls the scheduler has not seen yet wait for a later one
         while qu.q[Q_WAITING] > 0:
             if budget <= 0:
                 bound = B_TOKENS
@@ -312,9 +313,9 @@ def schedule_step(p, c, qu, sb, max_num_batched_tokens, max_num_seqs, max_model_
                 bound = B_SEQS
                 break
             r = qu.waiting[qu.q[Q_WAITING_HEAD]]
-            if c.calls.not_before[r] > step and rows > 0:
+            if busy and c.calls.not_before[r] > step:
                 # Not yet seen by this schedule (async scheduling made it a step ahead, module docstring); an
-                # engine that would otherwise idle sees it now.
+                # engine that would otherwise idle takes every call it reads.
                 break
             nhits = lookup(p, c, r, sb.hits) if c.calls.num_computed[r] == 0 else 0
             computed = c.calls.num_computed[r] + nhits * bs

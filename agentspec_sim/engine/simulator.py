@@ -179,6 +179,7 @@ class Simulator:
         self._core_lag = 1 if self.async_scheduling else 0
         self.scheduler.qu.q[Q_ADMIT_LAG] = self._core_lag + (0 if config.in_process_client else 1)
         self._in_flight = (-1, -np.inf)
+        self._continues = False
         if progress is not None:
             progress(0, len(self.states))  # started (the drafters' workload tables may take a while to build)
         # The drafter's fast path for this run (engine/drafting.py), if it has one (tests turn it off to compare).
@@ -440,7 +441,7 @@ class Simulator:
         last, end = self._in_flight
         if self.now < end:
             return last + 1 + self._core_lag
-        if self.now == end and self.scheduler.has_work():
+        if self.now == end and self._continues:
             return last + 1 + int(self.scheduler.qu.q[Q_ADMIT_LAG])
         return 0
 
@@ -578,6 +579,7 @@ class Simulator:
             check_step(self.scheduler, self.kv.pool, self.table, self.states, self.limits.max_num_seqs,
                        self.config.block_size)
         self.step_count = k1
+        self._continues = self.scheduler.has_work()  # the engine steps on from here, whatever arrives now
         self._push(self.now, STEP, None)
 
     # -- pieces of DONE: drafting after a run (one of these, chosen at construction) -------------------
