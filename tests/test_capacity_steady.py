@@ -205,8 +205,9 @@ def test_an_eagle3_capacity_band_widens_what_the_plan_cannot_tell_apart():
 
 @pytest.mark.parametrize("dp", [1, 2])
 def test_every_emission_is_a_calls_token_at_its_step_end(dp):
-    """`RunResult.emissions` (what ITL is measured on) holds each call's output tokens once, the first at its
-    first_token_s and the last at its finish_s — with data parallelism too, the ranks' emissions merged."""
+    """`RunResult.emissions` (what ITL is measured on) holds each call's output tokens once, at the engine's step
+    ends: the first where first_token_s is and the last where finish_s is, before the front end's time (the client
+    has them `frontend_time` later) — with data parallelism too, the ranks' emissions merged."""
     from pathlib import Path
 
     from agentspec_sim.cost import cost_model_for
@@ -215,14 +216,17 @@ def test_every_emission_is_a_calls_token_at_its_step_end(dp):
 
     wl = load_trace(Path(__file__).parents[1] / "traces" / "swe-agent.jsonl.zst")
     cfg = EngineConfig(max_num_seqs=8, data_parallel_size=dp, arrival="request-rate", rate=1.0)
-    result = simulate(wl, "ngram", cfg, cost_model_for(cfg))
+    cost = cost_model_for(cfg)
+    result = simulate(wl, "ngram", cfg, cost)
     per_call = result.emissions.group_by("call").agg(pl.col("tokens").sum(), pl.col("time_s").min().alias("first"),
                                                      pl.col("time_s").max().alias("last"))
     calls = result.calls.with_row_index("call").with_columns(pl.col("call").cast(pl.Int64)).join(per_call, on="call")
     assert calls.height == result.calls.filter(pl.col("status") == "finished").height
     assert (calls["output_len"] == calls["tokens"]).all()
-    np.testing.assert_allclose(calls["first"], calls["first_token_s"], atol=1e-9)
-    np.testing.assert_allclose(calls["last"], calls["finish_s"], atol=1e-9)
+    front = cost.frontend_time(calls["prompt_len"].to_numpy())
+    assert (front > 0).all()
+    np.testing.assert_allclose(calls["first"] + front, calls["first_token_s"], atol=1e-9)
+    np.testing.assert_allclose(calls["last"] + front, calls["finish_s"], atol=1e-9)
 
 
 def test_results_of_the_finite_trace_search_are_refused_with_the_reason():

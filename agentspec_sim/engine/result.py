@@ -212,7 +212,9 @@ class StepLogBuilder:
         }).with_columns(pl.col("rho", "t_A", "t_V", "t_D").fill_nan(None))
 
     def emissions_frame(self, engine: pl.DataFrame) -> pl.DataFrame:
-        """`RunResult.emissions`: the log's call-steps that emitted tokens, each at its engine step's end."""
+        """`RunResult.emissions`: the log's call-steps that emitted tokens, each at its engine step's end (the engine's
+        clock: a client has them the call's front-end time later, where the calls frame's first_token_s and
+        finish_s are; gaps between them, ITL, are the same on either clock)."""
         rows = self.buf.rows[:int(self.buf.ctr[LG_ROWS])]
         step = np.repeat(np.arange(engine.height, dtype=np.int64), engine["batch_size"].to_numpy())
         end = (engine["time_s"] + engine["step_time_s"]).to_numpy()
