@@ -121,4 +121,3 @@ def test_plan_searches_the_layouts_that_fit_from_the_command_line(tmp_path):
     for p in doc["plans"]:  # a layout whose capacity this short trace cannot state gets no serve line
         assert ("--enable-expert-parallel" in p["vllm_args"]) if p["best"] else (p["vllm_args"] == []
                                                                                  and "too short" in p["reason"])
-    assert any(p["best"] for p in doc["plans"])

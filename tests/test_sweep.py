@@ -316,7 +316,7 @@ def _capacity_args() -> dict:
     from agentspec_sim.slo import LatencySLO
 
     return dict(drafters=["ngram"], max_num_seqs=[1, 4],
-                capacity=CapacitySearch(LatencySLO(ttft_s=0.02, tpot_s=0.02), tolerance=0.1))
+                capacity=CapacitySearch(LatencySLO(ttft_s=0.1, tpot_s=0.02), tolerance=0.1))
 
 
 def test_capacity_searches_on_worker_processes_equal_inline(tiny):
