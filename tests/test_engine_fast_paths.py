@@ -165,6 +165,16 @@ def test_step_times_equal_step_time_bit_for_bit(hardware, model, tp, p):
     assert np.concatenate(pieces).tolist() == ref
 
 
+def _six_agents(seed: int, overrides: dict, calls: int = 3):
+    """Six agent queries of `calls` short calls (40-token prompts, 30-token outputs over 4 token ids: drafts find
+    matches), sent at once to max_num_seqs 4 (plus `overrides`), priced on A100 + Qwen3-8B: the workload, config
+    and cost model the fast-path comparisons replay."""
+    rng = np.random.default_rng(seed)
+    wl = workload(*[agent_query(rng, f"q{i}", calls, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
+    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
+    return wl, cfg, RooflineCostModel("a100-80g", "qwen3-8b")
+
+
 @pytest.mark.parametrize("spec", ["ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                             "prompt_lookup_max": 2,
                                             "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 64, 1]]},
@@ -179,10 +189,7 @@ def test_inline_ngram_drafting_equals_the_event_loops(spec, overrides, monkeypat
     import agentspec_sim.drafters.ngram.index as batched
 
     monkeypatch.setattr(Simulator, "draft_tables", False)
-    rng = np.random.default_rng(11)
-    wl = workload(*[agent_query(rng, f"q{i}", 4, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
-    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
-    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    wl, cfg, cost = _six_agents(11, overrides, calls=4)
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
     assert sim.fast is not None and sim.fast.run_state() is not None
     by_event_loop = []
@@ -230,10 +237,7 @@ EAGLE3 = {"method": "eagle3", "num_speculative_tokens": 4, "seed": 3}
 def test_model_based_drafting_from_tables_equals_the_drafters_own(spec, overrides, monkeypatch):
     """eagle3 drafting from `AcceptanceTables` — inside `run_steps` and in the event loop — equals the
     drafter's own `propose` fed by its start_call/observe hooks, step for step."""
-    rng = np.random.default_rng(2)
-    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
-    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
-    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    wl, cfg, cost = _six_agents(2, overrides)
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
     assert sim.fast is not None and sim.fast.run_state() is not None and not any(sim.hooks)
     by_event_loop = []
@@ -287,10 +291,7 @@ def test_agentspec_drafting_from_its_history_in_runs_equals_the_drafters_own(spe
     monkeypatch.setattr(Simulator, "draft_tables", False)  # the live history (tests/test_history_tables.py: tables)
     if tiny_arena:
         monkeypatch.setattr(BlockArena.__init__, "__defaults__", (8, 16))
-    rng = np.random.default_rng(4)
-    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
-    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
-    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    wl, cfg, cost = _six_agents(4, overrides)
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
     assert isinstance(sim.fast, HistoryDrafting)
     by_python = []
@@ -369,10 +370,7 @@ def test_suffix_driven_in_runs_equals_the_event_loops(spec, overrides, tiny_fore
     if tiny_forest:
         monkeypatch.setattr(SuffixForest.__init__, "__defaults__", (4, 16))
     monkeypatch.setattr(Simulator, "draft_tables", tables)  # prompt trees from the table, or built
-    rng = np.random.default_rng(8)
-    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
-    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
-    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    wl, cfg, cost = _six_agents(8, overrides)
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
     assert sim.fast is not None
     by_python, proposed = [], []
@@ -410,10 +408,7 @@ def test_suffix_tenants_in_one_arena_equal_their_own_drafters(spec, overrides, t
 
     if tiny_forest:
         monkeypatch.setattr(SuffixForest.__init__, "__defaults__", (4, 16))
-    rng = np.random.default_rng(8)
-    wl = workload(*[agent_query(rng, f"q{i}", 3, prompt_len=40, out_len=30, vocab=4) for i in range(6)])
-    cfg = config(**{"check_invariants": False, "arrival": "zero", "max_num_seqs": 4, **overrides})
-    cost = RooflineCostModel("a100-80g", "qwen3-8b")
+    wl, cfg, cost = _six_agents(8, overrides)
     sim = Simulator(wl, parse_drafter(spec), cfg, resolve(cfg), cost)
     assert sim.fast is not None and len(sim.drafters) > 1
     assert all(d.forest is sim.drafters[0].forest for d in sim.drafters)
