@@ -93,15 +93,14 @@ def replay(key: tuple, seed: int = 0) -> tuple[float, float, float]:
     return float(ttft.mean() * 1e3), float(tpot.mean() * 1e3), cost.calibration.frontend_request_s * 1e3
 
 
-def table(rows, verbose=True) -> dict[str, tuple[float, float, float]]:
+def table(rows) -> dict[str, tuple[float, float, float]]:
     errors: dict[str, list[tuple[float, float]]] = {}
     for key, ttft, tpot, role in rows:
         pt, pp, _ = replay(key)
         errors.setdefault(role, []).append((pt / ttft - 1, pp / tpot - 1))
-        if verbose:
-            print(f"{role:8} {key[0]:12} {key[1]:8} tp {key[2]} {key[3]:>5}/{key[4]:<5} c {key[5]:>3}  "
-                  f"TTFT {pt:8.1f} / {ttft:8.1f} ms {pt / ttft - 1:+6.1%}   TPOT {pp:6.2f} / {tpot:6.2f} ms "
-                  f"{pp / tpot - 1:+6.1%}")
+        print(f"{role:8} {key[0]:12} {key[1]:8} tp {key[2]} {key[3]:>5}/{key[4]:<5} c {key[5]:>3}  "
+              f"TTFT {pt:8.1f} / {ttft:8.1f} ms {pt / ttft - 1:+6.1%}   TPOT {pp:6.2f} / {tpot:6.2f} ms "
+              f"{pp / tpot - 1:+6.1%}")
     out = {}
     for role, e in errors.items():
         out[role] = (statistics.median(abs(a) for a, _ in e), statistics.median(abs(b) for _, b in e),

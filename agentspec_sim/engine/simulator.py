@@ -5,7 +5,8 @@ with its whole effect in one handler:
 
 - ARRIVE(call): a call reaches the server. A prompt of ≥ max_model_len tokens is refused as vLLM
   refuses it (`_validate_prompt_len`); the agent gets an error, so the rest of its query is skipped
-  (counted). Otherwise it joins the waiting queue and, if the engine is idle, a step starts now.
+  (counted). Otherwise it joins the waiting queue, no earlier than the step the scheduler's lag allows
+  (`_first_step_for_arrival`, engine/scheduler.py), and, if the engine is idle, a step starts now.
 - STEP: the scheduler builds the batch and the engine runs it (`Scheduler.run`: schedule, forward,
   verification and emission); its duration is the drafting time spent proposing the drafts it
   verifies (model-free proposers run on the CPU after the previous step, serialized with it as in
@@ -175,8 +176,8 @@ class Simulator:
         # vLLM's async scheduling (engine/scheduler.py): steps the scheduler makes before it reads a call that
         # reaches the core while a step runs (1 async, 0 synchronous), and one more for a call a client sends on
         # reading a step's output (none where the process stepping the engine adds calls between steps).
-        self.async_scheduling = kind.async_scheduling if config.async_scheduling is None else config.async_scheduling
-        self._core_lag = 1 if self.async_scheduling else 0
+        async_scheduling = kind.async_scheduling if config.async_scheduling is None else config.async_scheduling
+        self._core_lag = 1 if async_scheduling else 0
         self.scheduler.qu.q[Q_ADMIT_LAG] = self._core_lag + (0 if config.in_process_client else 1)
         self._in_flight = (-1, -np.inf)
         self._continues = False
