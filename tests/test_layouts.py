@@ -109,7 +109,7 @@ def test_plan_searches_the_layouts_that_fit_from_the_command_line(tmp_path):
                           "--max-num-seqs", "8", "--hardware", "h200", "--model", "qwen3-235b-a22b",
                           "--tensor-parallel-size", "auto", "--enable-expert-parallel", "--max-model-len", "32768",
                           "--slo-ttft", "5", "--slo-tpot", "0.2", "--executor", "inline", "--json",
-                          "--capacity-seeds", "2"],
+                          "--capacity-seeds", "2", "--capacity-max-tenants", "128"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
@@ -121,3 +121,4 @@ def test_plan_searches_the_layouts_that_fit_from_the_command_line(tmp_path):
     for p in doc["plans"]:  # a layout whose capacity this short trace cannot state gets no serve line
         assert ("--enable-expert-parallel" in p["vllm_args"]) if p["best"] else (p["vllm_args"] == []
                                                                                  and "too short" in p["reason"])
+    assert any(p["best"] for p in doc["plans"])
