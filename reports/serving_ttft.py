@@ -34,6 +34,10 @@ SETS = {  # AIC model path → (profile, vLLM version, precision column, role)
     "openai/gpt-oss-120b": ("gpt-oss-120b", "0.18.0", "fp4", "fitted"),
     "Qwen/Qwen3-32B": ("qwen3-32b", "0.12.0", "", "held out"),
 }
+# Whether the version scheduled asynchronously by default: vLLM 0.12's SchedulerConfig.async_scheduling is False
+# (vllm/config/scheduler.py; its VllmConfig notes "we won't reach here until async scheduling is enabled by
+# default"); by 0.18 the default is on (None → on for a plain model).
+ASYNC_BY_DEFAULT = {"0.12.0": False, "0.18.0": True}
 SYSTEMS = {"h100_sxm": "h100-80g", "h200_sxm": "h200"}
 LOW = 0.8  # lengths drawn in [80 %, 100 %] of nominal
 
@@ -48,7 +52,8 @@ def silicon_csv() -> Path:
 
 
 def silicon_rows(path: Path) -> list[tuple[tuple, float, float, str]]:
-    """((profile, hardware, tp, isl, osl, concurrency), TTFT ms, TPOT ms, role), one per distinct setting."""
+    """((profile, hardware, tp, isl, osl, concurrency, async scheduling), TTFT ms, TPOT ms, role), one per
+    distinct setting."""
     out, seen = [], set()
     with path.open(newline="") as f:
         for x in csv.DictReader(f):
@@ -59,7 +64,8 @@ def silicon_rows(path: Path) -> list[tuple[tuple, float, float, str]]:
             model, version, precision, role = SETS[x["model_path"]]
             if x["backend_version"] != version or x["precision"] != precision:
                 continue
-            key = (model, SYSTEMS[x["system"]], int(x["tp_size"]), int(x["isl"]), int(x["osl"]), int(x["batch_size"]))
+            key = (model, SYSTEMS[x["system"]], int(x["tp_size"]), int(x["isl"]), int(x["osl"]), int(x["batch_size"]),
+                   ASYNC_BY_DEFAULT[version])
             if key not in seen:
                 seen.add(key)
                 out.append((key, float(x["silicon_ttft_ms"]), float(x["silicon_tpot_ms"]), role))
@@ -82,10 +88,10 @@ def fixed_length_workload(isl: int, osl: int, n: int, seed: int) -> Workload:
 def replay(key: tuple, seed: int = 0) -> tuple[float, float, float]:
     """Mean TTFT and mean TPOT (ms) of the replay, as `vllm bench serve` computes them, and the bundled
     `frontend_request_s` (ms) it includes (TTFT moves by exactly that much with it: the engine does not)."""
-    model, hardware, tp, isl, osl, c = key
+    model, hardware, tp, isl, osl, c, async_scheduling = key
     config = EngineConfig(hardware=hardware, model=model, tensor_parallel_size=tp, max_num_seqs=c,
                           max_num_batched_tokens=8192, enable_prefix_caching=False, max_concurrency=c, seed=seed,
-                          max_model_len=isl + osl + 64)
+                          max_model_len=isl + osl + 64, async_scheduling=async_scheduling)
     cost = cost_model_for(config)
     calls = simulate(fixed_length_workload(isl, osl, 10 * c, seed), "normal", config, cost_model=cost).calls
     ttft = (calls["first_token_s"] - calls["arrival_s"]).to_numpy()

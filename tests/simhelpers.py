@@ -33,6 +33,9 @@ class ConstantCost:
     def frontend_time(self, prompt_lens: np.ndarray) -> np.ndarray:
         return np.zeros(np.shape(prompt_lens))
 
+    def sync_host_time(self, batch_sizes: np.ndarray) -> np.ndarray:
+        return np.zeros(np.shape(batch_sizes))
+
     def draft_model_time(self, num_calls: int, draft_len: int, context_lens: np.ndarray) -> float:
         return 0.0
 

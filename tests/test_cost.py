@@ -284,8 +284,10 @@ def test_moe_weight_bytes_follow_expected_experts_touched():
     per_expert_all_layers = m.num_moe_layers * m.expert_params() * m.expert_bytes_per_param
     for tokens in (1, 2, 4, 8, 16):
         streamed = dense + expected_experts(32, 4, tokens) * per_expert_all_layers
-        memory_time = streamed / (hw.hbm_bandwidth * cal.memory_efficiency)
-        linear = cm.step_time(BatchShape.decode(tokens, 16)).linear_s  # memory-bound: p-norm ≈ max
+        # memory-bound: p-norm ≈ max, plus the GEMM kernels' floor (HardwareProfile.gemm_kernel_floor_s)
+        floor = m.dense_gemm_kernels() * hw.gemm_kernel_floor_s
+        memory_time = streamed / (hw.hbm_bandwidth * cal.memory_efficiency) + floor
+        linear = cm.step_time(BatchShape.decode(tokens, 16)).linear_s
         assert linear == pytest.approx(memory_time, rel=1e-6)
     one, eight = (cm.step_time(BatchShape.decode(t, 16)).linear_s for t in (1, 8))
     assert eight / one > 1.5  # more tokens touch more experts: MoE decode is not flat in batch size
@@ -476,3 +478,21 @@ def test_step_time_is_cheap():
             cm.step_time(batch)
         best = min(best, (time.perf_counter() - start) / 1000)
     assert best < 100e-6  # measured ~15 µs; the margin absorbs slow CI machines
+
+
+@pytest.mark.parametrize(("model", "kernels"), [
+    ("qwen3-32b", 64 * 4 + 1),  # QKV, O, gate_up, down a layer; the LM head
+    ("gpt-oss-120b", 36 * 3 + 1),  # QKV, O and the router a MoE layer (experts priced apart)
+    ("deepseek-v3", 61 * 3 + 3 * 2 + 58 * 3 + 1),  # MLA's q_a/kv_a, q_b, O; 3 dense MLPs; router + shared expert
+])
+def test_each_gemm_kernel_pays_a_floor_that_tensor_parallelism_does_not_split(model, kernels):
+    """AIC's measured GEMM tables: a small GEMM takes ~3 µs beyond its weight stream on H100, whatever its size, so a
+    layer's linear time does not shrink as 1/tp (`HardwareProfile.gemm_kernel_floor_s`)."""
+    assert load_model(model).dense_gemm_kernels() == kernels
+    hw = load_hardware("h100-80g")
+    assert hw.gemm_kernel_floor_s == pytest.approx(3.15e-6)
+    floorless = dataclasses.replace(hw, gemm_kernel_floor_s=None)
+    for tp in (1, 8):
+        with_floor = RooflineCostModel(hw, model, tp, Calibration()).step_time(BatchShape.decode(8, 1024))
+        without = RooflineCostModel(floorless, model, tp, Calibration()).step_time(BatchShape.decode(8, 1024))
+        assert with_floor.linear_s - without.linear_s == pytest.approx(kernels * 3.15e-6)

@@ -11,7 +11,8 @@ The cases cover: normal and ngram (and suffix, whose digests come from the engin
 step as vLLM's V1 runner does, not from the reference engine; and maxlen-ngram, re-pinned when the
 engine took up the V1 runner's proposer skip near max_model_len; every case re-pinned when the engine took
 up the scheduler's lag behind a client (async scheduling, a successor sent once its predecessor's answer is
-read) and the front end's time in TTFT/E2EL); max_num_seqs 1, 8, 32, 256; a KV
+read) and the front end's time in TTFT/E2EL, and again when it took up the GEMM kernels' floor and a synchronous
+step's host time (`host_s`)); max_num_seqs 1, 8, 32, 256; a KV
 cache small enough to force
 preemption (with the runtime invariant checks on); replicate=2 with Poisson arrivals and think
 time; prefix caching off; a max_num_batched_tokens small enough to truncate drafts; a
@@ -86,144 +87,144 @@ CASES: dict[str, tuple] = {
 # Computed with the reference engine, then re-pinned where the module docstring says.
 EXPECTED: dict[str, dict[str, str]] = {
     "q12-normal-256": {
-        "steps": "a4309419b6d9730da4eeffdea02e4ad9",
-        "engine_steps": "0908b75ba44bf368493785b44edb47fe",
-        "calls": "2b56992773164697c29eef5ca9eaa30d",
-        "queries": "50e7ae570f15fc161799aed1f094038e",
-        "summary": "f65eb8857aa6822268945c4412fc3f4a"
+        "steps": "27bd3ca9b78d7fde9be412df746109e8",
+        "engine_steps": "21150614f96508537d8fd9c596f02dda",
+        "calls": "30430dc6a623d67275f02f08b702a7d8",
+        "queries": "b7202299ac671f7e61b609b2568f7278",
+        "summary": "5a6f2068402a49e471cb496c9d895837"
     },
     "q12-ngram-256": {
-        "steps": "4673dade23c4e2380cf9f7af9c1cf206",
-        "engine_steps": "272b423a8b2f6d5c01a3fa682376f662",
-        "calls": "761db5c80c850e341f1ac6a041568c51",
-        "queries": "60811a65a7f824cf0e01cdad86360bc0",
-        "summary": "69688d262e5b4bbae863aeb4025a0f62"
+        "steps": "29cf3dc4131aeb4d85df0bdd7bb21779",
+        "engine_steps": "18ed193bcc2449d18f5805801aad0262",
+        "calls": "8b9d7868fe415324b7ef85c2ed069b0d",
+        "queries": "bbd188f40af1d47b11aebd7d84a0d69f",
+        "summary": "7a9b83705f889282747fb09d6ac3569e"
     },
     "q12-normal-8": {
-        "steps": "32af920f9fcf33f87f3060e550414d9b",
-        "engine_steps": "4c0cb7f38ee75019c04b8ad09b7b8dab",
-        "calls": "503931b0a824bb5bb5ca2f1943cee428",
-        "queries": "fef13cebad2b763c21a0ef6ac33fc3e0",
-        "summary": "cf1a3a5541b4500bdac3c176c63579c2"
+        "steps": "e56c9ae338b45a93656a006001756df0",
+        "engine_steps": "3c9c4965c0c6d59ac5d950c33a56b25b",
+        "calls": "a5889361dceb9b8ff1e2942ad0d09687",
+        "queries": "846014cfbd7c5890e2b01a0608b0e66e",
+        "summary": "9753ab434d408879c64571d754b8fc81"
     },
     "q12-ngram-8": {
-        "steps": "cf3de7e5c1a99f82ac4e271704243266",
-        "engine_steps": "161d255527bb9e9f34d361a37e2e06ea",
-        "calls": "829bebddf2ea1d831b04a555146ce171",
-        "queries": "4af5790cce038c8c7625f4f2d0b7b774",
-        "summary": "ef5be489e3d3d1a63277ff4cea5f1772"
+        "steps": "67a6c5b68ca4243c5a5c0c10ae858ff2",
+        "engine_steps": "8217094daaf2b2ea877d6eed4fac4677",
+        "calls": "08798142cf5e20a5efd4dfad1a067af0",
+        "queries": "add994fc82ad3d361a13e60f00c771d5",
+        "summary": "23088c16574c247a4d217408ae0051e7"
     },
     "q3-normal-1": {
-        "steps": "344671249729ef51dd55a7ee31d9eb3e",
-        "engine_steps": "a6753dcf2bc0a23c58c2d23b9286ed6c",
-        "calls": "3ee1fc8a6fa37787028b65dc7f32721b",
-        "queries": "44f56640ddbdacf0b1a97a02aa199c95",
-        "summary": "29eeb885fb33a989e1f3897cdef01d55"
+        "steps": "bbeda8f4ad069453408489d815c828ab",
+        "engine_steps": "88c920f764a8e6d215e1263bdd384e80",
+        "calls": "cc0e7acd383f1ea1f8870e868b51b71c",
+        "queries": "7d25592f63b218d97ef8a6a8488ad226",
+        "summary": "88453a09646436a666d562b697299dc4"
     },
     "q3-ngram-1": {
-        "steps": "7b53731e90196b65b2c2da446c719de4",
-        "engine_steps": "1f0736f3479e2167facbca33a7cb61f3",
-        "calls": "88c0a3e3a4fc1cf707202e473a4a35e8",
-        "queries": "9deb9d1847531389a36022fb15910c7b",
-        "summary": "75f458ebc213a9e8102489a70f979e10"
+        "steps": "2215802b9d37a78a1eccc94d77735305",
+        "engine_steps": "cae5b7900e2a8fab063448c8161a21d5",
+        "calls": "abd4e1534c45a9a1254bbb518c354cc5",
+        "queries": "16e8e12aaaf691a25e6f2ea7d84740f8",
+        "summary": "3141b92548bb6e38fc57d1c5bb2a0527"
     },
     "tinykv-normal": {
-        "steps": "8380bfacee6902af696077b0c30eebf5",
-        "engine_steps": "cff1ba428266eee1912ec838a6ceb1e5",
-        "calls": "30e874dc20b5341762784c4840dc9f4b",
-        "queries": "173f50360892fda48fa142a38c525c32",
-        "summary": "827a4f119d2124547d36300ce0ce2127"
+        "steps": "224b7febfce51226ff1b86f83e9ed20e",
+        "engine_steps": "01a002da9924aa92e1fbdcd2595ffe2c",
+        "calls": "12b62401d21ced60f108c3046539744f",
+        "queries": "a626b5db7ea53ba6b1aec883b4887450",
+        "summary": "8dc4ab82eb3bba109d9fda5209d0fc21"
     },
     "tinykv-ngram": {
-        "steps": "1fb72c7f2af2b376a0a8ad8829ea5fb7",
-        "engine_steps": "522a786d316dc32b18d128d02eb8707f",
-        "calls": "9c8630290360aac87df1fa33e634afdc",
-        "queries": "74a0023b9ae571f3670d9b9318ddfc47",
-        "summary": "86e9f74a53a026ee0c91c62be3d41675"
+        "steps": "761980300cce96d0f4e08a6284c3ca5c",
+        "engine_steps": "0cb48ec8f9a9f57ff3050be8bf839c5e",
+        "calls": "9cf6946f9c8dd12d254289fa6ddbe8c5",
+        "queries": "6f8c17fbc147bd4cc9ab9d820aabca83",
+        "summary": "37df00effbb64fb303e75997adcad745"
     },
     "poisson-rep2-normal": {
-        "steps": "d7d9e6c780980430dd808e3c82eb7347",
-        "engine_steps": "89db53d7aa58f7dce6e986db762b799b",
-        "calls": "11d04cd67c3ed10f589571e44052fbf6",
-        "queries": "8316d75b6e57c92175bf3741e02c912e",
-        "summary": "ac014c1a6e7f7aff0ab36ccf4e3b2e91"
+        "steps": "f5dfb8ff861893fc254293d157ea7814",
+        "engine_steps": "828075af2562dd63a3cb28e448aab9a3",
+        "calls": "5a0a4ee50e834c9e3f6bfc42bf4b59fa",
+        "queries": "2b059f80e3b9163e6c0daae71682f9df",
+        "summary": "137562c874d4b831c32ce28f39ecc8eb"
     },
     "poisson-rep2-ngram": {
-        "steps": "2c446d8cf9b280094e3c5d71eafc4713",
-        "engine_steps": "b9eab8f6e64528b3134f4ae44d0f2db3",
-        "calls": "cd63b3c7afb417117b9925eb934b4d59",
-        "queries": "3fb1ed3bf763cf3cb8f2ef454f23dc78",
-        "summary": "5eea4bef10b75c7a3ad670473f05df09"
+        "steps": "de6cf5a162e790bfde3a5ba2df9d5fa1",
+        "engine_steps": "e426b0a1c488e5892bc9582137e6bed7",
+        "calls": "60de5383aaad52601581c5241f21b3fe",
+        "queries": "86617c7c8423ce586b1f2eabbff9e710",
+        "summary": "3afc6b8940074f983081bbe85f0d4a70"
     },
     "nocache-normal": {
-        "steps": "ee69bdba8e444681f5349ecd1578b725",
-        "engine_steps": "ff486c8cbde56f1f4ddf601f09d2116f",
-        "calls": "8dec57bcd65028b18be33be22713b6cf",
-        "queries": "5cf83a40eec4b44847633db943bc88ff",
-        "summary": "8b9b362b5888d9457652e948f3d5ad07"
+        "steps": "4165ac994df49a2fbaea3b62e03f357a",
+        "engine_steps": "9bde1843b6ba46206b194555e8f7880b",
+        "calls": "c401c9a2b011e42e9f1c65ade2aa5707",
+        "queries": "f5e7bc0032dfdad08720e86192406702",
+        "summary": "97813337bbd779e018874c11e02ee9fe"
     },
     "nocache-ngram": {
-        "steps": "cf1c7cbe6d3490632cb9b39d7f28e7af",
-        "engine_steps": "d336846fa4c5fb416d85c43c2e855b92",
-        "calls": "3ae50701c01bd0e0981c7ab97a88bfe4",
-        "queries": "15d6df257c06a28df300ba82f0fe6c54",
-        "summary": "30b3a5f74c637a3a860a02ba04155ecd"
+        "steps": "1772f137c11397f18468c02e6eb29a5f",
+        "engine_steps": "de35d7ff5dd10c6b60dab3ef7019e135",
+        "calls": "4ed28d641ac1b27681d4d2c6f910204d",
+        "queries": "f4d3c5eb1d714de59bc2f7a6af5ab440",
+        "summary": "d620ef95550fe2103633ead952c31481"
     },
     "budget48-normal": {
-        "steps": "748fcc185d1e1dafd004d65bc63e0264",
-        "engine_steps": "d6d7c74d3a94da3c9a7015b8ee6ef1ab",
-        "calls": "0d2dabe678119591f0bab96c7ac6297a",
-        "queries": "99e60a352b4721d79dc98c3106dbf207",
-        "summary": "6991aa33278e9b018328986a67fe250c"
+        "steps": "962ad753b0802dbaf5fbbaa9325e89f0",
+        "engine_steps": "0804dae68a9890b0d764c5d8246143b4",
+        "calls": "e0206424cdf2d72b50902841c5128e6b",
+        "queries": "8f69db0ee0f404191439949c8fe3f832",
+        "summary": "049a74813092fed3ef88e0e0ef3603ed"
     },
     "budget48-ngram": {
-        "steps": "fc0b7fbd052714af68203afde1dcad10",
-        "engine_steps": "ba745b84deeeb6f91280eac5b6eaa721",
-        "calls": "323c12d789b262692497bb2d510ea072",
-        "queries": "27a591dd74c76f7208069432e57c6289",
-        "summary": "1a30ad1c0c1426062459f5a56f34e86b"
+        "steps": "973c087da23eccab827819ffb4aa523d",
+        "engine_steps": "5116f98b1ef579a6f6c4e1d3e11825ff",
+        "calls": "4d7844887806963ed56a79690e443312",
+        "queries": "b27adffbcd27a26124770a6829cc6d43",
+        "summary": "c67a7466af7bd4972a52285ee61b2ec1"
     },
     "maxlen-ngram": {
-        "steps": "827f8cbd386746cabbe28e50bd3f0515",
-        "engine_steps": "84a00fd02b2620b0a7ba720ac6f6228a",
-        "calls": "0a988732d1ca90e104f1a44deb5c9151",
-        "queries": "69e6522fb1e492ad33f9442c8389ddc7",
-        "summary": "d1cfba4fabc354de000fd89c2abf973d"
+        "steps": "0c177cea21976431f2edbb49a77317cf",
+        "engine_steps": "1281fc3afd31b111e4e77a195eef246d",
+        "calls": "c496ce61138e8d8b11fd84884f692156",
+        "queries": "f5cce480311ce532e0a802851254ec3e",
+        "summary": "783e3e55499b5c3f4eb92e16195a37d3"
     },
     "schedule-ngram": {
-        "steps": "437ba156541023069caf5c805a49fa58",
-        "engine_steps": "eafb86ee1b0fa0f309330061c81e9bf6",
-        "calls": "1d83735750d136e1e38c05c4f4865658",
-        "queries": "fcfb3a771ae3cb230cf8e8e42bcab3d5",
-        "summary": "8f8b7ed5231fee4941974daa46c5c304"
+        "steps": "29c87387f0e42298db05f641dc54a2c2",
+        "engine_steps": "32c8a73f32e802f0870e7f373356eb3b",
+        "calls": "7d672f6a44302f2e71269becd2e581a3",
+        "queries": "643d63dd879270fb30a824b4db0b291e",
+        "summary": "47a5599ab840a976a6a51a52953a8524"
     },
     "maxlen-suffix": {
-        "steps": "e7dd7156f05da04f08145c91a261da90",
-        "engine_steps": "65a3b1145a438fe20f010a9dd73cc59f",
-        "calls": "7e425e91de86ee54ea730e6ecd94b061",
-        "queries": "bdbec2ecb721c0979d4aa1db5c51da82",
-        "summary": "95e35b3504f27b77ff2eb6e06a8262ec"
+        "steps": "edc3432714d51cda63882e8a66f3dcdd",
+        "engine_steps": "fe3b80481c63378b9aa9f4ca5678e4db",
+        "calls": "34b8b0402518658efff6b0e2c38df0fa",
+        "queries": "3034996edfc6a8f837c4a7d0d08d0c09",
+        "summary": "4f14281eaf1f1fb045e10e29c4829b5e"
     },
     "tinykv-suffix": {
-        "steps": "747253f10a466fb521c2578a09e8d1dc",
-        "engine_steps": "7ced1437fdedf161989242da8bd7cd97",
-        "calls": "1d8b84d6966453c30f280c2ecea69998",
-        "queries": "f69c6e4d98e3eadaa07763e383a81a3a",
-        "summary": "001e0d4d75bb97fae402049e51f26bdc"
+        "steps": "969834c5b9634ffc554c93205cdedf73",
+        "engine_steps": "0a9a8ea3bc34b8e51fe349aa0cfdb4c4",
+        "calls": "39540f59dede54315a75ec6944622261",
+        "queries": "f2f4f8c6b0bf52d0c339b162c76ba835",
+        "summary": "291688ece7195102bacdddc20cf12fe6"
     },
     "moe-tp2-normal": {
-        "steps": "b9aed9e3caaf62c4f0dad443c6635663",
-        "engine_steps": "8fdd337f69ae89544f91abcf40bd3a26",
-        "calls": "a81b7bfec8555d5f25199569889929cf",
-        "queries": "617645049840325ea58a483441732075",
-        "summary": "0332589c006b1782fbab47a49f9b7d32"
+        "steps": "fda41ed0e5f1e7031906f666bece05f9",
+        "engine_steps": "23118eb9b4793211f703b469cfb87819",
+        "calls": "c10fd4943014a892eaf003553b454d5f",
+        "queries": "4014fcb232d278b32b344b435928464f",
+        "summary": "8e8a093056cea2f20b741a8b5e99c909"
     },
     "moe-tp2-ngram": {
-        "steps": "5735027d986a0741db8321eab8484f0e",
-        "engine_steps": "6f73207be08ec0541828e3ea76335a28",
-        "calls": "397c0d22331e3ca9325e3ecc40ec1802",
-        "queries": "4b442bb4ee6fdf94ea6c9c73e4148074",
-        "summary": "756abe7d6c4cddbdbb9cc0d4a9c98c9f"
+        "steps": "4e8c6da509d69473ffd0f731bf00df99",
+        "engine_steps": "acfcc88ade81f8789c041c50f65d41d9",
+        "calls": "9824e9909c58f04a3cfec63979d89837",
+        "queries": "f1894cd34b2d771ce86f7eefddc5e1de",
+        "summary": "77816d4f83b14a23a27f5a4adbcc843d"
     }
 }
 

@@ -103,3 +103,29 @@ def test_the_front_end_time_is_in_ttft_and_e2el_not_in_tpot():
     qa, qb = (r.queries.sort("query_id") for r in (runs["none"], runs["some"]))
     last_prompt = np.array([400, 300])  # each query's last call: b (q1), c (q2)
     assert np.allclose(qb["latency_s"].to_numpy() - qa["latency_s"].to_numpy(), 0.02 + 1e-5 * last_prompt)
+
+
+class _HostCost(ConstantCost):
+    """ConstantCost whose synchronous steps wait 2 ms + 1 ms a call for the host."""
+
+    def sync_host_time(self, batch_sizes: np.ndarray) -> np.ndarray:
+        return 0.002 + 0.001 * np.asarray(batch_sizes, dtype=np.float64)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_synchronous_engine_waits_for_its_host_work_every_step(async_scheduling):
+    """Without async scheduling the GPU idles while the core schedules, prepares inputs and reads the outputs: each
+    step lasts its forward plus `sync_host_time` of its batch; async scheduling hides it under the forward."""
+    config = EngineConfig(arrival="zero", async_scheduling=async_scheduling, enable_prefix_caching=False)
+    steps = simulate(CHAINED, "normal", config, cost_model=_HostCost(STEP_S)).engine_steps.sort("step")
+    start, forward, size = (steps[c].to_numpy() for c in ("time_s", "forward_s", "batch_size"))
+    host = 0.0 if async_scheduling else 0.002 + 0.001 * size[:-1]
+    assert np.allclose(np.diff(start), forward[:-1] + host)
+    assert np.allclose(forward, STEP_S)  # the step's forward time is the GPU's alone
+
+
+def test_the_roofline_prices_a_synchronous_steps_host_work_per_step_and_per_call():
+    cm = build_cost_model("h100-80g", "qwen3-8b", calibration="defaults")
+    cal = cm.calibration
+    assert np.allclose(cm.sync_host_time(np.array([1, 64])),
+                       cal.sync_host_step_s + cal.sync_host_call_s * np.array([1, 64]))

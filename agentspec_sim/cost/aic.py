@@ -292,3 +292,55 @@ def _check_same_architecture(aic_model, profile: ModelProfile) -> None:
     differ = [f"{what} {theirs} vs {ours}" for what, (theirs, ours) in pairs.items() if int(theirs) != int(ours)]
     if differ:
         raise AicUnavailable(f"AIC's {aic_model.model_path} is not {profile.id}'s architecture: {', '.join(differ)}")
+
+
+@dataclass(frozen=True)
+class GemmFloor:
+    """A GPU's small-GEMM kernel floor, fitted on AIC's measured vLLM BF16 GEMM table: latency = floor_s +
+    weight bytes / (HBM bandwidth × efficiency), over the memory-bound decode rows (m ≤ 16 tokens, n and k in
+    [256, 32768]); `median_error` its fit's, `median_error_without` a pure bandwidth fit's (no floor)."""
+
+    hardware: str
+    table_version: str
+    rows: int
+    floor_s: float
+    efficiency: float
+    median_error: float
+    median_error_without: float
+
+
+def gemm_floor(hardware: str) -> GemmFloor:
+    """Fit `HardwareProfile.gemm_kernel_floor_s` from AIC's GEMM table for one GPU (deterministic)."""
+    import numpy as np
+    import polars as pl
+    from scipy.optimize import least_squares
+
+    if not aic_installed():
+        raise AicUnavailable(f"AIConfigurator is not installed (pip install '{AIC_PACKAGE}=={AIC_VERSION}')")
+    hw = load_hardware(hardware)
+    if hw.id not in SYSTEMS:
+        raise AicUnavailable(f"AIConfigurator has no system for {hw.id}")
+    from aiconfigurator_core.sdk import perf_database
+
+    system = SYSTEMS[hw.id]
+    version = perf_database.get_latest_database_version(system, BACKEND)
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    root = next(iter(spec.submodule_search_locations))
+    path = f"{root}/systems/data/{system}/gemm/{BACKEND}/{version}/gemm_perf.parquet"
+    rows = (pl.read_parquet(path)
+            .filter((pl.col("gemm_dtype") == "bfloat16") & (pl.col("m") <= 16)
+                    & pl.col("n").is_between(256, 32768) & pl.col("k").is_between(256, 32768))
+            .group_by("m", "n", "k").agg(pl.col("latency").median()).sort("m", "n", "k"))
+    stream = (rows["n"] * rows["k"] * 2).to_numpy().astype(np.float64) / hw.hbm_bandwidth
+    measured = rows["latency"].to_numpy() * 1e-3  # AIC's tables are in milliseconds
+
+    def errors(floor_s: float, efficiency: float) -> np.ndarray:
+        return (floor_s + stream / efficiency) / measured - 1
+
+    fit = least_squares(lambda x: errors(x[0] * 1e-6, x[1]), [3.0, 0.8], loss="soft_l1", f_scale=0.05,
+                        bounds=([0.0, 0.05], [50.0, 1.2]))
+    without = least_squares(lambda x: errors(0.0, x[0]), [0.8], loss="soft_l1", f_scale=0.05, bounds=(0.05, 1.2))
+    return GemmFloor(hardware=hw.id, table_version=str(version), rows=rows.height,
+                     floor_s=float(fit.x[0]) * 1e-6, efficiency=float(fit.x[1]),
+                     median_error=float(np.median(np.abs(errors(fit.x[0] * 1e-6, fit.x[1])))),
+                     median_error_without=float(np.median(np.abs(errors(0.0, without.x[0])))))

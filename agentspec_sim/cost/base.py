@@ -143,6 +143,16 @@ class StepCostModel(Protocol):
         """
         ...
 
+    def sync_host_time(self, batch_sizes: np.ndarray) -> np.ndarray:
+        """Seconds of the engine core's host work a synchronous step waits for, one per step of `batch_sizes`
+        calls: the scheduler, the model runner's input preparation and bookkeeping, `update_from_output`. vLLM's
+        async scheduling runs it during the previous step's forward; without it (`--no-async-scheduling`, the V1
+        runner's CPU proposers) the GPU idles through it every step.
+
+        Post: ≥ 0, one per step, non-decreasing in the batch size.
+        """
+        ...
+
     def model_free_draft_time(self, num_calls: int) -> float:
         """Seconds of CPU drafting (ngram / suffix / agentspec) per step for `num_calls` rows.
 

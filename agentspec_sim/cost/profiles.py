@@ -57,6 +57,8 @@ class HardwareProfile:
     peak_flops_bf16:        dense (no sparsity) BF16 tensor-core FLOP/s.
     peak_flops_fp8 / fp4:   dense FP8 / FP4 tensor FLOP/s where the chip has them, else None.
     interconnect_bandwidth: GPU-to-GPU bandwidth per direction (NVLink), bytes/s, for TP all-reduce.
+    gemm_kernel_floor_s:    the time one small GEMM kernel takes beyond streaming its weights (launch, prologue,
+                            tail wave), seconds; it does not shrink with tensor parallelism. None: 0.
     sources:                field name → where the number comes from.
     """
 
@@ -68,6 +70,7 @@ class HardwareProfile:
     interconnect_bandwidth: float
     peak_flops_fp8: float | None = None
     peak_flops_fp4: float | None = None
+    gemm_kernel_floor_s: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -85,7 +88,7 @@ class HardwareProfile:
                 raise ProfileError(f"{where}: {key}: expected a non-empty string")
             values[key] = data[key]
         numeric = ("hbm_bytes", "hbm_bandwidth", "peak_flops_bf16", "interconnect_bandwidth",
-                   "peak_flops_fp8", "peak_flops_fp4")
+                   "peak_flops_fp8", "peak_flops_fp4", "gemm_kernel_floor_s")
         required = numeric[:4]
         unknown = set(data) - {"id", "name", "notes", *numeric}
         if unknown:
@@ -314,6 +317,16 @@ class ModelProfile:
 
     def lm_head_params(self) -> int:
         return self.vocab_size * self.hidden_size
+
+    def dense_gemm_kernels(self) -> int:
+        """GEMM kernels one forward pass launches outside the routed experts, as vLLM fuses them: per layer the
+        attention's projections (QKV fused and O; MLA: fused q_a/kv_a, q_b and O, its absorbed k/v up-projections
+        running inside the attention backend), then a dense MLP's gate_up and down, or a MoE layer's router and its
+        shared expert's two; the LM head."""
+        attention = 3 if self.is_mla else 2
+        moe_layer = 1 + (2 if self.shared_intermediate_size else 0)
+        dense_layers = self.num_dense_layers if self.is_moe else self.num_layers
+        return self.num_layers * attention + dense_layers * 2 + self.num_moe_layers * moe_layer + 1
 
     def total_params(self) -> int:
         head = 0 if self.tie_word_embeddings else self.lm_head_params()

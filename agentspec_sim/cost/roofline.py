@@ -91,8 +91,10 @@ class Calibration:
     moe_layer_floor_s: float = 0.0
     moe_combine_p: float | None = None
     moe_routing_spread: float = 1.0
-    frontend_request_s: float = 21.4e-3
+    frontend_request_s: float = 20.7e-3
     frontend_prompt_token_s: float = 2.0e-6
+    sync_host_step_s: float = 0.56e-3
+    sync_host_call_s: float = 32e-6
     ridge_tokens: float | None = None
     source: str = "defaults"
 
@@ -200,6 +202,13 @@ class Calibration:
             "per prompt token: the API server tokenizes the prompt text (`vllm bench serve` sends text). Measured: "
             "HF tokenizers on Qwen3's tokenizer, random-token text as vLLM's random dataset makes it, 1.7-2.4 us a "
             "token for 1k-8k tokens on one core (reports/serving_ttft.py --tokenizer)"),
+        "sync_host_step_s": (
+            "per synchronous engine step (async scheduling off: the V1 runner's CPU proposers, vLLM before 0.14): the "
+            "engine core's host work the GPU waits for — Scheduler.schedule, the model runner's input preparation and "
+            "bookkeeping, update_from_output — measured on vLLM 0.32's CPU build (tiny Qwen3, decode steps, forward, "
+            "logits and sampler taken out; reports/host_time.py): 0.56 ms + 32 us a call. SpecDecode-Bench's measured "
+            "vLLM 0.10.1 H100 steps carry 1.21 ms a step outside the forward"),
+        "sync_host_call_s": "per call in a synchronous step (see sync_host_step_s)",
         "ridge_tokens": (
             "None: AI is computed from the hardware's spec sheet (peak FLOP/s ÷ bandwidth) and the "
             "model; a number overrides it (e.g. 256, the value the AgentSpec paper quotes for A100)"),
@@ -478,6 +487,7 @@ class RooflineCostModel:
         "_expert_flops",
         "_flops_logit",
         "_flops_token",
+        "_gemm_floor",
         "_inv_attn_bw",
         "_inv_bw",
         "_inv_flops",
@@ -543,6 +553,10 @@ class RooflineCostModel:
         # The routed experts' FLOPs per token seen at the experts, per GPU (they are sharded over dp × tp GPUs).
         self._expert_flops = (2.0 * m.num_moe_layers * m.experts_per_token * m.expert_params() / (tp * self._dp)
                               if m.is_moe else 0.0)
+        # Each GEMM kernel takes a floor beyond its weight stream (launch, prologue, tail wave: ~3 µs on Hopper in
+        # AIConfigurator's measured vLLM GEMM tables, `gemm_kernel_floor_s`), one per kernel whatever the tensor-
+        # parallel size: why a layer's linear time does not shrink as 1/tp.
+        self._gemm_floor = m.dense_gemm_kernels() * (hw.gemm_kernel_floor_s or 0.0)
         self._inv_bw = 1.0 / (hw.hbm_bandwidth * cal.memory_efficiency)
         self._inv_flops = 1.0 / (hw.peak_flops_bf16 * cal.compute_efficiency)
         self._p = float(cal.combine_p)
@@ -710,12 +724,13 @@ class RooflineCostModel:
             moe_tokens = local
         if self._inv_moe_bw:  # experts on their own
             flops -= self._moe_flops_token * local
-            return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p) + self._moe_s(moe_tokens)
+            return (self._gemm_floor + _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p)
+                    + self._moe_s(moe_tokens))
         if self._moe_bytes:
             weight_bytes += self._moe_bytes * (1.0 - self._moe_miss**moe_tokens)
             if moe_tokens != local:
                 flops += self._expert_flops * (moe_tokens - local)
-        return _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p)
+        return self._gemm_floor + _pnorm(weight_bytes * self._inv_bw, flops * self._inv_flops, self._p)
 
     def _moe_s(self, tokens: int) -> float:
         """The routed experts' time when priced on their own: the experts `tokens` tokens touch under uniform
@@ -913,6 +928,12 @@ class RooflineCostModel:
         none after: the same offset moves its finish): `frontend_request_s` + `frontend_prompt_token_s` × prompt."""
         cal = self.calibration
         return cal.frontend_request_s + cal.frontend_prompt_token_s * np.asarray(prompt_lens, dtype=np.float64)
+
+    def sync_host_time(self, batch_sizes: np.ndarray) -> np.ndarray:
+        """Host work a synchronous step waits for (contract: `StepCostModel.sync_host_time`): `sync_host_step_s` +
+        `sync_host_call_s` a call."""
+        cal = self.calibration
+        return cal.sync_host_step_s + cal.sync_host_call_s * np.asarray(batch_sizes, dtype=np.float64)
 
     def model_free_draft_time(self, num_calls: int) -> float:
         """CPU drafting per step: a fixed part plus a per-call part (0 for no calls)."""

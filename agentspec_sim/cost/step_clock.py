@@ -41,6 +41,9 @@ class StepClockCost:
     def frontend_time(self, prompt_lens: np.ndarray) -> np.ndarray:
         return np.zeros(np.shape(prompt_lens))  # engine steps only: the harness has no front end
 
+    def sync_host_time(self, batch_sizes: np.ndarray) -> np.ndarray:
+        return np.zeros(np.shape(batch_sizes))  # a step is one tick, host work included
+
     @property
     def ridge_tokens(self) -> float:
         # Verifying more tokens costs nothing on this clock: no finite ridge, no finite budget.

@@ -194,7 +194,8 @@ class DataParallelSimulator:
             end = max(end, rank.pricer.price(rank.log, k, k + 1, self.now, rank.pending_draft_s, moe_tokens=tokens))
         for rank in stepped:
             col = rank.log.buf.steps
-            col.forward_s[rank.step_count] = end - self.now - col.draft_s[rank.step_count]
+            k = rank.step_count
+            col.forward_s[k] = end - self.now - col.draft_s[k] - col.host_s[k]
             rank.pending_draft_s = 0.0
             rank._in_flight = (rank.step_count, end)  # what an arrival meanwhile waits behind (Simulator)
         self.in_step = True
@@ -246,7 +247,7 @@ class DataParallelSimulator:
         for rank in self.ranks:
             log = rank.log
             steps = log.buf.steps.head(log.num_steps)
-            duration = steps.forward_s + steps.draft_s
+            duration = steps.forward_s + steps.draft_s + steps.host_s
             check_clock(steps.time_s, duration)
             check_work_conservation(steps.time_s, duration, steps.waiting)
             rows = log.buf.rows[:log.num_rows]

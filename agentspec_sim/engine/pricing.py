@@ -14,8 +14,11 @@ from agentspec_sim.engine.scheduler import SimulationError
 class StepPricer:
     """Prices runs of steps as the event loop logs them (engine/simulator.py)."""
 
-    def __init__(self, cost: StepCostModel, max_num_batched_tokens: int, check_budget: bool) -> None:
+    def __init__(self, cost: StepCostModel, max_num_batched_tokens: int, check_budget: bool, *,
+                 synchronous: bool = False) -> None:
         self.cost = cost
+        # A synchronous engine (no async scheduling) waits for its host work every step (`sync_host_time`).
+        self.synchronous = synchronous
         self.max_num_batched_tokens = max_num_batched_tokens
         self.check_budget = check_budget  # BUDGET (engine/invariants.py), with the run's invariant checks
         self._budget_memo: dict[int, int] = {}
@@ -26,9 +29,10 @@ class StepPricer:
         the end of the last one.
 
         Each step's duration is the drafting time spent before it (the first step's: `first_draft_s`, the event
-        loop's last proposal; the others': the compiled loop's own, already logged) plus its forward time. Step j
-        starts when step j − 1 ends and takes its drafting then its forward time, accumulated in that order as
-        one step per event would: end_j = (end_{j−1} + draft_j) + forward_j. A run of one step (every step of a
+        loop's last proposal; the others': the compiled loop's own, already logged) plus its forward time, and on
+        a synchronous engine the host work the GPU waits for (`StepCostModel.sync_host_time`; not in `forward_s`).
+        Step j starts when step j − 1 ends and takes its drafting then its forward time, accumulated in that order
+        as one step per event would: end_j = (end_{j−1} + draft_j) + forward_j. A run of one step (every step of a
         drafter the event loop drives) is priced with Python scalars: the same sums, without the arrays.
         `moe_tokens` (one step only): the tokens a data-parallel MoE model's experts see over all ranks
         (`BatchShape.moe_tokens`; 0: this rank's × the data-parallel size).
@@ -43,10 +47,11 @@ class StepPricer:
             shape = BatchShape(rows["scheduled"].astype(np.int64), rows["context_len"].astype(np.int64),
                                rows["decode"] == 0, moe_tokens)
             forward = float(self.cost.step_time(shape).total_s)
-            col.time_s[k0], col.forward_s[k0], col.draft_s[k0] = now, forward, first_draft_s
+            host = float(self.cost.sync_host_time(np.array([n]))[0]) if self.synchronous else 0.0
+            col.time_s[k0], col.forward_s[k0], col.draft_s[k0], col.host_s[k0] = now, forward, first_draft_s, host
             col.budget[k0] = self._budget(n)
             self._check(int(col.scheduled_tokens[k0]))
-            return now + first_draft_s + forward
+            return now + first_draft_s + (forward + host)  # the order the run path sums in
         steps = buf.steps.window(k0, k1)
         sizes = steps.batch_size
         rows = buf.rows[r1 - int(sizes.sum()):r1]
@@ -55,12 +60,13 @@ class StepPricer:
         forward = step_times(self.cost, rows["scheduled"], rows["context_len"], rows["decode"] == 0, offsets)
         draft_s = steps.draft_s.copy()
         draft_s[0] = first_draft_s
+        host = self.cost.sync_host_time(sizes) if self.synchronous else np.zeros(m)
         interleaved = np.empty(2 * m + 1)
-        interleaved[0], interleaved[1::2], interleaved[2::2] = now, draft_s, forward
+        interleaved[0], interleaved[1::2], interleaved[2::2] = now, draft_s, forward + host
         ends = np.cumsum(interleaved)[2::2]
         steps.time_s[0] = now
         steps.time_s[1:] = ends[:-1]
-        steps.forward_s[:], steps.draft_s[:] = forward, draft_s
+        steps.forward_s[:], steps.draft_s[:], steps.host_s[:] = forward, draft_s, host
         steps.budget[:] = self._budgets(sizes)
         self._check(int(steps.scheduled_tokens.max()))
         return float(ends[-1])

@@ -8,7 +8,8 @@ largest frame, is built the first time it is read.
 phase ('prefill' | 'decode'), position (output tokens emitted before the step), context_len (tokens
 in the KV cache before the step), scheduled_tokens (this call's tokens in the forward pass), draft
 (list[int32] of draft ids actually scheduled), drafted (its length), accepted, emitted, then the
-engine step's batch_size, step_time_s (= draft_s + forward_s), forward_s, draft_s, and the paper's
+engine step's batch_size, step_time_s (= draft_s + forward_s + host_s), forward_s, draft_s, host_s (the host work a
+synchronous engine's GPU waits for each step: 0 with async scheduling, `StepCostModel.sync_host_time`), and the paper's
 ΔT(b) decomposition (AgentSpec §3.1) for the step, null when it verified no draft:
   D     draft tokens verified in the step;
   rho   rejected / drafted tokens in the step;
@@ -36,8 +37,8 @@ from agentspec_sim.engine.request import S_FINISHED, S_REFUSED, S_SKIPPED, CallS
 
 STEP_COLUMNS = (
     "step", "time_s", "drafter", "call_id", "phase", "position", "context_len", "scheduled_tokens", "draft",
-    "drafted", "accepted", "emitted", "batch_size", "step_time_s", "forward_s", "draft_s", "D", "rho", "t_A",
-    "t_V", "t_D",
+    "drafted", "accepted", "emitted", "batch_size", "step_time_s", "forward_s", "draft_s", "host_s", "D", "rho",
+    "t_A", "t_V", "t_D",
 )
 
 
@@ -87,7 +88,7 @@ class RunResult:
 LOG_ROW = np.dtype([(name, np.int32) for name in (  # one per call-step
     "call", "decode", "position", "context_len", "scheduled", "drafted", "accepted", "emitted")], align=True)
 LOG_EVENT = np.dtype([("kind", np.int64), ("call", np.int64), ("step", np.int64)], align=True)
-_FLOAT_STEP_FIELDS = frozenset(("time_s", "forward_s", "draft_s", "t_A", "t_V", "t_D"))
+_FLOAT_STEP_FIELDS = frozenset(("time_s", "forward_s", "draft_s", "host_s", "t_A", "t_V", "t_D"))
 
 
 class StepColumns(NamedTuple):
@@ -108,6 +109,7 @@ class StepColumns(NamedTuple):
     time_s: np.ndarray  # float64, as every field from here
     forward_s: np.ndarray
     draft_s: np.ndarray
+    host_s: np.ndarray  # a synchronous engine's host work the GPU waits for (0 with async scheduling)
     t_A: np.ndarray
     t_V: np.ndarray
     t_D: np.ndarray
@@ -204,8 +206,8 @@ class StepLogBuilder:
             "step": np.arange(ns, dtype=np.int64), "time_s": col.time_s, "batch_size": col.batch_size,
             "decode_calls": col.decode_calls, "scheduled_tokens": col.scheduled_tokens,
             "D": col.D, "accepted": col.acc,
-            "step_time_s": col.forward_s + col.draft_s, "forward_s": col.forward_s,
-            "draft_s": col.draft_s, "rho": rho, "t_A": col.t_A, "t_V": col.t_V, "t_D": col.t_D,
+            "step_time_s": col.forward_s + col.draft_s + col.host_s, "forward_s": col.forward_s,
+            "draft_s": col.draft_s, "host_s": col.host_s, "rho": rho, "t_A": col.t_A, "t_V": col.t_V, "t_D": col.t_D,
             "running": col.running, "waiting": col.waiting, "free_blocks": col.free_blocks,
             "budget": col.budget,
             "bound": pl.Series(_BOUND_NAMES, dtype=pl.Utf8).gather(col.bound),
@@ -229,8 +231,8 @@ class StepLogBuilder:
         rows = b.rows[:int(b.ctr[LG_ROWS])]
         batch = engine["batch_size"].to_numpy()
         row_step = pl.Series("step", np.repeat(np.arange(batch.shape[0], dtype=np.int64), batch))
-        per_step = engine.select("time_s", "batch_size", "step_time_s", "forward_s", "draft_s", "D", "rho", "t_A",
-                                 "t_V", "t_D")
+        per_step = engine.select("time_s", "batch_size", "step_time_s", "forward_s", "draft_s", "host_s", "D", "rho",
+                                 "t_A", "t_V", "t_D")
 
         def column(name: str) -> pl.Series:
             return pl.Series(np.ascontiguousarray(rows[name])).cast(pl.Int64)

@@ -171,13 +171,15 @@ class Simulator:
         # invariant checks run on the path users run: after each run of steps, and over the whole log at the end.
         # A per-step drafter must see every step, emitting or not: its runs are one step long.
         self.max_run_steps = 1 if self.per_step else 1 << 40
-        self.pricer = StepPricer(cost, limits.max_num_batched_tokens, config.check_invariants)
         self._build(workload)
         # vLLM's async scheduling (engine/scheduler.py): steps the scheduler makes before it reads a call that
         # reaches the core while a step runs (1 async, 0 synchronous), and one more for a call a client sends on
         # reading a step's output (none where the process stepping the engine adds calls between steps).
         async_scheduling = kind.async_scheduling if config.async_scheduling is None else config.async_scheduling
         self._core_lag = 1 if async_scheduling else 0
+        # A synchronous engine also waits for its host work every step (the pricer adds it).
+        self.pricer = StepPricer(cost, limits.max_num_batched_tokens, config.check_invariants,
+                                 synchronous=not async_scheduling)
         self.scheduler.qu.q[Q_ADMIT_LAG] = self._core_lag + (0 if config.in_process_client else 1)
         self._in_flight = (-1, -np.inf)
         self._continues = False
