@@ -17,6 +17,7 @@ def _register() -> None:
     # Each command module adds itself to `app`; imported here so `--help` lists them all.
     from agentspec_sim.cli import (  # noqa: F401
         analyze,
+        bench,
         calibrate,
         check,
         convert,

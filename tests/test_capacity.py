@@ -111,14 +111,23 @@ def test_a_looser_slo_never_lowers_capacity():
 def test_request_rate_send_times_follow_vllm_bench_serve():
     """vllm/benchmarks/serve.py get_request: gamma gaps of shape b, scale 1/(R·b), cumulated, rescaled so the last
     is sent at N/R; inf rate → all at 0; inf burstiness → evenly 1/R apart. One seed at two rates: one pattern."""
-    rng = np.random.default_rng(7)
-    t = request_rate_arrivals(50, 2.0, 1.0, rng)
+    t = request_rate_arrivals(50, 2.0, 1.0, 7)
     assert t[-1] == pytest.approx(25.0) and t[0] > 0 and np.all(np.diff(t) >= 0)
-    a = request_rate_arrivals(50, 2.0, 0.5, np.random.default_rng(1))
-    b = request_rate_arrivals(50, 8.0, 0.5, np.random.default_rng(1))
+    a = request_rate_arrivals(50, 2.0, 0.5, 1)
+    b = request_rate_arrivals(50, 8.0, 0.5, 1)
     np.testing.assert_allclose(a, 4 * b)
-    assert not request_rate_arrivals(5, math.inf, 1.0, rng).any()
-    np.testing.assert_allclose(request_rate_arrivals(4, 2.0, math.inf, rng), [0.5, 1.0, 1.5, 2.0])
+    assert not request_rate_arrivals(5, math.inf, 1.0, 7).any()
+    np.testing.assert_allclose(request_rate_arrivals(4, 2.0, math.inf, 7), [0.5, 1.0, 1.5, 2.0])
+
+
+def test_request_rate_send_times_are_vllm_bench_serves_own_for_the_seed():
+    """The same --seed sends at the same times: vLLM seeds NumPy's legacy global generator and draws the gaps from
+    it one by one (`np.random.seed(seed)`, then `np.random.gamma(shape, scale)` per request)."""
+    np.random.seed(0)  # what `vllm bench serve --seed 0` does, then its get_request loop
+    gaps = [np.random.gamma(shape=1.0, scale=1.0 / 4.0) for _ in range(8)]
+    expected = np.cumsum(gaps) * ((8 / 4.0) / np.sum(gaps))
+    np.testing.assert_allclose(request_rate_arrivals(8, 4.0, 1.0, 0), expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(expected, [0.1953, 0.5035, 0.7300, 0.9232, 1.0584, 1.3132, 1.4544, 2.0], atol=1e-4)
 
 
 def test_max_concurrency_holds_at_most_n_queries_in_flight():

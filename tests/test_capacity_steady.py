@@ -41,7 +41,9 @@ def test_an_engine_that_falls_behind_fails_whatever_its_attainment():
     assert calm.stable and calm.served_share == pytest.approx(1.0, abs=0.1)
     cap = find_capacity(wl, "normal", config(max_num_seqs=1, check_invariants=False),
                         CapacitySearch(LatencySLO(tpot_s=1.5), seeds=2), StepClockCost())
-    assert 0 < cap.rate < 0.25 * 1.05  # never above what the engine serves (one query per 4 s)
+    # Never above what the engine serves (one query per 4 s) by more than the stability rule admits: a probe
+    # passes while it serves ≥ 90 % of what is offered, so up to 0.25 / 0.9 (seed 0 finds 0.273).
+    assert 0 < cap.rate < 0.25 / 0.9
 
 
 def test_the_steady_window_leaves_out_the_warm_up_and_the_drain():

@@ -358,3 +358,21 @@ def test_calibrated_h100_llama_against_specdecode_benchs_fit_over_the_shapes_it_
     errors = np.abs(np.array(ratios) - 1)
     assert float(np.median(errors)) <= 0.10
     assert min(ratios) >= 0.75 and max(ratios) <= 1.15
+
+
+def test_a_moe_price_that_falls_as_the_batch_grows_is_named_and_the_fit_says_so():
+    """More tokens touch more experts and do more FLOPs: a MoE price that falls by > 10 % as a decode's batch grows
+    is not physics. AIC's composed B200 DeepSeek-V3 MoE op does (32.7 ms at batch 1, 21.3 ms at batch 4) while its
+    own B200 MoE kernel table runs 0.67–0.80× H200's at every token count; the two B200 fits carry the warning in the
+    source every cost-model note prints, and no other bundled fit does."""
+    from agentspec_sim.cost.aic_calibration import moe_price_anomaly
+
+    shapes = [StepShape.decode(b, 1024) for b in (1, 4, 16)]
+    assert moe_price_anomaly(shapes, np.array([0.010, 0.0095, 0.012])) is None  # within 10 %
+    note = moe_price_anomaly(shapes, np.array([0.030, 0.020, 0.025]))
+    assert note is not None and "30.0 ms at batch 1, 20.0 ms at batch 4" in note
+    for path in sorted(CALIBRATIONS_DIR.glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        flagged = "WARNING: AIC's MoE price of a decode falls as its batch grows" in record["source"]
+        assert flagged == path.name.startswith("b200--deepseek-v3"), path.name
+        assert flagged == bool(record["provenance"].get("warnings")), path.name

@@ -75,3 +75,17 @@ def test_plan_deploys_the_draft_model_by_its_repo():
     best.speculative_config = {**best.speculative_config, "model": "qwen3-1.7b"}
     config, *_ = serve_flags(best, "qwen3-32b", None, [])
     assert config["model"] == "Qwen/Qwen3-1.7B"
+
+
+def test_plan_notes_what_data_parallel_attention_leaves_out():
+    """A MoE model's dp ranks: lockstep and the session-blind router are simulated, vLLM's prefill interval and
+    session pinning are not (docs/cost-model.md, the data-parallel verdict); a dense model's ranks are replicas."""
+    from types import SimpleNamespace
+
+    best = SimpleNamespace(speculative_config={"method": "normal"}, max_num_seqs=8)
+    dp = {"tensor_parallel_size": 1, "data_parallel_size": 8, "enable_expert_parallel": True}
+    tp = {"tensor_parallel_size": 8, "data_parallel_size": 1, "enable_expert_parallel": True}
+    note = serve_flags(best, "deepseek-v3", dp, [])[3]
+    assert note is not None and "--prefill-schedule-interval" in note and "X-data-parallel-rank" in note
+    assert serve_flags(best, "deepseek-v3", tp, [])[3] is None
+    assert serve_flags(best, "qwen3-8b", dp, [])[3] is None

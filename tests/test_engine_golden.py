@@ -150,11 +150,11 @@ EXPECTED: dict[str, dict[str, str]] = {
         "summary": "137562c874d4b831c32ce28f39ecc8eb"
     },
     "poisson-rep2-ngram": {
-        "steps": "de6cf5a162e790bfde3a5ba2df9d5fa1",
-        "engine_steps": "e426b0a1c488e5892bc9582137e6bed7",
-        "calls": "60de5383aaad52601581c5241f21b3fe",
-        "queries": "86617c7c8423ce586b1f2eabbff9e710",
-        "summary": "3afc6b8940074f983081bbe85f0d4a70"
+        "steps": "5bc6dbbbf7b0cda3cdfe89bd1c9267b5",
+        "engine_steps": "e04a05474705563de30c7d4bb6e5df48",
+        "calls": "dc888dda512884197c8af4d7c59c2696",
+        "queries": "fa238fdb7b41b8f431e7c8d2b788c57a",
+        "summary": "d9feaae06c572a3bca92520950207396"
     },
     "nocache-normal": {
         "steps": "4165ac994df49a2fbaea3b62e03f357a",

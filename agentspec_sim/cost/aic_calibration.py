@@ -201,6 +201,31 @@ class AicFit:
         }
 
 
+# A MoE price that falls by more than this as a decode's tokens rise is not physics (more tokens touch more experts
+# and do more FLOPs): the fit that follows it says so.
+MONOTONE_SLACK = 0.10
+
+
+def moe_price_anomaly(shapes: list[StepShape], moe_s: np.ndarray) -> str | None:
+    """Where AIC's MoE price of decode steps falls as their tokens rise at one context (beyond MONOTONE_SLACK): the
+    largest such fall, in words; None where the price never falls."""
+    worst: tuple[float, str] | None = None
+    contexts = sorted({s.context for s in shapes if s.kind == "decode"})
+    for context in contexts:
+        row = sorted((s.batch, float(moe_s[i])) for i, s in enumerate(shapes)
+                     if s.kind == "decode" and s.context == context)
+        for j, (b_lo, t_lo) in enumerate(row):
+            for b_hi, t_hi in row[j + 1:]:
+                if t_lo > 0 and t_hi < t_lo * (1 - MONOTONE_SLACK):
+                    fall = 1 - t_hi / t_lo
+                    if worst is None or fall > worst[0]:
+                        worst = (fall, f"AIC's MoE price of a decode falls as its batch grows "
+                                       f"({t_lo * 1e3:.1f} ms at batch {b_lo}, {t_hi * 1e3:.1f} ms at batch {b_hi}; "
+                                       f"context {context}): the fitted MoE factors follow a price that more tokens "
+                                       "cannot lower")
+    return None if worst is None else worst[1]
+
+
 def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: AicPricer | None = None) -> AicFit:
     """Price the grid with AIC and fit the calibration part by part (module docstring)."""
     from scipy.optimize import least_squares
@@ -267,6 +292,10 @@ def fit_to_aic(hardware: str, model: str, layout: Layout = SINGLE_GPU, pricer: A
     source = (f"AIConfigurator {prov['aiconfigurator_core']} measured {prov['backend']} {prov['backend_version']} "
               f"kernels ({where}); held-out |error| median "
               f"{after_held.median:.1%}, max {after_held.max:.1%} over {after_held.count} shapes")
+    anomaly = moe_price_anomaly(shapes, measured["moe"]) if is_moe else None
+    if anomaly:
+        source += f"; WARNING: {anomaly}"
+        prov = {**prov, "warnings": [anomaly]}
     calibration = calibration.replace(ridge_tokens=round(probe.effective_ridge_tokens, 1), source=source)
     return AicFit(
         hardware=hw, model=m, layout=layout, calibration=calibration, provenance=prov, shapes=shapes,

@@ -39,9 +39,11 @@ import numpy as np
 from agentspec_sim.engine.config import EngineConfig
 
 
-def request_rate_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+def request_rate_arrivals(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
     """Send times (seconds from the benchmark's start) of `n` queries at `rate` per second, as
-    `vllm bench serve` computes them (module docstring). Pre: n ≥ 0, rate > 0, burstiness > 0."""
+    `vllm bench serve --seed seed` computes them (module docstring), from the same random stream: its `main_async`
+    seeds NumPy's legacy global generator (`np.random.seed(args.seed)`) and `get_request` draws the n gaps from it
+    in order (`np.random.gamma`), so the same seed sends at the same times. Pre: n ≥ 0, rate > 0, burstiness > 0."""
     if n == 0:
         return np.zeros(0)
     if math.isinf(rate):
@@ -49,7 +51,7 @@ def request_rate_arrivals(n: int, rate: float, burstiness: float, rng: np.random
     if math.isinf(burstiness):
         gaps = np.full(n, 1.0 / rate)
     else:
-        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+        gaps = np.random.RandomState(seed).gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
     times = np.cumsum(gaps)
     if times[-1] > 0:
         times *= (n / rate) / times[-1]

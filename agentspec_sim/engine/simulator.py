@@ -288,7 +288,7 @@ class Simulator:
         order = send_order(len(self.queries), cfg.seed, shuffles(cfg))
         if cfg.arrival == "request-rate":
             starts = np.empty(len(self.queries))
-            starts[order] = request_rate_arrivals(len(self.queries), cfg.rate, cfg.burstiness, self.rng_arrivals)
+            starts[order] = request_rate_arrivals(len(self.queries), cfg.rate, cfg.burstiness, cfg.seed)
         elif cfg.arrival == "poisson":
             gaps = self.rng_arrivals.exponential(1.0 / cfg.rate, size=len(self.queries))
             starts = np.cumsum(gaps) - gaps[0]  # the first query arrives at 0
@@ -505,8 +505,9 @@ class Simulator:
         context never cost less) — min(max_num_seqs, calls) calls, each at the largest final context of
         those calls, each with the most tokens one can schedule in a step: 1 + the longest draft the budget
         policy allows, or its prefill left (capped by the token budget); any call's whole context when the
-        KV cache could run out (a preempted call is recomputed) — plus the drafter's bound on one proposal
-        over those rows. None where that cannot be bounded (a policy or drafter with no stated maximum).
+        KV cache could run out (a preempted call is recomputed) — plus, on a synchronous engine, the host work
+        of a step of that many calls, and the drafter's bound on one proposal over those rows. None where that
+        cannot be bounded (a policy or drafter with no stated maximum).
 
         Kept until a call joins the engine or ends its prefill: it still bounds the steps of any subset of the
         calls it was made for (fewer calls, each with no more context; no more tokens left to prefill, and none
@@ -540,6 +541,8 @@ class Simulator:
             tokens = min(budget, int(final.max()))
         forward = float(self.cost.step_time(BatchShape(np.full(n, tokens, dtype=np.int64), context,
                                                        np.zeros(n, dtype=bool))).total_s)
+        if self.pricer.synchronous:  # the host work a synchronous step waits for (non-decreasing in the batch)
+            forward += float(self.cost.sync_host_time(np.array([n]))[0])
         if self.spec.num_speculative_tokens == 0 and k == 0:
             return forward
         draft = self.drafters[0].draft_time_bound(self.cost, n, max(k or 1, 1), context)

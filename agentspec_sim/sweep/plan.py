@@ -407,6 +407,11 @@ def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list
         notes.append("these results do not record the sweep's engine settings (a file from an older version): add "
                      "the --max-model-len, --max-num-batched-tokens, … flags the sweep ran with")
     env: dict[str, str] = {}
+    if engine is not None and int(engine.get("data_parallel_size") or 1) > 1 and _is_moe(model):
+        notes.append(f"data-parallel attention ({int(engine['data_parallel_size'])} ranks): the ranks step in lockstep "
+                     "and vLLM's router sends a query's calls to any rank (its prefix is prefilled again there); "
+                     "vLLM's --prefill-schedule-interval and pinning a session to a rank (X-data-parallel-rank) "
+                     "are not simulated (docs/cost-model.md, 'Verdict: data-parallel attention')")
     limit = _model_context(model)
     if engine is not None and engine.get("max_model_len") and limit and engine["max_model_len"] > limit:
         # vLLM refuses a max_model_len past the model's derived limit unless told to allow it.
@@ -438,6 +443,15 @@ def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list
         if method in _NOT_IN_VLLM or method.startswith("test-"):
             notes.insert(0, f"{method} is simulated here; vLLM 0.33 has no such method")
     return config, args, env, "; ".join(notes) or None, served_model_name(model) or model
+
+
+def _is_moe(model: str) -> bool:
+    try:
+        from agentspec_sim.cost import load_model
+
+        return load_model(model).is_moe
+    except ValueError:
+        return False
 
 
 def _model_context(model: str) -> int | None:
