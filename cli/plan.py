@@ -56,7 +56,7 @@ def plan(
     capacity_max_tenants: int = sweep_cli.capacity_max_tenants_option(),
     disable_shuffle: bool = sweep_cli.disable_shuffle_option(),
     request_rate: float | None = sweep_cli.request_rate_option(),
-    burstiness: float = sweep_cli.burstiness_option(),
+    burstiness: float | None = sweep_cli.burstiness_option(),
     max_concurrency: int | None = sweep_cli.max_concurrency_option(),
     copies: int = sweep_cli.copies_option(),
     target_rate: float | None = typer.Option(None, "--target-rate", help="Queries/s to serve: the plan adds the "
@@ -104,6 +104,9 @@ def plan(
                      "--min-goodput": min_goodput})
     _check_positive({"--target-rate": target_rate}, " queries/s")
     slo = SLO(slo_p99_latency, slo_ttft, slo_tpot, min_goodput, allow_preemption)
+    if capacity is False and prices is not None:
+        raise UsageError("--prices: a goodput plan prices nothing (it ranks goodput, not capacities): plan "
+                         "--capacity, or capacity results (sweep --capacity)")
     try:
         price_table = Prices.load(prices)  # a bad price file fails before any sweep runs
     except SweepError as exc:
@@ -119,7 +122,8 @@ def plan(
                                   rate, request_rate, copies, engine_options,
                                   sweep_cli.capacity_options(capacity_seeds, capacity_criterion, capacity_max_tenants))
         load = sweep_cli.load_settings(*((None, None) if search else (rate, request_rate)), burstiness,
-                                       max_concurrency, 1 if search else copies, disable_shuffle)
+                                       max_concurrency, 1 if search else copies, disable_shuffle,
+                                       varied_rate=search is not None)
         frame = sweep_cli.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
                                         engine=_engine_config(engine_options, load), output=output,
@@ -129,6 +133,9 @@ def plan(
                                         layouts=sweep_cli.layout_choice(tensor_parallel_size, expert_parallel,
                                                                         data_parallel_size)[2])
     by_capacity = is_capacity_results(frame)
+    if not by_capacity and prices is not None:
+        raise UsageError("--prices: a goodput plan prices nothing (it ranks goodput, not capacities): plan "
+                         "--capacity, or capacity results (sweep --capacity)")
     if not by_capacity and (target_rate is not None or slo_query_latency is not None or slo_itl is not None):
         raise UsageError("--target-rate, --slo-query-latency, --slo-itl: these results hold no capacity search (sweep "
                          "--capacity writes them)")
@@ -180,7 +187,8 @@ def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_tt
         raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
                          "(not --slo-p99-latency or --min-goodput)")
     latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency, slo_itl)
-    engine = _engine_config(engine_options, sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1))
+    engine = _engine_config(engine_options, sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1,
+                                                                    varied_rate=True))
     search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine, options)
     if rate is not None or request_rate is not None or copies != 1:
         raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")

@@ -49,7 +49,7 @@ def replay(
     calibration: Path | None = typer.Option(None, "--calibration", help="Fitted cost-profile file."),
     rate: float | None = sweep_options.rate_option(),
     request_rate: float | None = sweep_options.request_rate_option(),
-    burstiness: float = sweep_options.burstiness_option(),
+    burstiness: float | None = sweep_options.burstiness_option(),
     max_concurrency: int | None = sweep_options.max_concurrency_option(),
     disable_shuffle: bool = sweep_options.disable_shuffle_option(),
     copies: int = sweep_options.copies_option(),

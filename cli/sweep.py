@@ -45,7 +45,7 @@ def sweep(
     calibration: Path | None = shared.calibration_option(),
     rate: float | None = shared.rate_option(),
     request_rate: float | None = shared.request_rate_option(),
-    burstiness: float = shared.burstiness_option(),
+    burstiness: float | None = shared.burstiness_option(),
     max_concurrency: int | None = shared.max_concurrency_option(),
     copies: int = shared.copies_option(),
     capacity: bool = typer.Option(False, "--capacity", help="Each cell is a capacity search: the highest request "
@@ -70,7 +70,8 @@ def sweep(
 ) -> None:
     """Simulate every drafter configuration at every max batch size (× hardware × model × seed); write a
     results parquet cell by cell (resumable with --resume)."""
-    load = shared.load_settings(rate, request_rate, burstiness, max_concurrency, copies, disable_shuffle)
+    load = shared.load_settings(rate, request_rate, burstiness, max_concurrency, copies, disable_shuffle,
+                                varied_rate=capacity)
     engine = shared.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
                                   tensor_parallel_size, expert_parallel, calibration, replicate, think_time,
                                   no_prefix_caching,

@@ -151,8 +151,9 @@ def request_rate_option():
 
 
 def burstiness_option():
-    return typer.Option(1.0, "--burstiness", help="vllm bench serve's --burstiness: the gamma shape of the gaps "
-                        "between queries (1: Poisson; < 1 burstier; inf: evenly spaced).")
+    return typer.Option(None, "--burstiness", help="vllm bench serve's --burstiness: the gamma shape of the gaps "
+                        "between queries sent at --request-rate or a capacity search's rate (1, the default: "
+                        "Poisson; < 1 burstier; inf: evenly spaced).")
 
 
 def max_concurrency_option():
@@ -227,9 +228,11 @@ def capacity_options(seeds: int, criterion: str, max_tenants: int) -> dict:
     return {"seeds": seeds, "criterion": criterion, "max_tenants": max_tenants}
 
 
-def load_settings(rate: float | None, request_rate: float | None, burstiness: float, max_concurrency: int | None,
-                  copies: int, disable_shuffle: bool = False) -> dict:
-    """EngineConfig keywords of the load protocol (engine/load.py); --rate is --request-rate's older name."""
+def load_settings(rate: float | None, request_rate: float | None, burstiness: float | None,
+                  max_concurrency: int | None, copies: int, disable_shuffle: bool = False, *,
+                  varied_rate: bool = False) -> dict:
+    """EngineConfig keywords of the load protocol (engine/load.py); --rate is --request-rate's older name.
+    `varied_rate`: a capacity search's, which varies the request rate itself (--burstiness shapes its gaps)."""
     import math
 
     if rate is not None:
@@ -243,8 +246,15 @@ def load_settings(rate: float | None, request_rate: float | None, burstiness: fl
             "them (Poisson gaps rescaled so the last is sent at N/R; the first after one gap)", markup=False)
     if request_rate is not None and not (request_rate > 0):  # NaN too
         raise UsageError(f"--request-rate: must be > 0 queries per second (inf: all at once), got {request_rate}")
-    if not burstiness > 0:
+    if request_rate is not None and math.isfinite(request_rate) and not math.isfinite(1.0 / request_rate):
+        raise UsageError(f"--request-rate: {request_rate:g} queries per second is too small: the gap between two "
+                         "queries would be infinite")
+    if burstiness is not None and not burstiness > 0:
         raise UsageError(f"--burstiness: must be > 0 (1 is Poisson), got {burstiness}")
+    if burstiness is not None and request_rate is None and not varied_rate:
+        raise UsageError("--burstiness shapes the gaps between queries sent at --request-rate (or a capacity search's "
+                         "rate): give --request-rate R (--max-concurrency alone sends every query at once)")
+    burstiness = 1.0 if burstiness is None else burstiness
     if copies > 1 and (request_rate is not None or max_concurrency is not None):
         raise UsageError("--copies runs each query alone: it takes no --request-rate or --max-concurrency")
     if copies < 1:
@@ -269,7 +279,8 @@ def latency_slo(ttft: float | None, tpot: float | None, query_latency: float | N
         raise UsageError(str(exc)) from None
 
 
-def capacity_search(slo, attainment: float, tolerance: float, burstiness: float, engine, options: dict | None = None):
+def capacity_search(slo, attainment: float, tolerance: float, burstiness: float | None, engine,
+                    options: dict | None = None):
     """The capacity search the options ask for (agentspec_sim/capacity); its load protocol is the request rate it
     varies, so --request-rate and --copies do not apply, and latency is clocked from each query's send, so
     --max-concurrency does not either."""
@@ -286,7 +297,8 @@ def capacity_search(slo, attainment: float, tolerance: float, burstiness: float,
         raise UsageError("a capacity search needs a latency SLO: --slo-ttft, --slo-tpot, --slo-itl and/or "
                          "--slo-query-latency")
     try:
-        return CapacitySearch(slo, target=attainment, tolerance=tolerance, burstiness=burstiness, **(options or {}))
+        return CapacitySearch(slo, target=attainment, tolerance=tolerance,
+                              burstiness=1.0 if burstiness is None else burstiness, **(options or {}))
     except ValueError as exc:
         raise UsageError(f"--slo-attainment / --capacity-*: {exc}") from None
 

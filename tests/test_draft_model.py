@@ -88,4 +88,6 @@ def test_plan_notes_what_data_parallel_attention_leaves_out():
     note = serve_flags(best, "deepseek-v3", dp, [])[3]
     assert note is not None and "--prefill-schedule-interval" in note and "X-data-parallel-rank" in note
     assert serve_flags(best, "deepseek-v3", tp, [])[3] is None
-    assert serve_flags(best, "qwen3-8b", dp, [])[3] is None
+    _, args, _, note, _ = serve_flags(best, "qwen3-8b", dp, [])
+    assert "--enable-expert-parallel" not in args and note == ("--enable-expert-parallel left out: qwen3-8b is a dense "
+                                                               "model (no experts to place)")

@@ -674,7 +674,14 @@ def load_model(model: str | Path | ModelProfile) -> ModelProfile:
         return model_from_hf_config(_read_json(aic), id=str(model).lower(), name=aic_repo(aic),
                                     sources={"config": f"AIConfigurator model_configs/{aic.name} (the model's "
                                              "Hugging Face config.json)"}, where=str(aic))
-    path = _resolve(MODEL_DIR, model, "model profile or config.json")
+    resolved = _bundled_by_repo(model)
+    try:
+        path = _resolve(MODEL_DIR, resolved, "model profile or config.json")
+    except ProfileError as exc:
+        if resolved is model and isinstance(model, str) and model.count("/") == 1:
+            repos = sorted(str(_read_json(MODEL_DIR / f"{i}.json").get("hf_repo") or i) for i in model_ids())
+            raise ProfileError(f"{exc}; nor a bundled profile's Hugging Face id ({', '.join(repos)})") from None
+        raise
     data = _read_json(path)
     if isinstance(data.get("config"), Mapping):
         sources = dict(data.get("sources") or {})
@@ -688,6 +695,14 @@ def load_model(model: str | Path | ModelProfile) -> ModelProfile:
     return model_from_hf_config(data, id=ident, name=data.get("_name_or_path") or ident, where=str(path))
 
 
+def _bundled_by_repo(model: str | Path) -> str | Path:
+    """A Hugging Face repo id (`Qwen/Qwen3-8B`, what `vllm serve` takes) that is no file here but names a bundled
+    profile's `hf_repo`: that profile's id; anything else as given."""
+    if isinstance(model, str) and model.count("/") == 1 and not model.endswith(".json") and not Path(model).exists():
+        return model_by_repo(model) or model
+    return model
+
+
 def served_model_name(model: str | Path) -> str | None:
     """The model argument `vllm serve` takes for this profile: a bundled profile's `hf_repo`, a
     config.json's `_name_or_path`; None when the file names neither (or cannot be read)."""
@@ -695,7 +710,7 @@ def served_model_name(model: str | Path) -> str | None:
     if aic is not None:
         return aic_repo(aic)
     try:
-        data = _read_json(_resolve(MODEL_DIR, model, "model profile or config.json"))
+        data = _read_json(_resolve(MODEL_DIR, _bundled_by_repo(model), "model profile or config.json"))
     except (ProfileError, OSError):
         return None
     name = data.get("hf_repo") or data.get("_name_or_path")

@@ -40,14 +40,22 @@ from agentspec_sim.sweep.cells import SweepError
 COST_MODEL_ERROR = 0.05
 
 
-def cost_model_error(hardware: str, model: str) -> tuple[float, str]:
-    """The step-cost model's stated error for (hardware, model): the held-out median |ours / measured − 1| of
-    its bundled AIConfigurator calibration, else `COST_MODEL_ERROR`; and where the figure comes from."""
+def cost_model_error(hardware: str, model: str, engine: dict[str, Any] | None = None) -> tuple[float, str]:
+    """The step-cost model's stated error for (hardware, model) at the layout of `engine` (its
+    tensor_parallel_size, enable_expert_parallel, data_parallel_size; None: one GPU): the held-out median
+    |ours / measured − 1| of the bundled AIConfigurator calibration the cost model uses there, else
+    `COST_MODEL_ERROR`; and where the figure comes from."""
     from agentspec_sim.cost import load_hardware, load_model
     from agentspec_sim.cost.build import bundled_calibration
+    from agentspec_sim.cost.layout import Layout
 
     try:
-        path = bundled_calibration(load_hardware(hardware).id, load_model(model).id)
+        m = load_model(model)
+        engine = engine or {}
+        layout = Layout(int(engine.get("tensor_parallel_size") or 1),
+                        bool(engine.get("enable_expert_parallel")) and m.is_moe,
+                        int(engine.get("data_parallel_size") or 1) if m.is_moe else 1)
+        path = bundled_calibration(load_hardware(hardware).id, m.id, layout)
         if path is not None:
             error = float(json.loads(path.read_text())["fit"]["held_out_after"]["median_abs_error"])
             return error, "held-out median vs measured kernels"
@@ -69,6 +77,10 @@ CAPACITY_COLUMNS = ("drafter", "speculative_config", "max_num_seqs", "capacity_r
                     "capacity_stopped", "capacity_search", "engine_config")
 
 
+# The dearest a GPU-hour is taken to be (a rack-scale GB300 rents for tens of dollars): past it a price is a typo.
+MAX_USD_PER_GPU_HOUR = 10_000.0
+
+
 @dataclass(frozen=True)
 class Prices:
     usd_per_gpu_hour: dict[str, float]
@@ -76,24 +88,43 @@ class Prices:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Prices:
-        """The bundled price table, or a JSON file {"source": …, "usd_per_gpu_hour": {hardware: $}}."""
+        """The bundled price table, or a JSON file {"source": …, "usd_per_gpu_hour": {hardware: $}}: every key a
+        hardware profile (id or profile file), every price a number of dollars > 0, at most MAX_USD_PER_GPU_HOUR."""
+        from agentspec_sim.cost import hardware_ids, load_hardware
         from agentspec_sim.io.strict_json import loads
 
         if path is None:
             text = resources.files("agentspec_sim.cost").joinpath("profiles/prices.json").read_text()
             where = "the bundled price table"
         else:
-            text, where = Path(path).read_text(), str(path)
+            where = str(path)
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise SweepError(f"{where}: not UTF-8 text (a JSON price table is)") from None
         try:
             doc = loads(text)
-            prices = {str(k): float(v) for k, v in doc["usd_per_gpu_hour"].items()}
+            table = doc["usd_per_gpu_hour"]
+            if not isinstance(table, dict):
+                raise TypeError(f"got {type(table).__name__}")
             source = str(doc.get("source", where))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SweepError(f"{where}: usd_per_gpu_hour: expected an object of hardware → $ per GPU-hour "
                              f"({exc})") from None
-        bad = [k for k, v in prices.items() if not (math.isfinite(v) and v > 0)]
-        if bad:
-            raise SweepError(f"{where}: usd_per_gpu_hour: {bad[0]}: must be a price > 0")
+        prices = {}
+        for key, value in table.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise SweepError(f"{where}: usd_per_gpu_hour: {key}: expected a number of dollars, got "
+                                 f"{json.dumps(value)}")
+            if not (math.isfinite(value) and 0 < value <= MAX_USD_PER_GPU_HOUR):
+                raise SweepError(f"{where}: usd_per_gpu_hour: {key}: must be a price > 0 and at most "
+                                 f"${MAX_USD_PER_GPU_HOUR:,.0f} per GPU-hour, got {value:g}")
+            try:
+                load_hardware(key)
+            except ValueError:
+                raise SweepError(f"{where}: usd_per_gpu_hour: {key}: no such hardware profile (bundled: "
+                                 f"{', '.join(hardware_ids())})") from None
+            prices[str(key)] = float(value)
         return cls(prices, source)
 
     def of(self, hardware: str) -> float | None:
@@ -290,7 +321,7 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
     search = json.loads(group["capacity_search"][0])
     choices = _choices(group)
     price = prices.of(hardware)
-    step_error, step_source = cost_model_error(hardware, model)
+    step_error, step_source = cost_model_error(hardware, model, engine)
 
     def priced(c: CapacityChoice) -> CapacityChoice:
         if not c.feasible:

@@ -407,6 +407,9 @@ def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list
         notes.append("these results do not record the sweep's engine settings (a file from an older version): add "
                      "the --max-model-len, --max-num-batched-tokens, … flags the sweep ran with")
     env: dict[str, str] = {}
+    if "--enable-expert-parallel" in args and not _is_moe(model):
+        args.remove("--enable-expert-parallel")  # vLLM places experts only: a dense model has none to place
+        notes.append(f"--enable-expert-parallel left out: {model} is a dense model (no experts to place)")
     if engine is not None and int(engine.get("data_parallel_size") or 1) > 1 and _is_moe(model):
         notes.append(f"data-parallel attention ({int(engine['data_parallel_size'])} ranks): the ranks step in lockstep "
                      "and vLLM's router sends a query's calls to any rank (its prefix is prefilled again there); "

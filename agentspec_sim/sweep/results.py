@@ -328,11 +328,14 @@ def _read_journal(path: Path) -> list[Row]:
     """Complete lines only: a line cut short by a crash (no newline, or not JSON) ends the journal."""
     rows = []
     data = path.read_bytes()
-    for line in data.split(b"\n")[:-1]:  # the last piece is empty, or a line the crash cut short
+    for number, line in enumerate(data.split(b"\n")[:-1], start=1):  # the last: empty, or cut short by a crash
         try:
             row = strict_json.loads(line)
         except json.JSONDecodeError:
             break
+        except UnicodeDecodeError:
+            raise SweepError(f"{path}:{number}: the resume journal holds a line that is not UTF-8 text (not "
+                             "what a sweep writes): remove the journal to run the sweep without resuming") from None
         if not isinstance(row, dict) or "cell_id" not in row:
             break
         rows.append(row)

@@ -1,0 +1,95 @@
+"""Issue 51 (first contact, round 4), the classes fixed so far: options that would be ignored are refused, numeric
+edge cases named by their option, and the names a vLLM user brings (a Hugging Face id for --model)."""
+
+from __future__ import annotations
+
+import pytest
+from test_capacity_cli import trace  # noqa: F401  (fixture)
+from test_plan_and_units import one_error_line, run_cli
+
+from agentspec_sim.cost import load_model
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-concurrency", "4"]])
+def test_burstiness_without_a_request_rate_is_refused_not_ignored(trace, extra, monkeypatch, capsys):  # noqa: F811
+    """--burstiness shapes the gaps of --request-rate (or a capacity search's rate); alone it changed nothing."""
+    code, _, err = run_cli(["replay", str(trace), "--drafter", "normal", "--burstiness", "0.5", *extra],
+                           monkeypatch, capsys)
+    assert "--burstiness shapes the gaps between queries sent at --request-rate" in one_error_line(code, err)
+    code, _, err = run_cli(["replay", str(trace), "--drafter", "normal", "--burstiness", "0.5",
+                            "--request-rate", "2", *extra], monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_a_request_rate_too_small_for_a_float_gap_is_named(trace, monkeypatch, capsys):  # noqa: F811
+    code, _, err = run_cli(["replay", str(trace), "--drafter", "normal", "--request-rate", "1e-310"], monkeypatch,
+                           capsys)
+    line = one_error_line(code, err)
+    assert line.startswith("error: --request-rate: 1e-310 queries per second is too small") and "nan" not in line
+
+
+def test_a_hugging_face_id_names_its_bundled_profile(trace, monkeypatch, capsys):  # noqa: F811
+    """What `vllm serve` takes, and what `plan` prints in its serve line, is what --model takes."""
+    assert load_model("Qwen/Qwen3-8B").id == "qwen3-8b"
+    assert load_model("deepseek-ai/DeepSeek-V3").id == "deepseek-v3"
+    code, _, err = run_cli(["replay", str(trace), "--drafter", "normal", "--model", "Qwen/Qwen3-8B"], monkeypatch,
+                           capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["replay", str(trace), "--drafter", "normal", "--model", "Nope/Model"], monkeypatch,
+                           capsys)
+    line = one_error_line(code, err)
+    assert "Nope/Model: no such model profile" in line and "Qwen/Qwen3-8B" in line
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('{"usd_per_gpu_hour": {"a100": 1.3}}', "usd_per_gpu_hour: a100: no such hardware profile (bundled: a100-80g"),
+    ('{"usd_per_gpu_hour": {"h100-80g": true}}', "usd_per_gpu_hour: h100-80g: expected a number of dollars, got true"),
+    ('{"usd_per_gpu_hour": {"h100-80g": 1e308}}', "h100-80g: must be a price > 0 and at most $10,000 per GPU-hour"),
+    (b"\\xff\\xfe{}", "not UTF-8 text"),
+])
+def test_a_price_table_is_checked_key_by_key_naming_its_file(table, message):
+    """An unknown GPU key was dropped, `true` read as $1, 1e308 printed as a 300-digit price, a binary file not
+    named: each is now one line naming the file, the key and what is wrong."""
+    import tempfile
+    from pathlib import Path
+
+    from agentspec_sim.sweep.capacity_plan import Prices
+    from agentspec_sim.sweep.cells import SweepError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "prices.json"
+        if isinstance(table, bytes):
+            path.write_bytes(table.decode("unicode_escape").encode("latin-1"))
+        else:
+            path.write_text(table)
+        with pytest.raises(SweepError) as info:
+            Prices.load(path)
+        assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+
+
+def test_prices_with_a_goodput_plan_are_refused(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    prices = tmp_path / "p.json"
+    prices.write_text('{"usd_per_gpu_hour": {"h100-80g": 3.0}}')
+    code, _, err = run_cli(["plan", str(trace), "--goodput", "--prices", str(prices)], monkeypatch, capsys)
+    assert "--prices: a goodput plan prices nothing" in one_error_line(code, err)
+
+
+def test_a_damaged_resume_journal_is_named(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from agentspec_sim.sweep.results import journal_path
+
+    out = tmp_path / "s.parquet"
+    journal_path(out).write_bytes(b"\xff\xfe not json\n")
+    code, _, err = run_cli(["sweep", str(trace), "--drafter", "normal", "--max-num-seqs", "2", "-o", str(out),
+                            "--resume", "-q"], monkeypatch, capsys)
+    line = one_error_line(code, err)
+    assert f"{journal_path(out)}:1: the resume journal holds a line that is not UTF-8 text" in line
+
+
+def test_the_plans_step_error_is_the_layouts_own_fit():
+    """`plan` quoted "±5 %, assumed: no bundled calibration" for DeepSeek-V3 while `cost` priced it with the bundled
+    tp 8 + EP fit: the stated error is now that of the fit the cost model uses at the plan's layout."""
+    from agentspec_sim.sweep.capacity_plan import COST_MODEL_ERROR, cost_model_error
+
+    error, source = cost_model_error("h200", "deepseek-v3", {"tensor_parallel_size": 8, "enable_expert_parallel": True})
+    assert error != COST_MODEL_ERROR and source == "held-out median vs measured kernels"
+    assert cost_model_error("h200", "deepseek-v3")[0] == COST_MODEL_ERROR  # one H200 holds no DeepSeek-V3
