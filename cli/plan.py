@@ -132,7 +132,10 @@ def plan(
                                         max_cells=max_cells, band=not no_band, capacity=search,
                                         layouts=sweep_cli.layout_choice(tensor_parallel_size, expert_parallel,
                                                                         data_parallel_size)[2])
-    by_capacity = is_capacity_results(frame)
+    try:
+        by_capacity = is_capacity_results(frame)
+    except SweepError as exc:
+        raise UsageError(f"{results}: {exc}" if results is not None else str(exc)) from None
     if not by_capacity and prices is not None:
         raise UsageError("--prices: a goodput plan prices nothing (it ranks goodput, not capacities): plan "
                          "--capacity, or capacity results (sweep --capacity)")
@@ -146,7 +149,8 @@ def plan(
     try:
         plans = plan_capacity(frame, target_rate, price_table) if by_capacity else make_plan(frame, slo)
     except SweepError as exc:
-        raise UsageError(str(exc)) from None
+        named = results is not None and not str(exc).startswith(str(results))
+        raise UsageError(f"{results}: {exc}" if named else str(exc)) from None
     summary, gpus = layout_summary(plans), hardware_summary(plans)
     if as_json:
         typer.echo(json.dumps({"plans": [p.to_dict() for p in plans], "layouts": summary, "hardware": gpus}, indent=2)

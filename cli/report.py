@@ -40,6 +40,9 @@ def report(
         written = write_report(frame, output, batch=batch_size, step_logs=steps, title=title,
                                sources=[f"agentspec-sim report {' '.join(str(p) for p in results)}"])
     except ResultsError as exc:
-        raise UsageError(str(exc)) from None
+        message = str(exc)
+        named = any(message.startswith(str(p)) for p in (*results, *(steps or ())))
+        # A check over the results as a whole names what is wrong; with one file it names the file too.
+        raise UsageError(message if named or len(results) > 1 else f"{results[0]}: {message}") from None
     console = Console()
     console.print(f"wrote {written.markdown} and {len(written.figures)} plot(s) to {output}")

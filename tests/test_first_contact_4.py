@@ -93,3 +93,39 @@ def test_the_plans_step_error_is_the_layouts_own_fit():
     error, source = cost_model_error("h200", "deepseek-v3", {"tensor_parallel_size": 8, "enable_expert_parallel": True})
     assert error != COST_MODEL_ERROR and source == "held-out median vs measured kernels"
     assert cost_model_error("h200", "deepseek-v3")[0] == COST_MODEL_ERROR  # one H200 holds no DeepSeek-V3
+
+
+def test_mixed_or_edited_results_are_one_line_naming_the_file_in_plan_and_report(trace, tmp_path, monkeypatch,  # noqa: F811
+                                                                                 capsys):
+    """A capacity sweep and a goodput sweep reported together ended in an IndexError, a capacity file without
+    probe_rate in a KeyError, one with capacity_rate as text in a matplotlib TypeError, and `plan` read mixed rows
+    as goodput rows: each is one line now, naming the file and what is mixed or wrong."""
+    import polars as pl
+
+    slo = ["--slo-ttft", "0.5", "--slo-tpot", "0.05"]
+    cap, good = tmp_path / "cap.parquet", tmp_path / "good.parquet"
+    for args, out in ((["--capacity", *slo], cap), ([], good)):
+        code, _, err = run_cli(["sweep", str(trace), *args, "--drafter", "ngram", "--max-num-seqs", "1", "-j", "1",
+                                "-o", str(out), "-q"], monkeypatch, capsys)
+        assert code == 0, err
+    code, _, err = run_cli(["report", str(cap), str(good), "-o", str(tmp_path / "r0")], monkeypatch, capsys)
+    assert "these results mix 2 capacity row(s) (sweep --capacity) with 2 goodput row(s)" in one_error_line(code, err)
+    frame = pl.read_parquet(cap)
+    edits = {
+        "mixed": (pl.concat([frame, pl.read_parquet(good)], how="diagonal_relaxed"), "these results mix"),
+        "noprobe": (frame.drop("probe_rate"), None),
+        "norate": (frame.drop("capacity_rate"), "lack column(s) capacity_rate"),
+        "textrate": (frame.with_columns(pl.col("capacity_rate").cast(pl.Utf8)),
+                     "column capacity_rate: expected numbers, got String"),
+    }
+    for name, (edited, says) in edits.items():
+        path = tmp_path / f"{name}.parquet"
+        edited.write_parquet(path)
+        commands = [["report", str(path), "-o", str(tmp_path / f"r-{name}")]]
+        if says is not None:  # plan reads no probe column
+            commands.append(["plan", "--results", str(path)])
+        for command in commands:
+            code, _, err = run_cli(command, monkeypatch, capsys)
+            line = one_error_line(code, err)
+            assert line.startswith(f"error: {path}: "), (name, command[0], line)
+            assert (says or "lack column(s) probe_rate") in line, (name, command[0], line)

@@ -86,7 +86,14 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
     `sources`: how the results were made (shown verbatim under the title). Raises ResultsError when
     `batch` is missing from a setting or a step log lacks its columns."""
     out = Path(out_dir)
-    if "capacity_rate" in results.columns:
+    from agentspec_sim.sweep.capacity_plan import is_capacity_results
+    from agentspec_sim.sweep.cells import SweepError
+
+    try:
+        by_capacity = is_capacity_results(results)
+    except SweepError as exc:
+        raise ResultsError(str(exc)) from None
+    if by_capacity:
         return write_capacity_report(results, out, title=title, sources=sources)
     means = seed_means(results)
     drafters = _drafter_order(results)
@@ -230,6 +237,27 @@ def _capacity_cell(d, size: int) -> str:
     return f"{rate:.3g} [{low:.3g}, {high:.3g}]"
 
 
+# What the capacity report's tables and plots read beyond what `plan_capacity` checks, by the kind they must be.
+_CAPACITY_NUMBERS = ("seed",)
+_CAPACITY_LISTS = ("probe_rate", *(f"probe_{k}_{p}" for k in ("ttft", "tpot", "query_latency") for p in ("p50", "p99")))
+
+
+def _check_capacity_columns(results: pl.DataFrame) -> None:
+    """ResultsError naming the first column the capacity report needs that is missing or of another kind (a file
+    edited or written by something else), as `plan` names a missing column."""
+    missing = [c for c in (*_CAPACITY_NUMBERS, *_CAPACITY_LISTS) if c not in results.columns]
+    if missing:
+        raise ResultsError(f"capacity results lack column(s) {', '.join(missing)} (written by sweep --capacity)")
+    for name in _CAPACITY_NUMBERS:
+        dtype = results.schema[name]
+        if not (dtype.is_numeric() or dtype == pl.Null):
+            raise ResultsError(f"capacity results: column {name}: expected numbers, got {dtype}")
+    for name in _CAPACITY_LISTS:
+        dtype = results.schema[name]
+        if not (isinstance(dtype, pl.List) and (dtype.inner.is_numeric() or dtype.inner == pl.Null)):
+            raise ResultsError(f"capacity results: column {name}: expected a list of numbers a row, got {dtype}")
+
+
 def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "agentspec-sim report",
                           sources: Sequence[str] = ()) -> Report:
     """`report.md` and its PNGs for capacity-search results (`sweep --capacity`): per setting, the capacity
@@ -242,6 +270,7 @@ def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "age
         plans = plan_capacity(results)
     except SweepError as exc:
         raise ResultsError(str(exc)) from None
+    _check_capacity_columns(results)
     drafters = _drafter_order(results)
     style = plots.Style(drafters)
     report = Report(markdown=out / "report.md")

@@ -230,8 +230,28 @@ class CapacityPlan:
         return doc
 
 
+# The capacity columns read as numbers (a file edited or written by something else may hold text).
+_CAPACITY_NUMBERS = ("max_num_seqs", "capacity_rate", "capacity_low", "capacity_high", "capacity_at_least",
+                     "capacity_output_tokens_per_query")
+# Columns only a capacity search writes: a file with any of them holds capacity rows.
+_CAPACITY_MARKS = ("capacity_rate", "capacity_search")
+
+
 def is_capacity_results(results: pl.DataFrame) -> bool:
-    return "capacity_rate" in results.columns
+    """Whether `results` are capacity-search rows (SweepError when they mix with goodput rows: a capacity row has its
+    search's settings, `capacity_search`; a goodput row, concatenated in, has none)."""
+    marks = [c for c in _CAPACITY_MARKS if c in results.columns]
+    if not marks:
+        return False
+    if "capacity_search" in results.columns and results.height:
+        searched = int(results["capacity_search"].is_not_null().sum())
+        if 0 < searched < results.height:
+            raise SweepError(f"these results mix {searched} capacity row(s) (sweep --capacity) with "
+                             f"{results.height - searched} goodput row(s) (no capacity_search): plan or report "
+                             "each kind from its own file")
+        if searched == 0:
+            return False  # every row a goodput row, read with another file's capacity columns (all null)
+    return True
 
 
 def plan_capacity(results: pl.DataFrame, target_rate: float | None = None,
@@ -248,6 +268,10 @@ def plan_capacity(results: pl.DataFrame, target_rate: float | None = None,
                          "again to plan from them")
     if missing:
         raise SweepError(f"capacity results lack column(s) {', '.join(missing)} (written by sweep --capacity)")
+    for name in _CAPACITY_NUMBERS:
+        dtype = results.schema[name]
+        if not (dtype.is_numeric() or dtype == pl.Null):
+            raise SweepError(f"capacity results: column {name}: expected numbers, got {dtype}")
     prices = prices or Prices.load()
     from agentspec_sim.sweep.plan import _engine_settings, with_layout
 
