@@ -129,3 +129,13 @@ def test_mixed_or_edited_results_are_one_line_naming_the_file_in_plan_and_report
             line = one_error_line(code, err)
             assert line.startswith(f"error: {path}: "), (name, command[0], line)
             assert (says or "lack column(s) probe_rate") in line, (name, command[0], line)
+
+
+def test_the_bundled_price_table_prices_every_gpu_it_has_a_source_for():
+    from agentspec_sim.cost import hardware_ids
+    from agentspec_sim.sweep.capacity_plan import Prices
+
+    prices = Prices.load()
+    assert set(prices.usd_per_gpu_hour) == set(hardware_ids()) - {"b300", "gb300"}
+    assert "No comparable on-demand figure for B300 or GB300" in prices.source
+    assert prices.of("a100-80g") < prices.of("h100-80g") < prices.of("h200") < prices.of("b200")
