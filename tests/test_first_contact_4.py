@@ -139,3 +139,25 @@ def test_the_bundled_price_table_prices_every_gpu_it_has_a_source_for():
     assert set(prices.usd_per_gpu_hour) == set(hardware_ids()) - {"b300", "gb300"}
     assert "No comparable on-demand figure for B300 or GB300" in prices.source
     assert prices.of("a100-80g") < prices.of("h100-80g") < prices.of("h200") < prices.of("b200")
+
+
+def test_sweep_makes_its_output_folder_as_replay_does(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "new dir" / "s.parquet"
+    code, _, err = run_cli(["sweep", str(trace), "--drafter", "normal", "--max-num-seqs", "2", "-o", str(out), "-q"],
+                           monkeypatch, capsys)
+    assert code == 0 and out.exists(), err
+    assert not out.with_name("s.parquet.lock").exists()
+
+
+def test_a_layout_list_leaves_out_what_does_not_fit_and_says_so():
+    """--tensor-parallel-size 1,8 --data-parallel-size 1,8 for DeepSeek-V3 on H200: tp 1 cannot hold the weights;
+    the plan went no further. Now it is left out (the sweep notes it) while a layout of the list fits; a single
+    layout that does not fit is still run, and the run says why."""
+    from agentspec_sim.cost.layout import Layout, LayoutSearch
+
+    search = LayoutSearch(sizes=(1, 8), expert_parallel=True, data_parallel_sizes=(1, 8))
+    kept = search.layouts("h200", "deepseek-v3")
+    assert Layout(1, False, 1) not in kept and Layout(8, True, 1) in kept and Layout(1, True, 8) in kept
+    assert search.left_out("h200", "deepseek-v3") == [Layout(1, False, 1)]
+    alone = LayoutSearch(sizes=(1,), expert_parallel=True, data_parallel_sizes=(1,))
+    assert alone.layouts("h200", "deepseek-v3") == [Layout(1, False, 1)] and not alone.left_out("h200", "deepseek-v3")

@@ -60,8 +60,11 @@ def test_cells_are_crossed_with_each_pairs_layouts():
     cells = expand_cells("t.jsonl", [spec], [8], ["b200"], ["deepseek-v3", "qwen3-8b"], [0],
                          EngineConfig(), None, LayoutSearch((4, 8), None))
     got = [(c.config.model, c.config.tensor_parallel_size, c.config.enable_expert_parallel) for c in cells]
-    assert got == [("deepseek-v3", 4, False), ("deepseek-v3", 4, True), ("deepseek-v3", 8, False),
-                   ("deepseek-v3", 8, True), ("qwen3-8b", 4, False), ("qwen3-8b", 8, False)]
+    # DeepSeek-V3 at tp 4 on B200 cannot hold one max_model_len sequence beside its weights (vLLM would not start)
+    # while tp 8 can: the list's tp 4 is left out for it, and said so (`LayoutSearch.left_out`).
+    assert got == [("deepseek-v3", 8, False), ("deepseek-v3", 8, True), ("qwen3-8b", 4, False), ("qwen3-8b", 8, False)]
+    assert [(lay.tensor_parallel_size, lay.expert_parallel)
+            for lay in LayoutSearch((4, 8), None).left_out("b200", "deepseek-v3")] == [(4, False), (4, True)]
     assert len({c.cell_id for c in cells}) == len(cells)
     with pytest.raises(SweepError, match="no parallel layout of deepseek-v3 fits h100-80g"):
         expand_cells("t.jsonl", [spec], [8], ["h100-80g"], ["deepseek-v3"], [0], EngineConfig(), None, LayoutSearch())

@@ -92,7 +92,33 @@ class LayoutSearch:
     def layouts(self, hardware: str, model: str, max_model_len: int | None = None,
                 gpu_memory_utilization: float | None = None) -> list[Layout]:
         """The layouts of this search for one pair: an explicit size is kept when the heads split (the run says
-        what else does not fit); a size found by the search also has to hold one max_model_len sequence."""
+        what else does not fit); a size found by the search also has to hold one max_model_len sequence, and so
+        does each of several explicit sizes while another of them does (`left_out` names the others)."""
+        kept, _ = self._split(hardware, model, max_model_len, gpu_memory_utilization)
+        return kept
+
+    def left_out(self, hardware: str, model: str, max_model_len: int | None = None,
+                 gpu_memory_utilization: float | None = None) -> list[Layout]:
+        """The explicit layouts of a list that `layouts` leaves out for this pair: they cannot hold one
+        max_model_len sequence beside the weights while another layout of the list can."""
+        return self._split(hardware, model, max_model_len, gpu_memory_utilization)[1]
+
+    def _split(self, hardware: str, model: str, max_model_len: int | None,
+               gpu_memory_utilization: float | None) -> tuple[list[Layout], list[Layout]]:
+        out = self._candidates(hardware, model, max_model_len, gpu_memory_utilization)
+        if len(out) < 2 or self.sizes is None:
+            return out, []
+        hw, m = load_hardware(hardware), load_model(model)
+        context = max_model_len or m.default_max_model_len
+        utilisation = gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
+        fits = [lay for lay in out if kv_capacity_tokens(hw, m, utilisation, lay.tensor_parallel_size,
+                                                         data_parallel_size=lay.data_parallel_size) >= context]
+        if not fits:
+            return out, []  # none fits: the run says why
+        return fits, [lay for lay in out if lay not in fits]
+
+    def _candidates(self, hardware: str, model: str, max_model_len: int | None,
+                    gpu_memory_utilization: float | None) -> list[Layout]:
         hw, m = load_hardware(hardware), load_model(model)
         context = max_model_len or m.default_max_model_len
         utilisation = gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION

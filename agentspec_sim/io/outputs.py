@@ -352,6 +352,8 @@ def sole_writer(path: PathLike, lock: PathLike) -> Iterator[None]:
                                 "regular file): remove it", errno.EEXIST)
     while True:
         try:
+            # The output's folder is made as the atomic writer makes it (replay -o 'new dir/r.json' does too).
+            os.makedirs(os.path.dirname(lock) or ".", exist_ok=True)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
             raise OutputError(path, f"{_lead(flag_of(path))}cannot make its lock file {lock}: "

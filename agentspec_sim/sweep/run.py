@@ -10,6 +10,7 @@ workers finish in, so `-j 2` writes what `-j 1` writes (only `wall_s` is a wall-
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -224,6 +225,12 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
                       inputs={"trace": None if is_stdin(trace) else trace or default_trace_path()})
     stdin = workload is None and is_stdin(trace)
     trace_text = STDIN_NAME if stdin else str(trace) if trace is not None else str(default_trace_path())
+    if layouts is not None and notify is not None:
+        base = engine or EngineConfig()
+        for hw, model in itertools.product(hardware, models):
+            for layout in layouts.left_out(hw, model, base.max_model_len, base.gpu_memory_utilization):
+                notify(f"{layout.label} left out for {model} on {hw}: its weights leave no room for one "
+                       "max_model_len sequence in the KV cache (the other layouts of the list do)")
     cells = sweep_cells(trace_text, drafters, speculative_configs, grid, max_num_seqs, hardware, models, seeds, engine,
                         max_cells, capacity, layouts)
     limits = _check_configs(cells)
