@@ -153,8 +153,9 @@ def plan(
         raise UsageError(f"{results}: {exc}" if named else str(exc)) from None
     summary, gpus = layout_summary(plans), hardware_summary(plans)
     if as_json:
-        typer.echo(json.dumps({"plans": [p.to_dict() for p in plans], "layouts": summary, "hardware": gpus}, indent=2)
-                   if summary or gpus else json.dumps([p.to_dict() for p in plans], indent=2))
+        documents = [{**p.to_dict(), "acceptance_models": acceptance_notes(p)} for p in plans]
+        typer.echo(json.dumps({"plans": documents, "layouts": summary, "hardware": gpus}, indent=2)
+                   if summary or gpus else json.dumps(documents, indent=2))
         return
     for p in plans:
         (_render_capacity if by_capacity else _render)(p)
@@ -265,7 +266,33 @@ def _render(p) -> None:
     console.print(f"[bold]best:[/] {p.reason}")
     if p.band_note:
         console.print(f"uncertain: {p.band_note}", highlight=False, markup=False)
+    _print_acceptance(console, p)
     _print_serve_line(console, p)
+
+
+def acceptance_notes(p) -> dict[str, str]:
+    """What each model-based drafter's simulated acceptance rests on (its parameter file's source: measured, borrowed
+    or assumed), by drafter label, as `replay` prints it: the drafters of a plan with a pick."""
+    from agentspec_sim.drafters.registry import parse_drafter
+    from agentspec_sim.run.band import resolved_params
+
+    notes = {}
+    for d in p.drafters:
+        if d.best is None or not d.best.speculative_config:
+            continue
+        try:
+            spec = parse_drafter(json.dumps(d.best.speculative_config), "speculative_config")
+            params = resolved_params(spec, p.model)
+        except ValueError:  # a results file from elsewhere: its config is not ours to resolve
+            continue
+        if params is not None:
+            notes[d.drafter] = f"{Path(params.path).name if params.path else params.model}: {params.source}"
+    return notes
+
+
+def _print_acceptance(console: Console, p) -> None:
+    for drafter, note in acceptance_notes(p).items():
+        console.print(f"acceptance of {drafter}: {note}", highlight=False, markup=False)
 
 
 def _print_serve_line(console: Console, p) -> None:
@@ -396,6 +423,7 @@ def _render_capacity(p) -> None:
         detail.add_row(*row)
     console.print(detail)
     console.print(f"[bold]best:[/] {p.reason}", highlight=False)
+    _print_acceptance(console, p)
     _print_serve_line(console, p)
     if p.price_source:
         console.print(f"prices: {p.price_source}", highlight=False, markup=False)

@@ -161,3 +161,18 @@ def test_a_layout_list_leaves_out_what_does_not_fit_and_says_so():
     assert search.left_out("h200", "deepseek-v3") == [Layout(1, False, 1)]
     alone = LayoutSearch(sizes=(1,), expert_parallel=True, data_parallel_sizes=(1,))
     assert alone.layouts("h200", "deepseek-v3") == [Layout(1, False, 1)] and not alone.left_out("h200", "deepseek-v3")
+
+
+def test_plan_says_what_a_model_based_drafters_acceptance_rests_on(trace, monkeypatch, capsys):  # noqa: F811
+    """`replay` printed eagle3's acceptance source (borrowed curves for Qwen3); `plan` did not."""
+    import json
+
+    code, out, err = run_cli(["plan", str(trace), "--goodput", "--drafter", "normal,eagle3", "--max-num-seqs", "2",
+                              "--no-band"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "acceptance of eagle3: " in out
+    code, out, err = run_cli(["plan", str(trace), "--goodput", "--drafter", "normal,eagle3", "--max-num-seqs", "2",
+                              "--no-band", "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    (doc,) = json.loads(out)
+    assert set(doc["acceptance_models"]) == {"eagle3"} and doc["acceptance_models"]["eagle3"]
