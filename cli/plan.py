@@ -333,12 +333,14 @@ def _render_layouts(pair: dict) -> None:
     rows = pair["layouts"]
     table = Table(title=f"layouts · {Path(pair['trace']).name} · {pair['hardware']} · {pair['model']}",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
-                  caption=f"each layout's best drafter and max_num_seqs · {rows[0]['unit']}")
+                  caption=f"each layout's best drafter and max_num_seqs · {rows[0]['unit']}"
+                          + (" · ≈: not told apart from the best layout (intervals and the step cost's error overlap)"
+                             if any(r.get("told_apart_from_best") is False for r in rows) else ""))
     for name in ("layout", "GPUs", "drafter", "batch", "per GPU"):
         table.add_column(name, justify="left" if name in ("layout", "drafter") else "right", no_wrap=True)
     for r in rows:
         value = r["per_gpu"]
-        shown = "—" if value is None else f"{value:.4g}"
+        shown = "—" if value is None else f"{value:.4g}" + (" ≈" if r.get("told_apart_from_best") is False else "")
         table.add_row(r["layout"], str(r["gpus"]), r["drafter"] or "none",
                       "—" if r["max_num_seqs"] is None else str(r["max_num_seqs"]), shown)
     console.print(table)

@@ -125,3 +125,8 @@ def test_plan_searches_the_layouts_that_fit_from_the_command_line(tmp_path):
         assert ("--enable-expert-parallel" in p["vllm_args"]) if p["best"] else (p["vllm_args"] == []
                                                                                  and "too short" in p["reason"])
     assert any(p["best"] for p in doc["plans"])
+    # The runner-up layout is marked where it is not told apart from the best (intervals and step-cost error
+    # overlap); the best itself has nothing to be told apart from.
+    ranked = pair["layouts"]
+    assert ranked[0]["told_apart_from_best"] is None
+    assert all(r["told_apart_from_best"] in (True, False, None) for r in ranked[1:])

@@ -416,7 +416,7 @@ def _plan_group(trace: str, hardware: str, model: str, group: pl.DataFrame, targ
         margin = winner.capacity_per_gpu / second.capacity_per_gpu - 1
         within = not told_apart(winner, second, step_error)
         reason += (f"; runner-up: {second.drafter} at max_num_seqs {second.max_num_seqs}, {_describe_rate(second)}, "
-                   f"{margin:+.1%} behind")
+                   f"{margin:+.0%} behind")  # whole percent: the search resolves its rates to ±5 %
         if within:
             reason += (f" — not told apart (their intervals ±{winner.relative_half_width:.1%} and "
                        f"±{second.relative_half_width:.1%} with the step cost's ±{step_error:.1%}, {step_source})")

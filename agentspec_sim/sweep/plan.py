@@ -229,6 +229,7 @@ def _per_gpu_row(p) -> dict[str, Any]:
     else:
         per_gpu = tokens = best.goodput_tok_s / gpus
     return {"hardware": p.hardware, "layout": layout.label, "flags": layout.flags(), "gpus": gpus,
+            "_choice": best, "_model_error": getattr(p, "model_error", 0.0),
             "drafter": None if best is None else best.drafter,
             "max_num_seqs": None if best is None else best.max_num_seqs, "per_gpu": per_gpu,
             "output_tok_s_per_gpu": tokens, "usd_per_million_tokens": getattr(best, "usd_per_million_tokens", None),
@@ -255,8 +256,26 @@ def layout_summary(plans: list) -> list[dict[str, Any]]:
     by_pair: dict[tuple[str, str, str], list] = {}
     for p in plans:
         by_pair.setdefault((p.trace, p.hardware, p.model), []).append(p)
-    return [{"trace": trace, "hardware": hardware, "model": model, "layouts": _ranked([_per_gpu_row(p) for p in group])}
+    return [{"trace": trace, "hardware": hardware, "model": model,
+             "layouts": _told_apart(_ranked([_per_gpu_row(p) for p in group]))}
             for (trace, hardware, model), group in by_pair.items() if len(group) >= 2]
+
+
+def _told_apart(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with `told_apart_from_best`: False where a capacity plan's choice is not told apart from the best
+    layout's (their intervals and the step cost's error overlap: `capacity_plan.told_apart`), None where that
+    cannot be said (a batch plan, nothing planned); the choices themselves dropped (not JSON)."""
+    from agentspec_sim.sweep.capacity_plan import CapacityChoice, told_apart
+
+    best = rows[0]["_choice"] if rows else None
+    out = []
+    for i, row in enumerate(rows):
+        choice, error = row.pop("_choice"), row.pop("_model_error")
+        apart = None
+        if isinstance(best, CapacityChoice) and isinstance(choice, CapacityChoice) and i > 0:
+            apart = told_apart(best, choice, error or 0.0)
+        out.append({**row, "told_apart_from_best": apart})
+    return out
 
 
 def hardware_summary(plans: list) -> list[dict[str, Any]]:
@@ -266,7 +285,7 @@ def hardware_summary(plans: list) -> list[dict[str, Any]]:
     for p in plans:
         by_model.setdefault((p.trace, p.model), {}).setdefault(p.hardware, []).append(_per_gpu_row(p))
     return [{"trace": trace, "model": model,
-             "hardware": _ranked_by_money([_ranked(rows)[0] for rows in per_hw.values()])}
+             "hardware": _ranked_by_money([_told_apart(_ranked(rows))[0] for rows in per_hw.values()])}
             for (trace, model), per_hw in by_model.items() if len(per_hw) >= 2]
 
 
