@@ -176,3 +176,23 @@ def test_plan_says_what_a_model_based_drafters_acceptance_rests_on(trace, monkey
     assert code == 0, err
     (doc,) = json.loads(out)
     assert set(doc["acceptance_models"]) == {"eagle3"} and doc["acceptance_models"]["eagle3"]
+
+
+def test_a_report_of_several_layouts_keeps_each_layouts_plots_and_answers_what_plan_answers(trace, tmp_path,  # noqa: F811
+                                                                                             monkeypatch, capsys):
+    """Two layouts' plots were written under one name (each overwrote the other), both sections had one title, and
+    the report had no layouts or GPUs table and no $ per million tokens."""
+    out = tmp_path / "cap.parquet"
+    code, _, err = run_cli(["sweep", str(trace), "--capacity", "--slo-ttft", "0.5", "--slo-tpot", "0.05",
+                            "--drafter", "ngram", "--max-num-seqs", "1", "--tensor-parallel-size", "1,2",
+                            "--hardware", "h100-80g,h200", "-j", "1", "-o", str(out), "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    report = tmp_path / "rep"
+    code, _, err = run_cli(["report", str(out), "-o", str(report)], monkeypatch, capsys)
+    assert code == 0, err
+    pngs = sorted(p.name for p in report.glob("*.png"))
+    assert len(pngs) == 8 and sum("-tp2" in name for name in pngs) == 4  # 2 GPUs × 2 layouts × 2 plots
+    text = (report / "report.md").read_text()
+    titles = [line for line in text.splitlines() if line.startswith("## ")]
+    assert len(titles) == len(set(titles)) and any(t.endswith("· tp 2") for t in titles)
+    assert "## Layouts · " in text and "## GPUs · " in text and "per million output tokens" in text

@@ -280,12 +280,22 @@ def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "age
               "(queries/s, sent as `vllm bench serve --request-rate` sends them) at which the engine keeps up and "
               "the SLO attainment target holds over the steady window, the mean over seeds with its 95 % interval; "
               "≥ x: inconclusive, the trace too short to load it; docs/sweep-and-plan.md.", ""]
+    from agentspec_sim.cost.layout import Layout
+    from agentspec_sim.sweep.plan import with_layout
+
+    laid_out = with_layout(results)
+    several = laid_out.select("tensor_parallel_size", "expert_parallel", "data_parallel_size").n_unique() > 1
     for plan in plans:
         name = workload_name(plan.trace)
-        label = f"{name} · {plan.model} · {plan.hardware}"
-        slug = _slug(name, plan.hardware, plan.model)
-        setting = results.filter((pl.col("trace") == plan.trace) & (pl.col("hardware") == plan.hardware)
-                                 & (pl.col("model") == plan.model) & (pl.col("seed") == results["seed"].min()))
+        layout = Layout.of(plan.engine)
+        # Each layout its own section, plots and file names (they overwrote each other under one name).
+        label = f"{name} · {plan.model} · {plan.hardware}" + (f" · {layout.label}" if several else "")
+        slug = _slug(name, plan.hardware, plan.model, *([layout.tag or "tp1"] if several else []))
+        setting = laid_out.filter((pl.col("trace") == plan.trace) & (pl.col("hardware") == plan.hardware)
+                                  & (pl.col("model") == plan.model) & (pl.col("seed") == results["seed"].min())
+                                  & (pl.col("tensor_parallel_size") == layout.tensor_parallel_size)
+                                  & (pl.col("expert_parallel") == layout.expert_parallel)
+                                  & (pl.col("data_parallel_size") == layout.data_parallel_size))
         slo = plan.search["slo"]
         best_rows = []
         for d in plan.drafters:
@@ -309,8 +319,56 @@ def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "age
         lines += [f"## {label}", "", f"Trace `{plan.trace}`; {load}; SLO "
                   + ", ".join(f"{k} ≤ {v:g} s" for k, v in slo.items() if v) + ".", "",
                   "Capacity (queries/s) by max_num_seqs:", "", *table, "", f"**Pick:** {plan.reason}", "",
+                  *_price_line(plan),
                   f"![Latency vs offered load]({latency.name})", "", f"![Capacity vs max batch size]({capacity.name})",
                   ""]
+    lines += _summary_tables(plans)
+    sources = sorted({p.price_source for p in plans if p.price_source})
+    lines += [f"Prices: {text}" for text in sources] + ([""] if sources else [])
     with atomic_text(report.markdown) as handle:
         handle.write("\n".join(lines).rstrip() + "\n")
     return report
+
+
+def _price_line(plan) -> list[str]:
+    """The pick's $ per million output tokens and per thousand queries, where its GPU has a price."""
+    best = plan.best
+    if best is None or best.usd_per_million_tokens is None:
+        return []
+    return [f"At ${plan.usd_per_gpu_hour:g} per GPU-hour (prices: below): ${best.usd_per_million_tokens:.3f} per "
+            f"million output tokens, ${1000 * best.usd_per_query:.3g} per thousand queries.", ""]
+
+
+def _summary_tables(plans: list) -> list[str]:
+    """What `plan` answers across layouts and GPUs, as Markdown: per (trace, hardware, model) the layouts, best
+    first; per (trace, model) the GPUs, least $ per query first where every GPU has a price."""
+    from agentspec_sim.sweep.plan import hardware_summary, layout_summary
+
+    def cell(value: float | None, fmt: str) -> str:
+        return "—" if value is None else format(value, fmt)
+
+    lines: list[str] = []
+    for pair in layout_summary(plans):
+        rows = pair["layouts"]
+        lines += [f"## Layouts · {workload_name(pair['trace'])} · {pair['model']} · {pair['hardware']}", "",
+                  f"Each layout's best drafter and max_num_seqs, {rows[0]['unit']}, best first "
+                  "(≈: not told apart from the best).", "",
+                  "| layout | GPUs | drafter | batch | per GPU | $/Mtok |", "|---|---:|---|---:|---:|---:|"]
+        for r in rows:
+            mark = " ≈" if r.get("told_apart_from_best") is False else ""
+            lines.append(f"| {r['layout']} | {r['gpus']} | {r['drafter'] or 'none'} | {r['max_num_seqs'] or '—'} | "
+                         f"{cell(r['per_gpu'], '.4g')}{mark} | {cell(r['usd_per_million_tokens'], '.3f')} |")
+        lines.append("")
+    for model in hardware_summary(plans):
+        rows = model["hardware"]
+        lines += [f"## GPUs · {workload_name(model['trace'])} · {model['model']}", "",
+                  f"Each GPU's best layout, drafter and max_num_seqs, {rows[0]['unit']}; $ where the GPU has a "
+                  "price (the bundled table or --prices).", "",
+                  "| GPU | layout | drafter | batch | per GPU | $/Mtok | $/kq |", "|---|---|---|---:|---:|---:|---:|"]
+        for r in rows:
+            per_kq = None if r["usd_per_query"] is None else 1000 * r["usd_per_query"]
+            lines.append(f"| {r['hardware']} | {r['layout']} | {r['drafter'] or 'none'} | {r['max_num_seqs'] or '—'} | "
+                         f"{cell(r['per_gpu'], '.4g')} | {cell(r['usd_per_million_tokens'], '.3f')} | "
+                         f"{cell(per_kq, '.3g')} |")
+        lines.append("")
+    return lines
