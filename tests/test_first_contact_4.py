@@ -196,3 +196,15 @@ def test_a_report_of_several_layouts_keeps_each_layouts_plots_and_answers_what_p
     titles = [line for line in text.splitlines() if line.startswith("## ")]
     assert len(titles) == len(set(titles)) and any(t.endswith("· tp 2") for t in titles)
     assert "## Layouts · " in text and "## GPUs · " in text and "per million output tokens" in text
+
+
+@pytest.mark.parametrize("command", [["sweep", "-q"], ["plan", "--capacity", "--slo-ttft", "5"]])
+def test_a_max_model_len_no_call_fits_is_named_before_any_run(trace, tmp_path, command, monkeypatch,  # noqa: F811
+                                                              capsys):
+    """Every call refused: a capacity search said "misses the SLO with each query alone… relax an SLO"."""
+    args = [command[0], str(trace), *command[1:], "--drafter", "normal", "--max-num-seqs", "2", "--max-model-len", "32"]
+    if command[0] == "sweep":
+        args += ["-o", str(tmp_path / "s.parquet")]
+    code, _, err = run_cli(args, monkeypatch, capsys)
+    assert "--max-model-len 32: no call of the trace fits (its shortest prompt is 65 tokens" in one_error_line(code,
+                                                                                                                 err)

@@ -277,6 +277,7 @@ def run_sweep(trace: str | Path | None = None, drafters: Sequence[str] = FIGURE1
         with make_executor(executor, jobs, source, task, address) as pool:
             # Loaded here, not before: local workers start (~1 s each, imports and their own load) meanwhile.
             loaded = source.load()
+            _check_fits(loaded, todo, limits)
             _check_memory(loaded, todo, limits, jobs if executor == "process" else 1)
             todo = start_order(todo, loaded.output_tokens, len(loaded.queries))
             if progress is not None:
@@ -341,6 +342,19 @@ def _check_configs(cells: Sequence[Cell]) -> dict[EngineConfig, ResolvedLimits]:
             seen.add(key)
             check_draft_networks([cell.spec], cell.config)
     return limits
+
+
+def _check_fits(workload: Workload, cells: Sequence[Cell], limits: Mapping[EngineConfig, ResolvedLimits]) -> None:
+    """A max_model_len no call of the trace fits under is refused before any cell runs: every call would be
+    refused, and a capacity search would read the empty runs as an SLO no load meets."""
+    shortest = min((c.prompt_len for q in workload.queries for c in q.calls), default=None)
+    if shortest is None:
+        return
+    for config in dict.fromkeys(cell.config for cell in cells):
+        cap = limits[config].max_model_len
+        if shortest >= cap:  # vLLM needs room for the prompt and at least one output token
+            raise SweepError(f"--max-model-len {cap:,}: no call of the trace fits (its shortest prompt is "
+                             f"{shortest:,} tokens; vLLM refuses a prompt of max_model_len tokens or more)")
 
 
 def _check_memory(workload: Workload, cells: Sequence[Cell], limits: Mapping[EngineConfig, ResolvedLimits],
