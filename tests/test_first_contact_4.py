@@ -208,3 +208,33 @@ def test_a_max_model_len_no_call_fits_is_named_before_any_run(trace, tmp_path, c
     code, _, err = run_cli(args, monkeypatch, capsys)
     assert "--max-model-len 32: no call of the trace fits (its shortest prompt is 65 tokens" in one_error_line(code,
                                                                                                                  err)
+
+
+def test_a_chat_transcript_ending_with_the_assistants_turn_is_a_query_of_its_calls(tmp_path, monkeypatch, capsys):
+    """OpenAI's chat fine-tuning form ({"messages": [..., assistant]}, no `response`), the shape most chat logs
+    take, was refused ("missing response"): each assistant turn is a call now, the line one query."""
+    import json
+
+    from agentspec_sim.trace.io import load_trace
+
+    log = tmp_path / "chats.jsonl"
+    log.write_text("\n".join(json.dumps(line) for line in [
+        {"messages": [{"role": "system", "content": "You code."}, {"role": "user", "content": "Hello in Python."},
+                      {"role": "assistant", "content": "print('hello')"}, {"role": "user", "content": "In C."},
+                      {"role": "assistant", "content": "puts(\"hello\");"}]},
+        {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
+    ]) + "\n")
+    out = tmp_path / "trace.jsonl"
+    code, _, err = run_cli(["convert", "openai-chat", str(log), "-o", str(out)], monkeypatch, capsys)
+    assert code == 0, err
+    workload = load_trace(out)
+    assert [len(q.calls) for q in workload.queries] == [2, 1]
+    first, second = workload.queries[0].calls
+    # the second call's prompt is the first's prompt and output and the next user turn
+    assert second.prompt_len > first.prompt_len + first.output_len
+    assert list(second.prompt_tokens[:first.prompt_len]) == list(first.prompt_tokens)
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    code, _, err = run_cli(["convert", "openai-chat", str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "b.jsonl")],
+                           monkeypatch, capsys)
+    assert "missing response (a call's response, or a transcript whose last message is the assistant's turn)" in \
+        one_error_line(code, err)

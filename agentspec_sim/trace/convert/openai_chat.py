@@ -9,6 +9,10 @@ Input: `.jsonl` files (or directories of them). Every non-blank line is one JSON
      "timestamp": 1712345678.5 | "2024-04-05T12:00:00Z",   # optional: when the call was sent
      "arrival_s": 1.5, "think_s": 0.2, "model": "..."}       # optional
 
+A line may instead be a whole transcript in OpenAI's chat fine-tuning form, `{"messages": [..., {"role":
+"assistant", ...}]}` with no `response`: each assistant turn is a call (its messages before it the prompt, the turn
+its output), the line's calls one query.
+
 Rules:
 
 - `response` is a string, an OpenAI chat completion (`choices[0].message`, or `choices[0].text` for
@@ -150,8 +154,9 @@ def _is_id(value: object) -> bool:
     return isinstance(value, str | int) and not isinstance(value, bool)
 
 
-def _parse_line(path: Path, n: int, line: str) -> dict:
-    """One line → {key, call fields, model, timestamp}; raises ConvertError naming the line."""
+def _parse_line(path: Path, n: int, line: str) -> list[dict]:
+    """One line → its calls, each {key, call fields, model, timestamp} (one, or a transcript's assistant turns);
+    raises ConvertError naming the line."""
     where = f"line {n}"
     try:
         obj = strict_json.loads(line)
@@ -159,9 +164,12 @@ def _parse_line(path: Path, n: int, line: str) -> dict:
         raise ConvertError(path, f"{where}: not valid JSON ({exc.msg})") from None
     if not isinstance(obj, dict):
         raise ConvertError(path, f"{where}: expected a JSON object with `messages` and `response`")
-    if "messages" not in obj or "response" not in obj:
+    transcript = "response" not in obj and _ends_with_assistant(obj.get("messages"))
+    if "messages" not in obj or ("response" not in obj and not transcript):
         missing = [k for k in ("messages", "response") if k not in obj]
-        raise ConvertError(path, f"{where}: missing {', '.join(missing)} (not an openai-chat log line)")
+        hint = (" (not an openai-chat log line)" if "messages" not in obj else
+                " (a call's response, or a transcript whose last message is the assistant's turn)")
+        raise ConvertError(path, f"{where}: missing {', '.join(missing)}{hint}")
     messages = obj["messages"]
     if not isinstance(messages, list) or not messages:
         raise ConvertError(path, f"{where}: messages: expected a non-empty list of chat messages")
@@ -175,10 +183,13 @@ def _parse_line(path: Path, n: int, line: str) -> dict:
             msgs.append({"role": m["role"], "content": message_text(m)})
         except TypeError as exc:
             raise ConvertError(path, f"{where}: messages[{i}]: {exc}") from None
-    try:
-        text, usage, model = _response(obj["response"])
-    except TypeError as exc:
-        raise ConvertError(path, f"{where}: response: {exc}") from None
+    if transcript:
+        text, usage, model = None, None, None
+    else:
+        try:
+            text, usage, model = _response(obj["response"])
+        except TypeError as exc:
+            raise ConvertError(path, f"{where}: response: {exc}") from None
     for name in ("agent_id", "query_id"):
         if name in obj and not _is_id(obj[name]):
             raise ConvertError(path, f"{where}: {name}: expected a string or an integer")
@@ -200,12 +211,26 @@ def _parse_line(path: Path, n: int, line: str) -> dict:
         fields["extra"] = {"usage": {k: usage[k] for k in ("prompt_tokens", "completion_tokens") if k in usage}}
     if model is None and isinstance(obj.get("model"), str):
         model = obj["model"]
-    return {
-        "key": (agent_id, query_id), "anonymous": "query_id" not in obj, "messages": msgs, "response": text,
-        "role": obj.get("role"),
-        "arrival_s": float(arrival) if arrival is not None else None, "timestamp": timestamp,
-        "model": model, "fields": fields,
-    }
+    base = {"key": (agent_id, query_id), "anonymous": "query_id" not in obj and not transcript,
+            "role": obj.get("role"), "arrival_s": float(arrival) if arrival is not None else None,
+            "timestamp": timestamp, "model": model, "fields": fields}
+    if not transcript:
+        return [{**base, "messages": msgs, "response": text}]
+    # A transcript: each assistant turn a call, after the messages before it; only the first keeps the line's
+    # arrival (the others follow it as the query's calls do).
+    calls = []
+    for i, m in enumerate(msgs):
+        if m["role"] == "assistant" and i > 0:
+            calls.append({**base, "messages": msgs[:i], "response": m["content"],
+                          **({} if not calls else {"arrival_s": None, "timestamp": None})})
+    if not calls:
+        raise ConvertError(path, f"{where}: messages: a transcript needs a message before its first assistant turn")
+    return calls
+
+
+def _ends_with_assistant(messages: object) -> bool:
+    return (isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict)
+            and messages[-1].get("role") == "assistant")
 
 
 def _conversation(messages: list[dict], response: str | None = None) -> tuple:
@@ -249,20 +274,21 @@ def convert(paths: Sequence[Path], opts: ConvertOptions) -> Iterator[dict]:
             if not line.strip():
                 continue
             try:
-                call = _parse_line(path, n, line)
+                calls = _parse_line(path, n, line)
             except ConvertError as exc:
                 opts.skip_or_raise(exc)  # --skip-bad-lines: counted and named, not fatal
                 continue
-            if call["anonymous"]:
-                call["key"] = _continued(call, conversations, queries) or call["key"]
-                conversations[_conversation(call["messages"], call["response"])] = call["key"]
-            else:
-                names = files_of.setdefault(call["key"], [])
-                if path.name not in names:
-                    names.append(path.name)
-            queries.setdefault(call["key"], []).append(call)
-            if call["model"]:
-                models.add(call["model"])
+            for call in calls:
+                if call["anonymous"]:
+                    call["key"] = _continued(call, conversations, queries) or call["key"]
+                    conversations[_conversation(call["messages"], call["response"])] = call["key"]
+                else:
+                    names = files_of.setdefault(call["key"], [])
+                    if path.name not in names:
+                        names.append(path.name)
+                queries.setdefault(call["key"], []).append(call)
+                if call["model"]:
+                    models.add(call["model"])
     for (agent_id, query_id), names in files_of.items():
         if len(names) > 1:
             opts.notes.append(f"query_id {query_id!r} (agent {agent_id!r}) is in {len(names)} files "
