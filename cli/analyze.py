@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentspec_sim.cli.common import load_workload, trace_argument
+from agentspec_sim.cli.common import caption_below, load_workload, trace_argument
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.root import app
 from agentspec_sim.io.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, Output, check_outputs, json_paths
@@ -102,7 +102,7 @@ def _render_redundancy(profile: dict) -> None:
     for key, label in (("overall", "all"),):
         table.add_row(label, *(f"{_pct(profile['by_len'][L][key]['acceptance'])} "
                                f"({profile['by_len'][L][key]['positions']:,})" for L in lens))
-    console.print(table)
+    console.print(caption_below(table))
     by_n = Table(title="by number of candidates n: acceptance ratio / drafts accepted in full")
     by_n.add_column("n", justify="right")
     for L in lens:
@@ -167,4 +167,4 @@ def _render_roles(doc: dict) -> None:
         at = [f"{p[i - 1]:.2f}" if i <= len(p) else "-" for i in (1, 4, 8, 16)]
         table.add_row(role, f"{r['calls']:,}", f"{r['positions']:,}", f"{r['curve']['drafted'][0]:.2f}", *at,
                       str(r["cap"]))
-    Console().print(table)
+    Console().print(caption_below(table))

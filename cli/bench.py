@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from agentspec_sim.cli.calibrate import calibrate_app
+from agentspec_sim.cli.common import caption_below
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.validate import validate_app
 
@@ -126,7 +127,7 @@ def validate_bench(
         for row in doc["rows"]:
             table.add_row(row["metric"], _num(row["predicted"]), _num(row["measured"]),
                           "—" if row["error"] is None else f"{row['error']:+.1%}")
-        console.print(table)
+        console.print(caption_below(table))
     console.print(escape(calibration_note(cost)))
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from agentspec_sim.cli.common import caption_below
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.root import app
 from agentspec_sim.io.outputs import JSON_SUFFIXES, Output, check_outputs
@@ -129,7 +130,7 @@ def _render(file: Path, output: Path, result, rows) -> None:
     for r in rows:
         table.add_row(escape(r.group), r.split, f"{r.steps:,}", f"{r.observed_length:.2f}", f"{r.predicted_length:.2f}",
                       f"{r.max_abs_error:.3f}", _rates(r.observed), _rates(r.predicted))
-    console.print(table)
+    console.print(caption_below(table))
     console.print(f"wrote {output}")
 
 
@@ -212,7 +213,7 @@ def _render_cost(fit, output: Path) -> None:
     table.add_row("held out", str(fit.num_holdout), pct(fit.mape_before_holdout), pct(fit.mape_after_holdout))
     if fit.draft_mape_after is not None:
         table.add_row("drafting", "", pct(fit.draft_mape_before), pct(fit.draft_mape_after))
-    console.print(table)
+    console.print(caption_below(table))
     console.print("; ".join(f"{name} {getattr(fit.start, name):.4g} → {getattr(fit.calibration, name):.4g}"
                             for name in fit.fitted))
     console.print(f"wrote {output}")
@@ -285,5 +286,5 @@ def aic(
     if as_json:
         typer.echo(json.dumps({"fits": reports}, indent=2))
         return
-    console.print(table)
+    console.print(caption_below(table))
     console.print(f"wrote {len(pairs)} file(s) to {escape(str(out_dir))}")

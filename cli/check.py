@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from agentspec_sim.cli.common import caption_below
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.root import app
 
@@ -209,7 +210,7 @@ def _render(console: Console, result, updating: bool = False) -> None:
                       _num(c[metric], ".1f", 100), d_rej, _num(c["goodput_tok_s"], ",.0f"),
                       _rel(b["goodput_tok_s"], c["goodput_tok_s"]), _num(c["speedup"], ".3f"),
                       _rel(b["speedup"], c["speedup"]), f"[{style}]{status}[/]" if style else status)
-    console.print(table)
+    console.print(caption_below(table))
     for d in result.failed:
         console.print(f"  {d.trace} · max_num_seqs {d.max_num_seqs} · {d.drafter}: {'; '.join(d.regressions)}",
                       soft_wrap=True)

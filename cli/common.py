@@ -112,3 +112,16 @@ def burst_note(workload: Workload, config) -> str | None:
     return ("note: every query arrives at once (the trace records no arrival_s), so TTFT and query latency are "
             "queueing behind the whole burst; --request-rate Q sends them as vllm bench serve does (Poisson, Q per "
             "second), --max-concurrency N as N agents in a closed loop")
+
+
+def caption_below(table):
+    """`table` with its caption printed below it at the console's width, not wrapped to the table's (a narrow
+    table made its caption a ribbon of a few words a line, whatever COLUMNS said)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    caption = table.caption
+    if not caption:
+        return table
+    table.caption = None
+    return Group(table, Text(caption, style="table.caption") if isinstance(caption, str) else caption)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from agentspec_sim.cli.common import caption_below
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.root import app
 from agentspec_sim.cli.sweep_options import data_parallel_ranks_option, expert_parallel_option
@@ -85,5 +86,5 @@ def cost(
                       *(f"{row[k] * 1e3:.3f}" for k in ("weights_s", "moe_s", "attention_s", "overhead_s",
                                                         "communication_s")))
     console = Console()
-    console.print(table)
+    console.print(caption_below(table))
     console.print(note, markup=False, highlight=False)

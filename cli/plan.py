@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentspec_sim.cli import sweep_options as sweep_cli
-from agentspec_sim.cli.common import seconds, trace_argument
+from agentspec_sim.cli.common import caption_below, seconds, trace_argument
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.root import app
 
@@ -260,7 +260,7 @@ def _render(p) -> None:
                                                                       sep="\n"),
                       format_interval(b.speedup, b.speedup_band, ".2f", "×", sep="\n") if b.speedup is not None
                       else "—×", seconds(b.query_latency_p99_s), seconds(b.ttft_p99_s), seconds(b.tpot_p99_s))
-    console.print(table)
+    console.print(caption_below(table))
     for d in p.drafters:
         console.print(f"  {d.drafter}: {'larger: ' if d.best is not None else ''}{d.why}", highlight=False)
     console.print(f"[bold]best:[/] {p.reason}")
@@ -343,7 +343,7 @@ def _render_layouts(pair: dict) -> None:
         shown = "—" if value is None else f"{value:.4g}" + (" ≈" if r.get("told_apart_from_best") is False else "")
         table.add_row(r["layout"], str(r["gpus"]), r["drafter"] or "none",
                       "—" if r["max_num_seqs"] is None else str(r["max_num_seqs"]), shown)
-    console.print(table)
+    console.print(caption_below(table))
     top = rows[0]
     if top["per_gpu"] is not None:
         console.print(f"[bold]best layout:[/] {top['layout']} ({top['flags'] or 'one GPU'}) with {top['drafter']} at "
@@ -367,7 +367,7 @@ def _render_hardware(model: dict) -> None:
         table.add_row(r["hardware"], r["layout"], r["drafter"] or "none",
                       "—" if r["max_num_seqs"] is None else str(r["max_num_seqs"]), shown,
                       "—" if usd is None else f"{usd:.3f}", "—" if per_query is None else f"{1000 * per_query:.3g}")
-    console.print(table)
+    console.print(caption_below(table))
     top = rows[0]
     if top["per_gpu"] is not None:
         console.print(f"[bold]best GPU:[/] {top['hardware']} at {top['layout']} with {top['drafter']} at max_num_seqs "
@@ -398,7 +398,7 @@ def _render_capacity(p) -> None:
         smaller = d.smaller.max_num_seqs if d.smaller else None
         table.add_row(d.drafter, *((_rate_cell(d, s) + ("*" if s == best else "+" if s == smaller else ""))
                                    if s in d.by_batch else "—" for s in sizes))
-    console.print(table)
+    console.print(caption_below(table))
     detail = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
                    caption="at each drafter's best max_num_seqs · tok/s: sustained output tokens/s (capacity × "
                            "output tokens per query) · $ at " + (f"${p.usd_per_gpu_hour:g}/GPU-hour"
@@ -423,7 +423,7 @@ def _render_capacity(p) -> None:
         if p.target_rate is not None:
             row.append("—" if b.replicas is None else str(b.replicas))
         detail.add_row(*row)
-    console.print(detail)
+    console.print(caption_below(detail))
     console.print(f"[bold]best:[/] {p.reason}", highlight=False)
     _print_acceptance(console, p)
     _print_serve_line(console, p)

@@ -15,6 +15,7 @@ from agentspec_sim.cli.common import (
     REJECTION_LEGEND,
     PlainProgress,
     burst_note,
+    caption_below,
     load_workload,
     percent,
     say_if_compiling,
@@ -270,7 +271,7 @@ def _render_latencies(console: Console, runs) -> None:
             table.add_row(s.drafter if metric == "TTFT" else "", metric,
                           *("—" if v is None else f"{1000 * v:,.2f}" for v in (stats.mean, stats.p50, stats.std,
                                                                                 stats.p99)))
-    console.print(table)
+    console.print(caption_below(table))
 
 
 def _render(path: Path, runs, note: str | None = None, cost_note: str | None = None, bands=None,
@@ -306,7 +307,7 @@ def _render(path: Path, runs, note: str | None = None, cost_note: str | None = N
             format_interval(s.mean_acceptance_length, band("mean_acceptance_length"), sep="\n"),
             seconds(s.ttft.p50), seconds(s.tpot.p50), seconds(s.query_latency.p99),
         )
-    console.print(table)
+    console.print(caption_below(table))
     if runs[0][0].config.arrival == "request-rate" or runs[0][0].config.max_concurrency is not None:
         _render_latencies(console, runs)
     console.print(f"load: {first.protocol}", highlight=False, markup=False)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentspec_sim.cli import sweep_options as shared
-from agentspec_sim.cli.common import trace_argument
+from agentspec_sim.cli.common import caption_below, trace_argument
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.root import app
 
@@ -122,5 +122,5 @@ def _render(frame, output: Path) -> None:
             cells = [lookup.get((label, size)) for size in sizes]
             table.add_row(label + (" *" if label in with_band else ""),
                           *("—" if v is None else f"{v:.2f}" for v in cells))
-        console.print(table)
+        console.print(caption_below(table))
     console.print(f"{frame.height} cells in {output}")

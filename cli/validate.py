@@ -12,6 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from agentspec_sim.cli.common import caption_below
 from agentspec_sim.cli.errors import UsageError
 from agentspec_sim.cli.root import app
 
@@ -118,7 +119,7 @@ def _render_timing(summary: dict, output: Path) -> None:
     for row in summary["per_batch_size"]:
         table.add_row(row["batch_size"], str(row["steps"]), f"{row['measured_ms']:.2f}", _pct(row["mape"]),
                       _pct(row.get("mape_calibrated")))
-    console.print(table)
+    console.print(caption_below(table))
     fit = summary["fit"]
     line = f"{summary['steps']} steps ({summary['cuda_graph_steps']} as CUDA graphs): MAPE {summary['mape']:.1f}%"
     if fit:
@@ -342,7 +343,7 @@ def _render_vllm(document: dict) -> None:
                       pair(r["rejection_rate_tokens"]["vllm"], r["rejection_rate_tokens"]["sim"], ".1%"),
                       pair(g["vllm"], g.get("sim"), spec))
     console = Console()
-    console.print(table)
+    console.print(caption_below(table))
     console.print(legend, style="dim", highlight=False)
     for r in document["methods"]:
         if "skipped" not in r and r.get("first_schedule_difference"):
