@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich import box
@@ -21,7 +22,7 @@ from agentspec_sim.cli.root import app
 # plan's own options; every other one shapes the sweep it runs, so with --results (a finished sweep) it is refused
 # rather than silently ignored.
 _PLAN_OPTIONS = frozenset({"results", "slo_p99_latency", "slo_ttft", "slo_tpot", "min_goodput", "allow_preemption",
-                           "as_json", "target_rate", "prices", "capacity"})
+                           "as_json", "target_rate", "prices", "capacity", "pareto"})
 
 
 @app.command()
@@ -41,6 +42,9 @@ def plan(
     allow_preemption: bool = typer.Option(False, "--allow-preemption", help="Accept batch sizes at which the KV "
                                           "cache fills and vLLM preempts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of the tables."),
+    pareto: bool = typer.Option(False, "--pareto", help="Also the Pareto frontier of output tok/s per GPU against "
+                                "tok/s per user (1 / mean TPOT) across drafters, batch sizes, layouts and GPUs "
+                                "(AIConfigurator's first view); with --json under the key \"pareto\"."),
     capacity: bool | None = typer.Option(None, "--capacity/--goodput", help="--capacity: rank by capacity, the "
                                          "highest request rate at which --slo-attainment of calls and queries meet "
                                          "the SLOs (--slo-ttft, --slo-tpot per call, --slo-query-latency per query), "
@@ -152,10 +156,21 @@ def plan(
         named = results is not None and not str(exc).startswith(str(results))
         raise UsageError(f"{results}: {exc}" if named else str(exc)) from None
     summary, gpus = layout_summary(plans), hardware_summary(plans)
+    frontier = None
+    if pareto:
+        from agentspec_sim.sweep.pareto import pareto_points
+
+        try:
+            frontier = pareto_points(frame)
+        except SweepError as exc:
+            raise UsageError(str(exc)) from None
     if as_json:
         documents = [{**p.to_dict(), "acceptance_models": acceptance_notes(p)} for p in plans]
-        typer.echo(json.dumps({"plans": documents, "layouts": summary, "hardware": gpus}, indent=2)
-                   if summary or gpus else json.dumps(documents, indent=2))
+        document: Any = ({"plans": documents, "layouts": summary, "hardware": gpus} if summary or gpus or frontier
+                         is not None else documents)
+        if frontier is not None:
+            document["pareto"] = [point.to_dict() for point in frontier]
+        typer.echo(json.dumps(document, indent=2))
         return
     for p in plans:
         (_render_capacity if by_capacity else _render)(p)
@@ -163,6 +178,30 @@ def plan(
         _render_layouts(pair)
     for model in gpus:
         _render_hardware(model)
+    if frontier is not None:
+        _render_pareto(frontier)
+
+
+def _render_pareto(points) -> None:
+    """The frontier of each (trace, model): the configurations no other beats on both throughput per GPU and
+    speed per user, most throughput per GPU first."""
+    console = Console()
+    groups: dict[tuple[str, str], list] = {}
+    for point in points:
+        groups.setdefault((point.trace, point.model), []).append(point)
+    for (trace, model), group in groups.items():
+        on = [p for p in group if p.on_frontier]
+        table = Table(title=f"Pareto frontier · {Path(trace).name} · {model}", box=box.SIMPLE_HEAD, show_edge=False,
+                      pad_edge=False, padding=(0, 1, 0, 0),
+                      caption=f"{len(on)} of {len(group)} configurations on the frontier: none beats them on both "
+                              "output tok/s per GPU and tok/s per user (1 / mean TPOT, vllm bench serve's TPOT)")
+        for name in ("GPU", "layout", "drafter", "batch", "tok/s/GPU", "tok/s/user"):
+            table.add_column(name, justify="right" if name in ("batch", "tok/s/GPU", "tok/s/user") else "left",
+                             no_wrap=True)
+        for p in on:
+            table.add_row(p.hardware, p.layout, p.drafter, str(p.max_num_seqs), f"{p.tok_s_per_gpu:,.1f}",
+                          f"{p.tok_s_per_user:,.1f}")
+        console.print(caption_below(table))
 
 
 def _check_positive(values: dict[str, float | None], unit: str = "") -> None:

@@ -190,7 +190,7 @@ def test_a_report_of_several_layouts_keeps_each_layouts_plots_and_answers_what_p
     report = tmp_path / "rep"
     code, _, err = run_cli(["report", str(out), "-o", str(report)], monkeypatch, capsys)
     assert code == 0, err
-    pngs = sorted(p.name for p in report.glob("*.png"))
+    pngs = sorted(p.name for p in report.glob("*.png") if not p.name.startswith("pareto-"))
     assert len(pngs) == 8 and sum("-tp2" in name for name in pngs) == 4  # 2 GPUs × 2 layouts × 2 plots
     text = (report / "report.md").read_text()
     titles = [line for line in text.splitlines() if line.startswith("## ")]
@@ -238,3 +238,44 @@ def test_a_chat_transcript_ending_with_the_assistants_turn_is_a_query_of_its_cal
                            monkeypatch, capsys)
     assert "missing response (a call's response, or a transcript whose last message is the assistant's turn)" in \
         one_error_line(code, err)
+
+
+def test_the_pareto_frontier_keeps_what_no_other_configuration_beats_on_both():
+    """AIConfigurator's first view: output tok/s per GPU against tok/s per user, across drafters, batch sizes,
+    layouts and GPUs."""
+    import json
+
+    import polars as pl
+
+    from agentspec_sim.sweep.pareto import pareto_points
+
+    def row(hw: str, tp: int, drafter: str, b: int, goodput: float, tpot: float) -> dict:
+        return {"trace": "t.jsonl", "model": "qwen3-8b", "hardware": hw, "drafter": drafter, "max_num_seqs": b,
+                "seed": 0, "goodput_tok_s": goodput, "tpot_mean": tpot,
+                "engine_config": json.dumps({"tensor_parallel_size": tp})}
+
+    frame = pl.DataFrame([row("h100-80g", 1, "normal", 8, 800.0, 0.010),    # 800 /GPU, 100 /user: frontier
+                          row("h100-80g", 1, "ngram", 8, 900.0, 0.0125),    # 900 /GPU, 80 /user: frontier
+                          row("h100-80g", 2, "normal", 8, 1000.0, 0.005),   # 500 /GPU, 200 /user: frontier
+                          row("h200", 1, "normal", 2, 400.0, 0.011)])       # 400 /GPU, 91 /user: beaten
+    points = pareto_points(frame)
+    on = {(p.hardware, p.layout, p.drafter): (round(p.tok_s_per_gpu), round(p.tok_s_per_user)) for p in points
+          if p.on_frontier}
+    assert on == {("h100-80g", "tp 1", "ngram"): (900, 80), ("h100-80g", "tp 1", "normal"): (800, 100),
+                  ("h100-80g", "tp 2", "normal"): (500, 200)}
+    assert [p.on_frontier for p in points] == [True, True, True, False]  # the frontier first, most per GPU first
+
+
+def test_plan_and_report_show_the_pareto_view(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import json
+
+    out = tmp_path / "s.parquet"
+    code, _, err = run_cli(["sweep", str(trace), "--drafter", "ngram", "--max-num-seqs", "1,2", "-o", str(out), "-q"],
+                           monkeypatch, capsys)
+    assert code == 0, err
+    code, text, err = run_cli(["plan", "--results", str(out), "--pareto"], monkeypatch, capsys)
+    assert code == 0 and "Pareto frontier" in text, err
+    code, text, err = run_cli(["plan", "--results", str(out), "--pareto", "--json"], monkeypatch, capsys)
+    assert code == 0 and any(p["on_frontier"] for p in json.loads(text)["pareto"]), err
+    code, _, err = run_cli(["report", str(out), "-o", str(tmp_path / "r")], monkeypatch, capsys)
+    assert code == 0 and list((tmp_path / "r").glob("pareto-*.png")), err

@@ -72,7 +72,7 @@ def test_report_writes_markdown_linking_non_trivial_pngs(results, tmp_path):
     text = report.markdown.read_text()
     names = {p.name for p in report.figures}
     assert names == {f"{kind}-tiny-a100-80g-qwen3-8b.png" for kind in
-                     ("speedup", "drafts-budget", "latency-cdf", "time-breakdown")}
+                     ("speedup", "drafts-budget", "latency-cdf", "time-breakdown")} | {"pareto-tiny-qwen3-8b.png"}
     for path in report.figures:
         data = path.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 15_000, path.name
@@ -126,7 +126,7 @@ def test_cli_report_from_parquet(results, tmp_path, monkeypatch, capsys):
     out = tmp_path / "rep"
     monkeypatch.setattr(sys, "argv", ["agentspec-sim", "report", str(path), "-o", str(out)])
     assert run_guarded(app) == 0
-    assert (out / "report.md").exists() and len(list(out.glob("*.png"))) == 4
+    assert (out / "report.md").exists() and len(list(out.glob("*.png"))) == 5  # the setting's 4, the Pareto view
     assert load_results([path]).height == results.height
 
 

@@ -177,6 +177,8 @@ def write_report(results: pl.DataFrame, out_dir: str | Path, *, batch: int | Non
         lines += ["## Draft tokens per engine step from step logs (paper Figure 3)", "",
                   f"From {names}: engine steps binned by their real batch size (powers of two); M(b) for "
                   f"{model} on {hardware}.", "", f"![Draft tokens per engine step]({path.name})", ""]
+    if "tpot_mean" in results.columns:  # results written before TPOT means were recorded have no Pareto view
+        lines += _pareto_section(results, style, out, report)
     with atomic_text(report.markdown) as handle:
         handle.write("\n".join(lines).rstrip() + "\n")
     return report
@@ -323,11 +325,38 @@ def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "age
                   f"![Latency vs offered load]({latency.name})", "", f"![Capacity vs max batch size]({capacity.name})",
                   ""]
     lines += _summary_tables(plans)
+    lines += _pareto_section(results, style, out, report)
     sources = sorted({p.price_source for p in plans if p.price_source})
     lines += [f"Prices: {text}" for text in sources] + ([""] if sources else [])
     with atomic_text(report.markdown) as handle:
         handle.write("\n".join(lines).rstrip() + "\n")
     return report
+
+
+def _pareto_section(results: pl.DataFrame, style: plots.Style, out: Path, report: Report) -> list[str]:
+    """Per (trace, model) with more than one configuration: the Pareto plot of output tok/s per GPU against tok/s
+    per user (`sweep.pareto`) and its frontier as a table."""
+    from agentspec_sim.sweep.pareto import pareto_points
+
+    groups: dict[tuple[str, str], list] = {}
+    for point in pareto_points(results):
+        groups.setdefault((point.trace, point.model), []).append(point)
+    lines: list[str] = []
+    for (trace, model), points in groups.items():
+        if len(points) < 2:
+            continue
+        name = workload_name(trace)
+        figure = plots.pareto(points, style, f"Throughput per GPU vs speed per user — {name} · {model}",
+                              out / f"pareto-{_slug(name, model)}.png")
+        report.figures.append(figure)
+        lines += [f"## Pareto frontier · {name} · {model}", "",
+                  "Every configuration (drafter, max_num_seqs, layout, GPU) as output tokens/s per GPU against "
+                  "tokens/s per user (1 / mean TPOT); the frontier holds those no other beats on both.", "",
+                  "| GPU | layout | drafter | batch | tok/s/GPU | tok/s/user |", "|---|---|---|---:|---:|---:|",
+                  *(f"| {p.hardware} | {p.layout} | {p.drafter} | {p.max_num_seqs} | {p.tok_s_per_gpu:,.1f} | "
+                    f"{p.tok_s_per_user:,.1f} |" for p in points if p.on_frontier),
+                  "", f"![Pareto frontier]({figure.name})", ""]
+    return lines
 
 
 def _price_line(plan) -> list[str]:

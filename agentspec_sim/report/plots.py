@@ -326,3 +326,29 @@ def capacity_vs_batch(setting: pl.DataFrame, style: Style, title: str, path: Pat
     _outside_legend(ax)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def pareto(points: Sequence, style: Style, title: str, path: Path) -> Path:
+    """Output tokens/s per GPU against tokens/s per user (`sweep.pareto` points of one trace and model): every
+    configuration a dot in its drafter's colour, the frontier joined; both axes from zero."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for drafter in style.drafters:
+        mine = [p for p in points if p.drafter == drafter]
+        if mine:
+            ax.scatter([p.tok_s_per_user for p in mine], [p.tok_s_per_gpu for p in mine], s=28,
+                       marker=style.marker(drafter), color=style.color(drafter), label=drafter, alpha=0.85)
+    front = sorted((p for p in points if p.on_frontier), key=lambda p: p.tok_s_per_user)
+    ax.plot([p.tok_s_per_user for p in front], [p.tok_s_per_gpu for p in front], "-", color="black", linewidth=1.0,
+            label="frontier", zorder=0)
+    for p in front:
+        ax.annotate(f"{p.hardware} {p.layout} b{p.max_num_seqs}", (p.tok_s_per_user, p.tok_s_per_gpu), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("tokens/s per user (1 / mean TPOT)")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.set_title(title, fontsize="medium")
+    ax.grid(True, alpha=0.3)
+    _outside_legend(ax)
+    fig.tight_layout()
+    return _save(fig, path)

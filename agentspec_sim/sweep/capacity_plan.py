@@ -185,6 +185,10 @@ class CapacityChoice:
     def rank_key(self) -> float:
         return self.capacity_per_gpu or 0.0 if self.feasible else -1.0
 
+    def told_apart_from(self, other: CapacityChoice, model_error: float) -> bool:
+        """Whether this choice's capacity per GPU is told apart from `other`'s (`told_apart`)."""
+        return told_apart(self, other, model_error)
+
 
 @dataclass(frozen=True)
 class DrafterCapacity:

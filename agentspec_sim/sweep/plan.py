@@ -265,15 +265,13 @@ def _told_apart(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each row with `told_apart_from_best`: False where a capacity plan's choice is not told apart from the best
     layout's (their intervals and the step cost's error overlap: `capacity_plan.told_apart`), None where that
     cannot be said (a batch plan, nothing planned); the choices themselves dropped (not JSON)."""
-    from agentspec_sim.sweep.capacity_plan import CapacityChoice, told_apart
-
     best = rows[0]["_choice"] if rows else None
     out = []
     for i, row in enumerate(rows):
         choice, error = row.pop("_choice"), row.pop("_model_error")
         apart = None
-        if isinstance(best, CapacityChoice) and isinstance(choice, CapacityChoice) and i > 0:
-            apart = told_apart(best, choice, error or 0.0)
+        if i > 0 and hasattr(best, "told_apart_from") and hasattr(choice, "told_apart_from"):  # capacity choices
+            apart = choice.told_apart_from(best, error or 0.0)
         out.append({**row, "told_apart_from_best": apart})
     return out
 
