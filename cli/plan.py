@@ -93,6 +93,7 @@ def plan(
     replicate: int = sweep_cli.replicate_option(),
     think_time: float | None = sweep_cli.think_time_option(),
     no_prefix_caching: bool = sweep_cli.no_prefix_caching_option(),
+    kv_cache_dtype: str = sweep_cli.kv_cache_dtype_option(),
     skip_bad_lines: bool = sweep_cli.skip_bad_lines_option(),
     no_band: bool = sweep_cli.no_band_option(),
 ) -> None:
@@ -117,7 +118,7 @@ def plan(
         raise UsageError(str(exc)) from None
     engine_options = (max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
                       tensor_parallel_size, expert_parallel, calibration, replicate, think_time, no_prefix_caching,
-                      data_parallel_size)
+                      data_parallel_size, kv_cache_dtype)
     if results is not None:
         frame = _results_frame(ctx, results, trace)
     else:
@@ -241,8 +242,9 @@ def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_tt
 
 def _engine_config(engine_options: tuple, load: dict):
     """`engine_config` of the plan's engine options (the last one its --data-parallel-size) and load settings."""
-    *options, data_parallel_size = engine_options
-    return sweep_cli.engine_config(*options, load, data_parallel_size=data_parallel_size)
+    *options, data_parallel_size, kv_cache_dtype = engine_options
+    return sweep_cli.engine_config(*options, load, data_parallel_size=data_parallel_size,
+                                   kv_cache_dtype=kv_cache_dtype)
 
 
 def _results_frame(ctx: typer.Context, results: Path, trace: Path | None):

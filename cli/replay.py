@@ -62,6 +62,7 @@ def replay(
     think_time: float | None = typer.Option(None, "--think-time", help="Seconds between a call's finish and the "
                                             "next call of its query (default: the trace's think_s)."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache."),
+    kv_cache_dtype: str = sweep_options.kv_cache_dtype_option(),
     seed: int = typer.Option(0, "--seed", help="Seed for arrivals and staggering."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of the table."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Also write the JSON document to this file "
@@ -92,7 +93,8 @@ def replay(
             data_parallel_size=data_parallel_size, hardware=hardware,
             model=model,
             calibration=str(calibration) if calibration else None, replicate=replicate, think_time=think_time,
-            enable_prefix_caching=not no_prefix_caching, seed=seed, check_invariants=check, **load,
+            enable_prefix_caching=not no_prefix_caching, seed=seed, check_invariants=check,
+            kv_cache_dtype=kv_cache_dtype, **load,
         )
     except (SpecConfigError, EngineConfigError) as exc:
         raise UsageError(str(exc)) from None

@@ -64,6 +64,7 @@ def sweep(
     replicate: int = shared.replicate_option(),
     think_time: float | None = shared.think_time_option(),
     no_prefix_caching: bool = shared.no_prefix_caching_option(),
+    kv_cache_dtype: str = shared.kv_cache_dtype_option(),
     skip_bad_lines: bool = shared.skip_bad_lines_option(),
     no_band: bool = shared.no_band_option(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no speedup table."),
@@ -75,7 +76,7 @@ def sweep(
     engine = shared.engine_config(max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
                                   tensor_parallel_size, expert_parallel, calibration, replicate, think_time,
                                   no_prefix_caching,
-                                  load, data_parallel_size=data_parallel_size)
+                                  load, data_parallel_size=data_parallel_size, kv_cache_dtype=kv_cache_dtype)
     slo = shared.latency_slo(slo_ttft, slo_tpot, slo_query_latency, slo_itl)
     search = (shared.capacity_search(slo, slo_attainment, capacity_tolerance, burstiness, engine,
                                      shared.capacity_options(capacity_seeds, capacity_criterion, capacity_max_tenants))

@@ -312,6 +312,12 @@ def think_time_option():
                         "(default: the trace's think_s).")
 
 
+def kv_cache_dtype_option():
+    return typer.Option("auto", "--kv-cache-dtype", help="vLLM's --kv-cache-dtype: auto (the model's 16-bit dtype) "
+                        "or fp8 (fp8_e4m3, fp8_e5m2): one byte an element, twice the KV cache's tokens and half the "
+                        "attention's KV read.")
+
+
 def no_prefix_caching_option():
     return typer.Option(False, "--no-prefix-caching", help="Disable vLLM's prefix cache.")
 
@@ -330,7 +336,7 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
                   max_model_len: int | None = None, num_kv_blocks: int | None = None, tensor_parallel_size: str = "1",
                   expert_parallel: bool = False, calibration: Path | None = None, replicate: int = 1,
                   think_time: float | None = None, no_prefix_caching: bool = False, load: dict | None = None,
-                  data_parallel_size: str = "1"):
+                  data_parallel_size: str = "1", kv_cache_dtype: str = "auto"):
     """The engine settings every cell shares (max_num_seqs, hardware, model, seed vary per cell); `load`: the
     load protocol's settings (`load_settings`; None: the trace's own arrivals)."""
     import math
@@ -348,7 +354,8 @@ def engine_config(max_num_batched_tokens: int | None = None, gpu_memory_utilizat
                             num_kv_blocks=num_kv_blocks, tensor_parallel_size=tp, data_parallel_size=dp,
                             enable_expert_parallel=expert_parallel and layouts is None,
                             calibration=str(calibration) if calibration else None, replicate=replicate,
-                            think_time=think_time, enable_prefix_caching=not no_prefix_caching, **load)
+                            think_time=think_time, enable_prefix_caching=not no_prefix_caching,
+                            kv_cache_dtype=kv_cache_dtype, **load)
     except EngineConfigError as exc:
         raise UsageError(str(exc)) from None
 

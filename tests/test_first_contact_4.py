@@ -279,3 +279,26 @@ def test_plan_and_report_show_the_pareto_view(trace, tmp_path, monkeypatch, caps
     assert code == 0 and any(p["on_frontier"] for p in json.loads(text)["pareto"]), err
     code, _, err = run_cli(["report", str(out), "-o", str(tmp_path / "r")], monkeypatch, capsys)
     assert code == 0 and list((tmp_path / "r").glob("pareto-*.png")), err
+
+
+def test_an_fp8_kv_cache_holds_twice_the_tokens_and_reads_half_the_bytes():
+    """vLLM's --kv-cache-dtype fp8: one byte a KV element. The KV pool doubles, decode attention reads half."""
+    from types import SimpleNamespace
+
+    from agentspec_sim import EngineConfig
+    from agentspec_sim.cost import BatchShape
+    from agentspec_sim.cost.build import cost_model_for
+    from agentspec_sim.engine.config import EngineConfigError, resolve
+    from agentspec_sim.sweep.plan import serve_flags
+
+    bf16 = EngineConfig(hardware="h100-80g", model="qwen3-8b", max_num_seqs=64)
+    fp8 = EngineConfig(hardware="h100-80g", model="qwen3-8b", max_num_seqs=64, kv_cache_dtype="fp8")
+    assert resolve(fp8).num_kv_blocks == pytest.approx(2 * resolve(bf16).num_kv_blocks, abs=2)
+    batch = BatchShape.decode(64, 16384)
+    a, b = (cost_model_for(c).step_time(batch).attention_s for c in (bf16, fp8))
+    assert b < 0.6 * a
+    with pytest.raises(EngineConfigError, match="kv_cache_dtype must be one of auto"):
+        EngineConfig(kv_cache_dtype="int4")
+    best = SimpleNamespace(speculative_config={"method": "normal"}, max_num_seqs=64)
+    args = serve_flags(best, "qwen3-8b", {"kv_cache_dtype": "fp8"}, [])[1]
+    assert args[-2:] == ["--kv-cache-dtype", "fp8"]

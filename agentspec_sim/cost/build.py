@@ -70,7 +70,8 @@ def cost_model_for(engine) -> RooflineCostModel:
     `tensor_parallel_size` and `calibration`): the one place a run's settings become its cost model."""
     return build_cost_model(engine.hardware, engine.model, engine.tensor_parallel_size, engine.calibration,
                             expert_parallel=getattr(engine, "enable_expert_parallel", False),
-                            data_parallel_size=getattr(engine, "data_parallel_size", 1))
+                            data_parallel_size=getattr(engine, "data_parallel_size", 1),
+                            kv_dtype_bytes=getattr(engine, "kv_dtype_bytes", 2))
 
 
 def build_cost_model(
@@ -82,6 +83,7 @@ def build_cost_model(
     draft: str | None = None,
     expert_parallel: bool = False,
     data_parallel_size: int = 1,
+    kv_dtype_bytes: int = 2,
 ) -> RooflineCostModel:
     """The roofline step-cost model for `model` on `hardware` with `tensor_parallel_size` GPUs.
 
@@ -96,6 +98,8 @@ def build_cost_model(
                  tensor-parallel GPUs); picks that layout's bundled calibration.
     data_parallel_size: vLLM's --data-parallel-size; the model prices one rank (a MoE model's experts
                  sharded over all ranks' GPUs).
+    kv_dtype_bytes: bytes a KV cache element takes (1: vLLM's fp8 KV cache, whose attention reads half the
+                 bytes; the calibrations were fitted on BF16 caches and keep their efficiencies).
     """
     hw, m = load_hardware(hardware), load_model(model)
     if calibration is None:
@@ -112,7 +116,7 @@ def build_cost_model(
         cal = Calibration.from_file(calibration)
         check_calibration(calibration, hw, m)
     return RooflineCostModel(hw, m, tensor_parallel_size, cal, draft=draft, expert_parallel=expert_parallel,
-                             data_parallel_size=data_parallel_size)
+                             data_parallel_size=data_parallel_size, kv_dtype_bytes=kv_dtype_bytes)
 
 
 def check_calibration(calibration: str | Path, hw: HardwareProfile, m: ModelProfile) -> None:

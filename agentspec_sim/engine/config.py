@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 ArrivalMode = Literal["recorded", "zero", "poisson", "request-rate"]
 ARRIVAL_MODES = ("recorded", "zero", "poisson", "request-rate")
+# vLLM 0.33's --kv-cache-dtype choices (config/cache.py CacheDType): "auto" is the model's dtype (BF16 here); the fp8
+# caches store one byte an element, halving the KV cache's bytes a token (capacity) and the attention's KV read.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 class EngineConfigError(ValueError):
@@ -92,6 +95,7 @@ class EngineConfig:
     check_invariants: bool = False
     async_scheduling: bool | None = None
     in_process_client: bool = False
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "block_size",
@@ -117,6 +121,9 @@ class EngineConfig:
                                 or self.arrival in ("poisson", "request-rate")):
             raise EngineConfigError("copies runs each query alone as identical copies: it takes no request rate, "
                                     "max_concurrency or replicate")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise EngineConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (vLLM's "
+                                    f"--kv-cache-dtype), got {self.kv_cache_dtype!r}")
         if self.think_time is not None and self.think_time < 0:
             raise EngineConfigError(f"think_time must be ≥ 0, got {self.think_time}")
         if self.think_time is not None and self.think_time > MAX_CLOCK_S:
@@ -124,6 +131,11 @@ class EngineConfig:
                                     f"resolve one step), got {self.think_time:g}")
         if self.replicate_stagger_s < 0:
             raise EngineConfigError(f"replicate_stagger_s must be ≥ 0, got {self.replicate_stagger_s}")
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes a KV cache element takes: 1 for vLLM's fp8 caches, else the model's 16-bit dtype."""
+        return 1 if self.kv_cache_dtype.startswith("fp8") else 2
 
     @property
     def tenants(self) -> int:
@@ -206,8 +218,8 @@ def resolve(config: EngineConfig) -> ResolvedLimits:
         from agentspec_sim.cost import kv_capacity_tokens
 
         capacity = int(kv_capacity_tokens(hw, model, config.gpu_memory_utilization, config.tensor_parallel_size,
-                                          max_num_batched_tokens=tokens, max_num_seqs=seqs,
-                                          data_parallel_size=config.data_parallel_size))
+                                          kv_dtype_bytes=config.kv_dtype_bytes, max_num_batched_tokens=tokens,
+                                          max_num_seqs=seqs, data_parallel_size=config.data_parallel_size))
         blocks = capacity // config.block_size
         if blocks < 2:
             raise EngineConfigError(f"no KV cache memory left: {config.model} on {config.tensor_parallel_size}× "

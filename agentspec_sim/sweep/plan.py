@@ -303,6 +303,8 @@ def vllm_engine_args(engine: dict[str, Any]) -> list[str]:
     utilisation = engine.get("gpu_memory_utilization")
     if utilisation is not None and utilisation != VLLM_GPU_MEMORY_UTILIZATION:
         args += ["--gpu-memory-utilization", f"{utilisation:g}"]
+    if engine.get("kv_cache_dtype") not in (None, "auto"):
+        args += ["--kv-cache-dtype", str(engine["kv_cache_dtype"])]
     if engine.get("tensor_parallel_size", 1) != 1:
         args += ["--tensor-parallel-size", str(engine["tensor_parallel_size"])]
     if (engine.get("data_parallel_size") or 1) != 1:
