@@ -29,8 +29,9 @@ _PLAN_OPTIONS = frozenset({"results", "slo_p99_latency", "slo_ttft", "slo_tpot",
 def plan(
     ctx: typer.Context,
     trace: Path | None = trace_argument(),
-    results: Path | None = typer.Option(None, "--results", help="Plan from this sweep results parquet instead of "
-                                        "running a sweep."),
+    results: list[Path] | None = typer.Option(None, "--results", help="Plan from this sweep results parquet "
+                                              "instead of running a sweep (repeatable: sweeps run apart, e.g. one "
+                                              "layout each, ranked together)."),
     slo_p99_latency: float | None = typer.Option(None, "--slo-p99-latency", help="Most seconds for a query's "
                                                  "latency at p99."),
     slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="Most seconds to first token: each call's, met "
@@ -119,6 +120,8 @@ def plan(
     engine_options = (max_num_batched_tokens, gpu_memory_utilization, max_model_len, num_kv_blocks,
                       tensor_parallel_size, expert_parallel, calibration, replicate, think_time, no_prefix_caching,
                       data_parallel_size, kv_cache_dtype)
+    results = results or None
+    named_file = results[0] if results is not None and len(results) == 1 else None
     if results is not None:
         frame = _results_frame(ctx, results, trace)
     else:
@@ -140,7 +143,7 @@ def plan(
     try:
         by_capacity = is_capacity_results(frame)
     except SweepError as exc:
-        raise UsageError(f"{results}: {exc}" if results is not None else str(exc)) from None
+        raise UsageError(f"{named_file}: {exc}" if named_file is not None else str(exc)) from None
     if not by_capacity and prices is not None:
         raise UsageError("--prices: a goodput plan prices nothing (it ranks goodput, not capacities): plan "
                          "--capacity, or capacity results (sweep --capacity)")
@@ -154,8 +157,8 @@ def plan(
     try:
         plans = plan_capacity(frame, target_rate, price_table) if by_capacity else make_plan(frame, slo)
     except SweepError as exc:
-        named = results is not None and not str(exc).startswith(str(results))
-        raise UsageError(f"{results}: {exc}" if named else str(exc)) from None
+        named = named_file is not None and not str(exc).startswith(str(named_file))
+        raise UsageError(f"{named_file}: {exc}" if named else str(exc)) from None
     summary, gpus = layout_summary(plans), hardware_summary(plans)
     frontier = None
     if pareto:
@@ -247,8 +250,10 @@ def _engine_config(engine_options: tuple, load: dict):
                                    kv_cache_dtype=kv_cache_dtype)
 
 
-def _results_frame(ctx: typer.Context, results: Path, trace: Path | None):
-    """`plan --results`: the finished sweep's rows; no option that would have changed that sweep."""
+def _results_frame(ctx: typer.Context, results: list[Path], trace: Path | None):
+    """`plan --results`: the finished sweeps' rows (several files: their cells together, a cell given twice once,
+    one with different results in two files refused); no option that would have changed those sweeps."""
+    from agentspec_sim.report.results import ResultsError, load_results
     from agentspec_sim.sweep import SweepError, read_results
 
     if ctx.get_parameter_source("capacity").name not in ("DEFAULT", "DEFAULT_MAP"):
@@ -258,8 +263,12 @@ def _results_frame(ctx: typer.Context, results: Path, trace: Path | None):
         raise UsageError("--results plans from a finished sweep: give no TRACE")
     _refuse_sweep_options(ctx)
     try:
-        return read_results(results)
-    except SweepError as exc:
+        if len(results) == 1:
+            return read_results(results[0])
+        for path in results:  # each a results file (its schema checked), then together
+            read_results(path)
+        return load_results(results)
+    except (SweepError, ResultsError) as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -302,3 +302,21 @@ def test_an_fp8_kv_cache_holds_twice_the_tokens_and_reads_half_the_bytes():
     best = SimpleNamespace(speculative_config={"method": "normal"}, max_num_seqs=64)
     args = serve_flags(best, "qwen3-8b", {"kv_cache_dtype": "fp8"}, [])[1]
     assert args[-2:] == ["--kv-cache-dtype", "fp8"]
+
+
+def test_plan_ranks_layouts_run_in_separate_sweeps_together(trace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """`plan --results` took one file: layouts swept apart could not be ranked together."""
+    import json
+
+    files = []
+    for tp in ("1", "2"):
+        out = tmp_path / f"tp{tp}.parquet"
+        code, _, err = run_cli(["sweep", str(trace), "--capacity", "--slo-ttft", "0.5", "--slo-tpot", "0.05",
+                                "--drafter", "ngram", "--max-num-seqs", "1", "--tensor-parallel-size", tp,
+                                "--hardware", "h100-80g", "-j", "1", "-o", str(out), "-q"], monkeypatch, capsys)
+        assert code == 0, err
+        files += ["--results", str(out)]
+    code, out, err = run_cli(["plan", *files, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    (pair,) = json.loads(out)["layouts"]
+    assert {r["layout"] for r in pair["layouts"]} == {"tp 1", "tp 2"}
