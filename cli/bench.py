@@ -18,6 +18,48 @@ from agentspec_sim.cli.validate import validate_app
 
 RESULTS_HELP = "`vllm bench serve --save-result --save-detailed` result file(s) (vLLM 0.33's format)."
 
+# The server's flags (`vllm serve`'s), which a result file does not record: the same options for both commands.
+def _hardware():
+    return typer.Option("h100-80g", "--hardware", help="Hardware profile of the GPU the server ran on.")
+
+
+def _model():
+    return typer.Option("qwen3-8b", "--model", help="Model profile the server served (or a config.json).")
+
+
+def _tensor_parallel_size():
+    return typer.Option(1, "--tensor-parallel-size", help="The server's --tensor-parallel-size.")
+
+
+def _max_num_seqs():
+    return typer.Option(None, "--max-num-seqs", help="The server's --max-num-seqs (default: vLLM's).")
+
+
+def _max_num_batched_tokens():
+    return typer.Option(None, "--max-num-batched-tokens", help="The server's token budget (default: vLLM's).")
+
+
+def _max_model_len():
+    return typer.Option(None, "--max-model-len", help="The server's --max-model-len.")
+
+
+def _gpu_memory_utilization():
+    return typer.Option(0.92, "--gpu-memory-utilization", help="The server's share of GPU memory.")
+
+
+def _no_prefix_caching():
+    return typer.Option(False, "--no-prefix-caching", help="The server ran without prefix caching.")
+
+
+def _async_scheduling():
+    return typer.Option(None, "--async-scheduling/--no-async-scheduling", help="The server's scheduling (default: "
+                        "vLLM 0.33's, async).")
+
+
+def _seed():
+    return typer.Option(0, "--seed", help="The client's --seed (vllm bench serve's default 0): its send times.")
+
+
 
 def _engine(hardware: str, model: str, tensor_parallel_size: int, max_num_seqs: int | None,
             max_num_batched_tokens: int | None, max_model_len: int | None, gpu_memory_utilization: float,
@@ -71,24 +113,18 @@ def _replays(results, config, cost, seed: int):
 @validate_app.command("bench")
 def validate_bench(
     results: list[Path] = typer.Argument(..., help=RESULTS_HELP, show_default=False),
-    hardware: str = typer.Option("h100-80g", "--hardware", help="Hardware profile of the GPU the server ran on."),
-    model: str = typer.Option("qwen3-8b", "--model", help="Model profile the server served (or a config.json)."),
-    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="The server's --tensor-parallel-size."),
-    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="The server's --max-num-seqs (default: "
-                                            "vLLM's)."),
-    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="The server's token "
-                                                      "budget (default: vLLM's)."),
-    max_model_len: int | None = typer.Option(None, "--max-model-len", help="The server's --max-model-len."),
-    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="The server's share of GPU "
-                                                 "memory."),
-    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="The server ran without prefix "
-                                           "caching."),
-    async_scheduling: bool | None = typer.Option(None, "--async-scheduling/--no-async-scheduling", help="The "
-                                                 "server's scheduling (default: vLLM 0.33's, async)."),
+    hardware: str = _hardware(),
+    model: str = _model(),
+    tensor_parallel_size: int = _tensor_parallel_size(),
+    max_num_seqs: int | None = _max_num_seqs(),
+    max_num_batched_tokens: int | None = _max_num_batched_tokens(),
+    max_model_len: int | None = _max_model_len(),
+    gpu_memory_utilization: float = _gpu_memory_utilization(),
+    no_prefix_caching: bool = _no_prefix_caching(),
+    async_scheduling: bool | None = _async_scheduling(),
     calibration: Path | None = typer.Option(None, "--calibration", help="Calibration file (e.g. from `calibrate "
                                             "bench`)."),
-    seed: int = typer.Option(0, "--seed", help="The client's --seed (vllm bench serve's default 0): its send "
-                             "times."),
+    seed: int = _seed(),
     index: int | None = typer.Option(None, "--index", help="Which result of an --append-result file (default: "
                                      "all)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of the tables."),
@@ -140,22 +176,18 @@ def calibrate_bench(
     results: list[Path] = typer.Argument(..., help=RESULTS_HELP, show_default=False),
     output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (.json): the cost model's "
                                 "calibration with the fitted front-end terms.", show_default=False),
-    hardware: str = typer.Option("h100-80g", "--hardware", help="Hardware profile of the GPU the server ran on."),
-    model: str = typer.Option("qwen3-8b", "--model", help="Model profile the server served (or a config.json)."),
-    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="The server's --tensor-parallel-size."),
-    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="The server's --max-num-seqs."),
-    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="The server's token "
-                                                      "budget."),
-    max_model_len: int | None = typer.Option(None, "--max-model-len", help="The server's --max-model-len."),
-    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="The server's share of GPU "
-                                                 "memory."),
-    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="The server ran without prefix "
-                                           "caching."),
-    async_scheduling: bool | None = typer.Option(None, "--async-scheduling/--no-async-scheduling", help="The "
-                                                 "server's scheduling (default: vLLM 0.33's, async)."),
+    hardware: str = _hardware(),
+    model: str = _model(),
+    tensor_parallel_size: int = _tensor_parallel_size(),
+    max_num_seqs: int | None = _max_num_seqs(),
+    max_num_batched_tokens: int | None = _max_num_batched_tokens(),
+    max_model_len: int | None = _max_model_len(),
+    gpu_memory_utilization: float = _gpu_memory_utilization(),
+    no_prefix_caching: bool = _no_prefix_caching(),
+    async_scheduling: bool | None = _async_scheduling(),
     calibration: Path | None = typer.Option(None, "--calibration", help="Calibration to start from (default: the "
                                             "pair's bundled one)."),
-    seed: int = typer.Option(0, "--seed", help="The client's --seed (vllm bench serve's default 0)."),
+    seed: int = _seed(),
     as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
 ) -> None:
     """Fit the front end's time (per request and per prompt token: `frontend_request_s`, `frontend_prompt_token_s`)

@@ -250,14 +250,11 @@ def _check_capacity_columns(results: pl.DataFrame) -> None:
     missing = [c for c in (*_CAPACITY_NUMBERS, *_CAPACITY_LISTS) if c not in results.columns]
     if missing:
         raise ResultsError(f"capacity results lack column(s) {', '.join(missing)} (written by sweep --capacity)")
-    for name in _CAPACITY_NUMBERS:
-        dtype = results.schema[name]
-        if not (dtype.is_numeric() or dtype == pl.Null):
-            raise ResultsError(f"capacity results: column {name}: expected numbers, got {dtype}")
-    for name in _CAPACITY_LISTS:
-        dtype = results.schema[name]
-        if not (isinstance(dtype, pl.List) and (dtype.inner.is_numeric() or dtype.inner == pl.Null)):
-            raise ResultsError(f"capacity results: column {name}: expected a list of numbers a row, got {dtype}")
+    from agentspec_sim.sweep.capacity_plan import column_kind_error
+
+    why = column_kind_error(results, _CAPACITY_NUMBERS, _CAPACITY_LISTS)
+    if why:
+        raise ResultsError(why)
 
 
 def write_capacity_report(results: pl.DataFrame, out: Path, *, title: str = "agentspec-sim report",

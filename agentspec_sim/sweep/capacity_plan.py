@@ -241,6 +241,21 @@ _CAPACITY_NUMBERS = ("max_num_seqs", "capacity_rate", "capacity_low", "capacity_
 _CAPACITY_MARKS = ("capacity_rate", "capacity_search")
 
 
+def column_kind_error(results: pl.DataFrame, numbers: tuple[str, ...] = (), lists: tuple[str, ...] = ()) -> str | None:
+    """Where a capacity file edited or written by something else holds another kind than its readers need: the
+    first of `numbers` (numeric columns) or `lists` (a list of numbers a row) that is not, in words; None if all
+    are (missing columns are the caller's to name)."""
+    for name in numbers:
+        dtype = results.schema[name]
+        if not (dtype.is_numeric() or dtype == pl.Null):
+            return f"capacity results: column {name}: expected numbers, got {dtype}"
+    for name in lists:
+        dtype = results.schema[name]
+        if not (isinstance(dtype, pl.List) and (dtype.inner.is_numeric() or dtype.inner == pl.Null)):
+            return f"capacity results: column {name}: expected a list of numbers a row, got {dtype}"
+    return None
+
+
 def is_capacity_results(results: pl.DataFrame) -> bool:
     """Whether `results` are capacity-search rows (SweepError when they mix with goodput rows: a capacity row has its
     search's settings, `capacity_search`; a goodput row, concatenated in, has none)."""
@@ -272,10 +287,9 @@ def plan_capacity(results: pl.DataFrame, target_rate: float | None = None,
                          "again to plan from them")
     if missing:
         raise SweepError(f"capacity results lack column(s) {', '.join(missing)} (written by sweep --capacity)")
-    for name in _CAPACITY_NUMBERS:
-        dtype = results.schema[name]
-        if not (dtype.is_numeric() or dtype == pl.Null):
-            raise SweepError(f"capacity results: column {name}: expected numbers, got {dtype}")
+    why = column_kind_error(results, _CAPACITY_NUMBERS)
+    if why:
+        raise SweepError(why)
     prices = prices or Prices.load()
     from agentspec_sim.sweep.plan import _engine_settings, with_layout
 
