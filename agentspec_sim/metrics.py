@@ -200,10 +200,10 @@ def summarize(result: RunResult, baseline: RunResult | None = None, slo: Latency
     # vLLM bench serve's duration runs from the benchmark's start: t = 0 for a load protocol (the first query is
     # sent after its gap), the first arrival for a trace's own timeline (which may start anywhere, e.g. epoch s).
     cfg = result.config
-    load_start = 0.0 if cfg.arrival in ("request-rate", "poisson", "zero") or cfg.copies > 1 else start
+    load_start = 0.0 if cfg.arrival in ("request-rate", "poisson", "zero") or cfg.copies_protocol else start
     duration = max(end - min(load_start, start), 0.0)
     per_query = None
-    if baseline is not None and result.config.copies > 1:
+    if baseline is not None and result.config.copies_protocol:
         per_query = speedup_mean_per_query(per_query_batch_s(result), per_query_batch_s(baseline))
     return RunSummary(
         drafter=result.drafter,

@@ -63,7 +63,7 @@ def plan(
     request_rate: float | None = sweep_cli.request_rate_option(),
     burstiness: float | None = sweep_cli.burstiness_option(),
     max_concurrency: int | None = sweep_cli.max_concurrency_option(),
-    copies: int = sweep_cli.copies_option(),
+    copies: int | None = sweep_cli.copies_option(),
     target_rate: float | None = typer.Option(None, "--target-rate", help="Queries/s to serve: the plan adds the "
                                              "replicas that carry it."),
     prices: Path | None = typer.Option(None, "--prices", help="$ per GPU-hour by hardware (JSON: {\"source\": …, "
@@ -130,7 +130,7 @@ def plan(
                                   rate, request_rate, copies, engine_options,
                                   sweep_cli.capacity_options(capacity_seeds, capacity_criterion, capacity_max_tenants))
         load = sweep_cli.load_settings(*((None, None) if search else (rate, request_rate)), burstiness,
-                                       max_concurrency, 1 if search else copies, disable_shuffle,
+                                       max_concurrency, None if search else copies, disable_shuffle,
                                        varied_rate=search is not None)
         frame = sweep_cli.run_sweep_cli(trace, drafter=drafter, speculative_config=speculative_config, grid=grid,
                                         max_num_seqs=max_num_seqs, hardware=hardware, model=model, seeds=seeds,
@@ -235,10 +235,10 @@ def _capacity_search(capacity: bool | None, slo_p99_latency, min_goodput, slo_tt
         raise UsageError("--capacity takes per-request SLOs: --slo-ttft, --slo-tpot, --slo-query-latency "
                          "(not --slo-p99-latency or --min-goodput)")
     latency = sweep_cli.latency_slo(slo_ttft, slo_tpot, slo_query_latency, slo_itl)
-    engine = _engine_config(engine_options, sweep_cli.load_settings(None, None, burstiness, max_concurrency, 1,
+    engine = _engine_config(engine_options, sweep_cli.load_settings(None, None, burstiness, max_concurrency, None,
                                                                     varied_rate=True))
     search = sweep_cli.capacity_search(latency, slo_attainment, capacity_tolerance, burstiness, engine, options)
-    if rate is not None or request_rate is not None or copies != 1:
+    if rate is not None or request_rate is not None or copies is not None:
         raise UsageError("--request-rate, --rate, --copies: a capacity search varies the request rate itself")
     return search
 

@@ -53,7 +53,7 @@ def replay(
     burstiness: float | None = sweep_options.burstiness_option(),
     max_concurrency: int | None = sweep_options.max_concurrency_option(),
     disable_shuffle: bool = sweep_options.disable_shuffle_option(),
-    copies: int = sweep_options.copies_option(),
+    copies: int | None = sweep_options.copies_option(),
     slo_ttft: float | None = sweep_options.slo_ttft_option(),
     slo_tpot: float | None = sweep_options.slo_tpot_option(),
     slo_query_latency: float | None = sweep_options.slo_query_latency_option(),

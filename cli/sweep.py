@@ -47,7 +47,7 @@ def sweep(
     request_rate: float | None = shared.request_rate_option(),
     burstiness: float | None = shared.burstiness_option(),
     max_concurrency: int | None = shared.max_concurrency_option(),
-    copies: int = shared.copies_option(),
+    copies: int | None = shared.copies_option(),
     capacity: bool = typer.Option(False, "--capacity", help="Each cell is a capacity search: the highest request "
                                   "rate at which --slo-attainment of calls and queries meet the --slo-* options "
                                   "(docs/sweep-and-plan.md)."),

@@ -162,9 +162,9 @@ def max_concurrency_option():
 
 
 def copies_option():
-    return typer.Option(1, "--copies", help="Run each query alone as B identical copies submitted together, the "
+    return typer.Option(None, "--copies", help="Run each query alone as B identical copies submitted together, the "
                         "next query's when they finish (the offline LLM.generate([prompt] * B) protocol of "
-                        "published per-request speedups).")
+                        "published per-request speedups; B = 1: each query alone).")
 
 
 def slo_ttft_option():
@@ -229,7 +229,7 @@ def capacity_options(seeds: int, criterion: str, max_tenants: int) -> dict:
 
 
 def load_settings(rate: float | None, request_rate: float | None, burstiness: float | None,
-                  max_concurrency: int | None, copies: int, disable_shuffle: bool = False, *,
+                  max_concurrency: int | None, copies: int | None, disable_shuffle: bool = False, *,
                   varied_rate: bool = False) -> dict:
     """EngineConfig keywords of the load protocol (engine/load.py); --rate is --request-rate's older name.
     `varied_rate`: a capacity search's, which varies the request rate itself (--burstiness shapes its gaps)."""
@@ -255,15 +255,17 @@ def load_settings(rate: float | None, request_rate: float | None, burstiness: fl
         raise UsageError("--burstiness shapes the gaps between queries sent at --request-rate (or a capacity search's "
                          "rate): give --request-rate R (--max-concurrency alone sends every query at once)")
     burstiness = 1.0 if burstiness is None else burstiness
-    if copies > 1 and (request_rate is not None or max_concurrency is not None):
+    if copies is not None and (request_rate is not None or max_concurrency is not None):
         raise UsageError("--copies runs each query alone: it takes no --request-rate or --max-concurrency")
-    if copies < 1:
+    if copies is not None and copies < 1:
         raise UsageError(f"--copies: must be ≥ 1, got {copies}")
     if max_concurrency is not None and max_concurrency < 1:
         raise UsageError(f"--max-concurrency: must be ≥ 1, got {max_concurrency}")
-    settings: dict = {"burstiness": burstiness, "max_concurrency": max_concurrency, "copies": copies,
+    settings: dict = {"burstiness": burstiness, "max_concurrency": max_concurrency, "copies": copies or 1,
                       "disable_shuffle": disable_shuffle}
-    if request_rate is not None:
+    if copies is not None:
+        settings.update(arrival="copies")  # B = 1 too: each query alone, the protocol's first point
+    elif request_rate is not None:
         settings.update(arrival="request-rate", rate=request_rate)
     elif max_concurrency is not None:
         settings.update(arrival="request-rate", rate=math.inf)  # vLLM's default rate: send all, the slots gate them
@@ -286,7 +288,7 @@ def capacity_search(slo, attainment: float, tolerance: float, burstiness: float 
     --max-concurrency does not either."""
     from agentspec_sim.capacity import CapacitySearch
 
-    if engine.copies > 1 or (engine.arrival == "request-rate" and engine.max_concurrency is None):
+    if engine.copies_protocol or (engine.arrival == "request-rate" and engine.max_concurrency is None):
         raise UsageError("a capacity search varies the request rate itself: give no --request-rate, --rate or "
                          "--copies")
     if engine.max_concurrency is not None:

@@ -320,3 +320,18 @@ def test_plan_ranks_layouts_run_in_separate_sweeps_together(trace, tmp_path, mon
     assert code == 0, err
     (pair,) = json.loads(out)["layouts"]
     assert {r["layout"] for r in pair["layouts"]} == {"tp 1", "tp 2"}
+
+
+def test_copies_1_is_the_copies_protocols_first_point(trace, monkeypatch, capsys):  # noqa: F811
+    """`--copies 1` ran the trace's own arrivals and gave no per-query speedup; every other B gave one."""
+    import json
+
+    for b in ("1", "3"):
+        code, out, err = run_cli(["replay", str(trace), "--drafter", "ngram", "--copies", b, "--max-num-seqs", "4",
+                                  "--json"], monkeypatch, capsys)
+        assert code == 0, err
+        runs = json.loads(out)["runs"]
+        assert all(r["protocol"].startswith(f"copies {b} (each query alone") for r in runs)
+        assert runs[1]["speedup_mean_per_query"] is not None
+    code, _, err = run_cli(["replay", str(trace), "--copies", "1", "--request-rate", "2"], monkeypatch, capsys)
+    assert "--copies runs each query alone" in one_error_line(code, err)

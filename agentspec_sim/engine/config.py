@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from agentspec_sim.cost.profiles import ModelProfile
 
 ArrivalMode = Literal["recorded", "zero", "poisson", "request-rate"]
-ARRIVAL_MODES = ("recorded", "zero", "poisson", "request-rate")
+ARRIVAL_MODES = ("recorded", "zero", "poisson", "request-rate", "copies")
 # vLLM 0.33's --kv-cache-dtype choices (config/cache.py CacheDType): "auto" is the model's dtype (BF16 here); the fp8
 # caches store one byte an element, halving the KV cache's bytes a token (capacity) and the attention's KV read.
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -117,8 +117,9 @@ class EngineConfig:
             raise EngineConfigError("arrival 'request-rate' needs rate > 0 (queries per second, inf: all at once)")
         if not self.burstiness > 0:
             raise EngineConfigError(f"burstiness must be > 0 (vLLM's gamma shape; 1 is Poisson), got {self.burstiness}")
-        if self.copies > 1 and (self.replicate > 1 or self.max_concurrency is not None
-                                or self.arrival in ("poisson", "request-rate")):
+        if self.copies > 1 and self.arrival not in ("recorded", "zero", "copies"):
+            raise EngineConfigError("copies runs each query alone as identical copies: arrival 'copies'")
+        if self.copies_protocol and (self.replicate > 1 or self.max_concurrency is not None):
             raise EngineConfigError("copies runs each query alone as identical copies: it takes no request rate, "
                                     "max_concurrency or replicate")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -131,6 +132,12 @@ class EngineConfig:
                                     f"resolve one step), got {self.think_time:g}")
         if self.replicate_stagger_s < 0:
             raise EngineConfigError(f"replicate_stagger_s must be ≥ 0, got {self.replicate_stagger_s}")
+
+    @property
+    def copies_protocol(self) -> bool:
+        """Each query alone as `copies` identical copies, the next query's when all have ended (`--copies B`, B ≥ 1;
+        arrival 'copies', or copies > 1 with the default arrival, as configurations written before it say it)."""
+        return self.copies > 1 or self.arrival == "copies"
 
     @property
     def kv_dtype_bytes(self) -> int:

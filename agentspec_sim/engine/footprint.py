@@ -153,7 +153,7 @@ def _footprint(stats: Mapping[str, int], spec: SpeculativeConfig, config: Engine
 
 def _tenant_knob(config: EngineConfig) -> str:
     """The setting that multiplies the query instances: --copies or --replicate."""
-    return "copies" if config.copies > 1 else "replicate"
+    return "copies" if config.copies_protocol else "replicate"
 
 
 def _longest_draft(spec: SpeculativeConfig) -> int:

@@ -70,7 +70,7 @@ def send_order(n: int, seed: int, shuffle: bool) -> np.ndarray:
 def shuffles(config: EngineConfig) -> bool:
     """Whether the run sends its queries in vLLM's shuffled dataset order: a request rate or max concurrency
     (vLLM's client) without disable_shuffle."""
-    return (not config.disable_shuffle and config.copies == 1
+    return (not config.disable_shuffle and not config.copies_protocol
             and (config.arrival == "request-rate" or config.max_concurrency is not None))
 
 
@@ -78,7 +78,7 @@ def protocol(config: EngineConfig, varied_rate: bool = False) -> str:
     """The load protocol of a run in a few words, for tables and plot titles; `varied_rate`: a capacity search's,
     whose request rate R is what varies."""
     think = "" if config.think_time is None else f", think {config.think_time:g} s"
-    if config.copies > 1:
+    if config.copies_protocol:
         return f"copies {config.copies} (each query alone, offline batch){think}"
     if config.arrival == "request-rate" or varied_rate:
         shape = ("Poisson" if config.burstiness == 1 else
@@ -108,4 +108,4 @@ def protocol(config: EngineConfig, varied_rate: bool = False) -> str:
 
 def is_gated(config: EngineConfig) -> bool:
     """Whether queries wait for a slot (max concurrency) or for the previous query (copies)."""
-    return config.max_concurrency is not None or config.copies > 1
+    return config.max_concurrency is not None or config.copies_protocol

@@ -261,7 +261,7 @@ class Simulator:
                                 blocks_per_slot=cdiv(max_len, bs) + 1)
         query_of = layout.query_of
         # Identical copies draw the same acceptance (engine/load.py): their random keys are the trace call's id.
-        draw_ids = [call.id for call in layout.calls] if cfg.copies > 1 else None
+        draw_ids = [call.id for call in layout.calls] if cfg.copies_protocol else None
         self.states = CallState.in_table(table, layout.calls, layout.ids, query_of, draw_ids)
         for state in self.states:
             self.queries[state.query_index].calls.append(state)
@@ -327,7 +327,7 @@ class Simulator:
         in flight, in the order they arrive; copies send one query's copies together, the next query's when
         all have ended."""
         cfg = self.config
-        if cfg.copies > 1:
+        if cfg.copies_protocol:
             per_copy = len(self.queries) // cfg.copies  # instances are copy-major (engine/layout.py)
             groups = [[self.queries[t * per_copy + q] for t in range(cfg.copies)] for q in range(per_copy)]
             self.gate_limit = 1

@@ -74,7 +74,7 @@ def run_cell(workload: Workload, cell: Cell, band: bool = True) -> Row:
     row.update(empty_columns() if bounds is None else bounds.columns())
     row[ENGINE_CONFIG] = cell.engine_config
     row[TRACE_FILE] = trace_file(cell.trace)
-    if config.copies > 1:  # each query's batch time: the sweep divides normal's by it (speedup_mean_per_query)
+    if config.copies_protocol:  # each query's batch time: the sweep divides normal's by it (speedup_mean_per_query)
         from agentspec_sim.metrics import per_query_batch_s
 
         row[BATCH_TIMES] = [None if x != x else float(x) for x in per_query_batch_s(result)]
