@@ -175,7 +175,7 @@ def _num(value: float | None) -> str:
 def calibrate_bench(
     results: list[Path] = typer.Argument(..., help=RESULTS_HELP, show_default=False),
     output: Path = typer.Option(..., "--output", "-o", help="Calibration file to write (.json): the cost model's "
-                                "calibration with the fitted front-end terms.", show_default=False),
+                                "calibration with the fitted host terms.", show_default=False),
     hardware: str = _hardware(),
     model: str = _model(),
     tensor_parallel_size: int = _tensor_parallel_size(),
@@ -190,10 +190,11 @@ def calibrate_bench(
     seed: int = _seed(),
     as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
 ) -> None:
-    """Fit the front end's time (per request and per prompt token: `frontend_request_s`, `frontend_prompt_token_s`)
-    to the TTFTs of `vllm bench serve` runs on your own server; write the calibration."""
+    """Fit the host terms the kernels leave out to `vllm bench serve` runs on your own server: the front end's time
+    (per request and per prompt token) to their TTFTs, then the per-step host time (`step_overhead_s`, or
+    `sync_host_step_s` with --no-async-scheduling) to their TPOTs; write the calibration."""
     from agentspec_sim.io.outputs import JSON_SUFFIXES, Output, check_outputs
-    from agentspec_sim.validation.bench import fit_frontend
+    from agentspec_sim.validation.bench import fit_frontend, fit_step_host
 
     if seed < 0:
         raise UsageError(f"--seed: must be ≥ 0, got {seed}")
@@ -207,18 +208,30 @@ def calibrate_bench(
     lengths = {int(n) for r in runs for n in r.input_lens.tolist()}
     fit = fit_frontend(runs, replays, cal.frontend_request_s, cal.frontend_prompt_token_s,
                        fit_prompt_term=len(lengths) > 1)
-    fitted = cal.replace(frontend_request_s=round(fit.request_s, 6), frontend_prompt_token_s=round(fit.prompt_token_s,
-                                                                                                  9),
-                         source=f"{cal.source}; front end fitted on {fit.requests} requests of "
-                                f"{len(runs)} vllm bench serve run(s) (calibrate bench)")
+    from agentspec_sim.engine import SimulationError
+    from agentspec_sim.validation.bench import BenchFileError
+
+    try:
+        step, stepped = fit_step_host(runs, config, cost, seed, synchronous=async_scheduling is False)
+    except (BenchFileError, SimulationError) as exc:
+        raise UsageError(str(exc)) from None
+    fitted = stepped.calibration.replace(
+        frontend_request_s=round(fit.request_s, 6), frontend_prompt_token_s=round(fit.prompt_token_s, 9),
+        **{step.factor: round(step.value_s, 7)},
+        source=f"{cal.source}; host terms fitted on {fit.requests} requests of {len(runs)} vllm bench serve run(s) "
+               "(calibrate bench)")
     fitted.to_file(output, hardware=cost.hardware.id, model=cost.model.id)
     doc = {"output": str(output), "requests": fit.requests, "runs": len(runs),
            "frontend_request_s": fitted.frontend_request_s, "frontend_prompt_token_s": fitted.frontend_prompt_token_s,
-           "ttft_median_abs_error_before": fit.ttft_error_before, "ttft_median_abs_error_after": fit.ttft_error_after}
+           "ttft_median_abs_error_before": fit.ttft_error_before, "ttft_median_abs_error_after": fit.ttft_error_after,
+           step.factor: getattr(fitted, step.factor), "tpot_median_abs_error_before": step.tpot_error_before,
+           "tpot_median_abs_error_after": step.tpot_error_after}
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
     Console(highlight=False).print(
         f"wrote {escape(str(output))}: frontend_request_s {fitted.frontend_request_s * 1e3:.2f} ms, "
         f"frontend_prompt_token_s {fitted.frontend_prompt_token_s * 1e6:.2f} us over {fit.requests} requests; "
-        f"TTFT median |error| {fit.ttft_error_before:.1%} -> {fit.ttft_error_after:.1%}")
+        f"TTFT median |error| {fit.ttft_error_before:.1%} -> {fit.ttft_error_after:.1%}; {step.factor} "
+        f"{getattr(fitted, step.factor) * 1e3:.3f} ms, TPOT median |error| {step.tpot_error_before:.1%} -> "
+        f"{step.tpot_error_after:.1%}")

@@ -134,6 +134,8 @@ def test_cli_validate_and_calibrate_bench_end_to_end(tmp_path):
     assert fit["ttft_median_abs_error_after"] < fit["ttft_median_abs_error_before"]
     factors = json.loads(out.read_text())["factors"]
     assert factors["frontend_request_s"] == fit["frontend_request_s"]
+    assert factors["step_overhead_s"] == fit["step_overhead_s"]
+    assert fit["tpot_median_abs_error_after"] <= fit["tpot_median_abs_error_before"]
     run = _cli("validate", "bench", str(FIXTURE), "--model", "llama-3.1-8b", "--calibration", str(out), "--json")
     assert run.returncode == 0, run.stderr
     after = {r["metric"]: r for r in json.loads(run.stdout)["runs"][0]["rows"]}
@@ -152,3 +154,22 @@ def test_cli_bad_inputs_are_one_line(tmp_path):
     assert json.loads(FIXTURE.read_text())["completed"] == 8  # the input is untouched
     run = _cli("validate", "bench", str(FIXTURE), "--model", "llama-3.1-8b", "--index", "3")
     assert run.returncode == 2 and "--index 3: the file holds 1 result(s)" in run.stderr
+
+
+def test_calibrate_bench_fits_the_per_step_host_time_from_tpot():
+    """A run whose every decode gap is 1 ms longer than the replay's: the per-step host term (async scheduling:
+    step_overhead_s) moves by about that, and the replayed TPOT comes to the measured."""
+    from agentspec_sim.validation.bench import fit_step_host
+
+    (run,) = read_bench_results(FIXTURE)
+    cost = cost_model_for(ENGINE)
+    replay = replay_bench(run, ENGINE, cost, seed=0)
+    slower = replay.e2el_engine + 0.001 * (run.output_lens - 1)  # +1 ms a decode step
+    synthetic = dataclasses.replace(run, ttfts=replay.ttft_engine, latencies=slower)
+    fit, fitted = fit_step_host([synthetic], ENGINE, cost, 0, synchronous=False)
+    assert fit.factor == "step_overhead_s"
+    assert fit.value_s - cost.calibration.step_overhead_s == pytest.approx(0.001, rel=0.3)
+    assert fit.tpot_error_after < 0.3 * fit.tpot_error_before
+    assert fitted.calibration.step_overhead_s == pytest.approx(fit.value_s)
+    sync = fit_step_host([synthetic], dataclasses.replace(ENGINE, async_scheduling=False), cost, 0, synchronous=True)[0]
+    assert sync.factor == "sync_host_step_s"

@@ -311,3 +311,52 @@ def fit_frontend(results: Sequence[BenchResult], replays: Sequence[Replay], requ
         request, per_token = float(fit.x[0]) * 1e-3, prompt_token_s
     return FrontendFit(request_s=request, prompt_token_s=per_token, requests=int(measured.shape[0]),
                        ttft_error_before=before, ttft_error_after=float(np.median(np.abs(errors(request, per_token)))))
+
+
+def _tpots(ttft: np.ndarray, e2el: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    many = outputs > 1
+    return np.where(many, (e2el - ttft) / np.maximum(outputs - 1, 1), np.nan)
+
+
+@dataclass(frozen=True)
+class StepHostFit:
+    """The per-step host term fitted on the files' TPOTs: the factor (`step_overhead_s` with async scheduling,
+    `sync_host_step_s` without), its value, and the median |relative TPOT error| before and after (replayed)."""
+
+    factor: str
+    value_s: float
+    requests: int
+    tpot_error_before: float
+    tpot_error_after: float
+
+
+def fit_step_host(results: Sequence[BenchResult], engine: Any, cost_model: Any, seed: int,
+                  synchronous: bool) -> tuple[StepHostFit, Any]:
+    """The host time a step pays beyond the kernels (`step_overhead_s`, or `sync_host_step_s` when the server ran
+    without async scheduling), from the files' TPOTs: a decode step emits one token a request, so the median gap
+    between measured and replayed TPOT is what each step misses. Moved by that much, replayed once more to report
+    the result (the engine's batching moves with it: not a closed form). Returns the fit and the new cost model."""
+    from agentspec_sim.cost.roofline import RooflineCostModel
+
+    def errors(model: Any) -> tuple[np.ndarray, np.ndarray]:
+        measured, predicted = [], []
+        for res in results:
+            rep = replay_bench(res, engine, model, seed)
+            measured.append(_tpots(res.ttfts, res.latencies, res.output_lens))
+            predicted.append(_tpots(rep.ttft_engine, rep.e2el_engine, res.output_lens))
+        m, p = np.concatenate(measured), np.concatenate(predicted)
+        keep = np.isfinite(m) & np.isfinite(p) & (m > 0)
+        return m[keep], p[keep]
+
+    factor = "sync_host_step_s" if synchronous else "step_overhead_s"
+    cal = cost_model.calibration
+    measured, predicted = errors(cost_model)
+    before = float(np.median(np.abs(predicted / measured - 1)))
+    value = max(0.0, getattr(cal, factor) + float(np.median(measured - predicted)))
+    fitted = RooflineCostModel(cost_model.hardware, cost_model.model, cost_model.tensor_parallel_size,
+                               cal.replace(**{factor: value}), expert_parallel=cost_model.expert_parallel,
+                               data_parallel_size=cost_model.data_parallel_size,
+                               kv_dtype_bytes=cost_model.kv_dtype_bytes)
+    measured, predicted = errors(fitted)
+    after = float(np.median(np.abs(predicted / measured - 1)))
+    return StepHostFit(factor, value, int(measured.shape[0]), before, after), fitted
