@@ -212,7 +212,7 @@ def calibrate_bench(
     from agentspec_sim.validation.bench import BenchFileError
 
     try:
-        step, stepped = fit_step_host(runs, config, cost, seed, synchronous=async_scheduling is False)
+        step, stepped = fit_step_host(runs, replays, config, cost, seed, synchronous=async_scheduling is False)
     except (BenchFileError, SimulationError) as exc:
         raise UsageError(str(exc)) from None
     fitted = stepped.calibration.replace(

@@ -166,10 +166,12 @@ def test_calibrate_bench_fits_the_per_step_host_time_from_tpot():
     replay = replay_bench(run, ENGINE, cost, seed=0)
     slower = replay.e2el_engine + 0.001 * (run.output_lens - 1)  # +1 ms a decode step
     synthetic = dataclasses.replace(run, ttfts=replay.ttft_engine, latencies=slower)
-    fit, fitted = fit_step_host([synthetic], ENGINE, cost, 0, synchronous=False)
+    fit, fitted = fit_step_host([synthetic], [replay], ENGINE, cost, 0, synchronous=False)
     assert fit.factor == "step_overhead_s"
     assert fit.value_s - cost.calibration.step_overhead_s == pytest.approx(0.001, rel=0.3)
     assert fit.tpot_error_after < 0.3 * fit.tpot_error_before
     assert fitted.calibration.step_overhead_s == pytest.approx(fit.value_s)
-    sync = fit_step_host([synthetic], dataclasses.replace(ENGINE, async_scheduling=False), cost, 0, synchronous=True)[0]
+    sync_engine = dataclasses.replace(ENGINE, async_scheduling=False)
+    sync_replay = replay_bench(synthetic, sync_engine, cost, seed=0)
+    sync = fit_step_host([synthetic], [sync_replay], sync_engine, cost, 0, synchronous=True)[0]
     assert sync.factor == "sync_host_step_s"

@@ -330,18 +330,18 @@ class StepHostFit:
     tpot_error_after: float
 
 
-def fit_step_host(results: Sequence[BenchResult], engine: Any, cost_model: Any, seed: int,
-                  synchronous: bool) -> tuple[StepHostFit, Any]:
+def fit_step_host(results: Sequence[BenchResult], replays: Sequence[Replay], engine: Any, cost_model: Any,
+                  seed: int, synchronous: bool) -> tuple[StepHostFit, Any]:
     """The host time a step pays beyond the kernels (`step_overhead_s`, or `sync_host_step_s` when the server ran
     without async scheduling), from the files' TPOTs: a decode step emits one token a request, so the median gap
     between measured and replayed TPOT is what each step misses. Moved by that much, replayed once more to report
-    the result (the engine's batching moves with it: not a closed form). Returns the fit and the new cost model."""
+    the result (the engine's batching moves with it: not a closed form). `replays`: the files' replays with
+    `cost_model` (`replay_bench`), the TPOTs before. Returns the fit and the new cost model."""
     from agentspec_sim.cost.roofline import RooflineCostModel
 
-    def errors(model: Any) -> tuple[np.ndarray, np.ndarray]:
+    def errors(replayed: Sequence[Replay]) -> tuple[np.ndarray, np.ndarray]:
         measured, predicted = [], []
-        for res in results:
-            rep = replay_bench(res, engine, model, seed)
+        for res, rep in zip(results, replayed, strict=True):
             measured.append(_tpots(res.ttfts, res.latencies, res.output_lens))
             predicted.append(_tpots(rep.ttft_engine, rep.e2el_engine, res.output_lens))
         m, p = np.concatenate(measured), np.concatenate(predicted)
@@ -350,13 +350,13 @@ def fit_step_host(results: Sequence[BenchResult], engine: Any, cost_model: Any, 
 
     factor = "sync_host_step_s" if synchronous else "step_overhead_s"
     cal = cost_model.calibration
-    measured, predicted = errors(cost_model)
+    measured, predicted = errors(replays)
     before = float(np.median(np.abs(predicted / measured - 1)))
     value = max(0.0, getattr(cal, factor) + float(np.median(measured - predicted)))
     fitted = RooflineCostModel(cost_model.hardware, cost_model.model, cost_model.tensor_parallel_size,
                                cal.replace(**{factor: value}), expert_parallel=cost_model.expert_parallel,
                                data_parallel_size=cost_model.data_parallel_size,
                                kv_dtype_bytes=cost_model.kv_dtype_bytes)
-    measured, predicted = errors(fitted)
+    measured, predicted = errors([replay_bench(res, engine, fitted, seed) for res in results])
     after = float(np.median(np.abs(predicted / measured - 1)))
     return StepHostFit(factor, value, int(measured.shape[0]), before, after), fitted

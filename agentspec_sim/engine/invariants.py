@@ -148,7 +148,7 @@ def check_run(log: StepLogBuilder, table: CallTable, states: Sequence[CallState]
     n_steps, n_rows = log.num_steps, log.num_rows
     steps = buf.steps.head(n_steps)
     start_s = steps.time_s
-    duration_s = steps.forward_s + steps.draft_s + steps.host_s
+    duration_s = steps.duration_s
     check_clock(start_s, duration_s)
     check_work_conservation(start_s, duration_s, steps.waiting)
 

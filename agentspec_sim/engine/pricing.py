@@ -60,9 +60,12 @@ class StepPricer:
         forward = step_times(self.cost, rows["scheduled"], rows["context_len"], rows["decode"] == 0, offsets)
         draft_s = steps.draft_s.copy()
         draft_s[0] = first_draft_s
-        host = self.cost.sync_host_time(sizes) if self.synchronous else np.zeros(m)
         interleaved = np.empty(2 * m + 1)
-        interleaved[0], interleaved[1::2], interleaved[2::2] = now, draft_s, forward + host
+        interleaved[0], interleaved[1::2], interleaved[2::2] = now, draft_s, forward
+        host = 0.0  # an async engine's host work overlaps its steps
+        if self.synchronous:
+            host = self.cost.sync_host_time(sizes)
+            interleaved[2::2] += host
         ends = np.cumsum(interleaved)[2::2]
         steps.time_s[0] = now
         steps.time_s[1:] = ends[:-1]

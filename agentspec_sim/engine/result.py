@@ -123,6 +123,11 @@ class StepColumns(NamedTuple):
     def capacity(self) -> int:
         return self.batch_size.shape[0]
 
+    @property
+    def duration_s(self) -> np.ndarray:
+        """Each step's length: its forward, its drafting and a synchronous engine's host wait (the pricer's)."""
+        return self.forward_s + self.draft_s + self.host_s
+
     def head(self, n: int) -> StepColumns:
         """The first n steps (views)."""
         return self.window(0, n)
@@ -206,7 +211,7 @@ class StepLogBuilder:
             "step": np.arange(ns, dtype=np.int64), "time_s": col.time_s, "batch_size": col.batch_size,
             "decode_calls": col.decode_calls, "scheduled_tokens": col.scheduled_tokens,
             "D": col.D, "accepted": col.acc,
-            "step_time_s": col.forward_s + col.draft_s + col.host_s, "forward_s": col.forward_s,
+            "step_time_s": col.duration_s, "forward_s": col.forward_s,
             "draft_s": col.draft_s, "host_s": col.host_s, "rho": rho, "t_A": col.t_A, "t_V": col.t_V, "t_D": col.t_D,
             "running": col.running, "waiting": col.waiting, "free_blocks": col.free_blocks,
             "budget": col.budget,

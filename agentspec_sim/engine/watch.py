@@ -65,7 +65,7 @@ def emitted_between(log: StepLogBuilder, start: float, end: float) -> int:
     b = log.buf
     ns, nr = log.num_steps, log.num_rows
     steps = b.steps.head(ns)
-    ends = steps.time_s + (steps.forward_s + steps.draft_s + steps.host_s)
+    ends = steps.time_s + steps.duration_s
     emitted = b.rows["emitted"][:nr]
     at = np.repeat(ends, steps.batch_size)
     inside = (at >= start) & (at <= end)

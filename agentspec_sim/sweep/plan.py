@@ -426,15 +426,17 @@ def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list
         notes.append("these results do not record the sweep's engine settings (a file from an older version): add "
                      "the --max-model-len, --max-num-batched-tokens, … flags the sweep ran with")
     env: dict[str, str] = {}
-    if "--enable-expert-parallel" in args and not _is_moe(model):
+    profile = _profile(model)
+    moe = profile is not None and profile.is_moe
+    if "--enable-expert-parallel" in args and not moe:
         args.remove("--enable-expert-parallel")  # vLLM places experts only: a dense model has none to place
         notes.append(f"--enable-expert-parallel left out: {model} is a dense model (no experts to place)")
-    if engine is not None and int(engine.get("data_parallel_size") or 1) > 1 and _is_moe(model):
+    if engine is not None and int(engine.get("data_parallel_size") or 1) > 1 and moe:
         notes.append(f"data-parallel attention ({int(engine['data_parallel_size'])} ranks): the ranks step in lockstep "
                      "and vLLM's router sends a query's calls to any rank (its prefix is prefilled again there); "
                      "vLLM's --prefill-schedule-interval and pinning a session to a rank (X-data-parallel-rank) "
                      "are not simulated (docs/cost-model.md, 'Verdict: data-parallel attention')")
-    limit = _model_context(model)
+    limit = _model_context(profile)
     if engine is not None and engine.get("max_model_len") and limit and engine["max_model_len"] > limit:
         # vLLM refuses a max_model_len past the model's derived limit unless told to allow it.
         env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
@@ -467,22 +469,19 @@ def serve_flags(best: Any, model: str, engine: dict[str, Any] | None, rows: list
     return config, args, env, "; ".join(notes) or None, served_model_name(model) or model
 
 
-def _is_moe(model: str) -> bool:
+def _profile(model: str):
+    """`model`'s profile, None when it does not load (results from elsewhere)."""
     try:
         from agentspec_sim.cost import load_model
 
-        return load_model(model).is_moe
+        return load_model(model)
     except ValueError:
-        return False
+        return None
 
 
-def _model_context(model: str) -> int | None:
-    """The context vLLM derives for `model` (its profile's), None when the profile does not load."""
-    try:
-        from agentspec_sim.cost import load_model
-
-        profile = load_model(model)
-    except ValueError:
+def _model_context(profile) -> int | None:
+    """The context vLLM derives for a model profile (None: no profile)."""
+    if profile is None:
         return None
     return int(getattr(profile, "max_model_len", 0) or profile.default_max_model_len or 0) or None
 
